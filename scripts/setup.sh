@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Idempotent set-up: a virtualenv in .venv, torch (the CPU wheel) when absent, kv-guardian with extras,
+# and - with --services - the system packages the test suite starts for real (redis, promtool, chromium).
+#
+#   scripts/setup.sh             # what `kv-guardian demo` needs
+#   scripts/setup.sh --dev       # plus test and lint tools
+#   scripts/setup.sh --dev --services
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+VENV=${KVG_VENV:-$ROOT/.venv}
+TORCH_VERSION=${KVG_TORCH_VERSION:-2.13.0}
+DEV=0
+SERVICES=0
+for arg in "$@"; do
+  case "$arg" in
+    --dev) DEV=1 ;;
+    --services) SERVICES=1 ;;
+    *) echo "setup.sh: unknown option '$arg'; use --dev and/or --services" >&2; exit 2 ;;
+  esac
+done
+
+say() { printf 'setup: %s\n' "$*" >&2; }
+
+PY=${PYTHON:-}
+if [ -z "$PY" ]; then
+  for cand in python3.11 python3.12 python3.10 python3; do
+    if command -v "$cand" >/dev/null 2>&1 && "$cand" -c 'import sys; sys.exit(sys.version_info < (3, 10))'; then
+      PY=$cand; break
+    fi
+  done
+fi
+[ -n "$PY" ] || { echo "setup.sh: no Python >= 3.10 found; install python3.11" >&2; exit 3; }
+
+if [ ! -x "$VENV/bin/python" ]; then
+  say "creating virtualenv $VENV"
+  "$PY" -m venv "$VENV"
+fi
+VPY="$VENV/bin/python"
+PIP=("$VPY" -m pip install --disable-pip-version-check -q)
+
+# torch first, pinned, so nothing pulls a multi-GB CUDA build
+if ! "$VPY" -c 'import torch' >/dev/null 2>&1; then
+  say "installing torch==$TORCH_VERSION"
+  "${PIP[@]}" "torch==$TORCH_VERSION"
+fi
+
+EXTRAS=all
+[ "$DEV" = 1 ] && EXTRAS=dev
+STAMP="$VENV/.kvg-installed-$EXTRAS"
+HASH=$(cat pyproject.toml | sha256sum | cut -c1-16)
+if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$HASH" ] || ! "$VPY" -c 'import kvguardian' >/dev/null 2>&1; then
+  say "installing kv-guardian[$EXTRAS] (editable)"
+  "${PIP[@]}" -e ".[$EXTRAS]"
+  echo "$HASH" > "$STAMP"
+fi
+
+if [ "$SERVICES" = 1 ]; then
+  need=()
+  command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
+  command -v redis-cli >/dev/null 2>&1 || need+=(redis-tools)
+  command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+  command -v chromium >/dev/null 2>&1 || need+=(chromium)
+  if [ "${#need[@]}" -gt 0 ]; then
+    say "installing system packages: ${need[*]}"
+    SUDO=""
+    [ "$(id -u)" = 0 ] || SUDO="sudo"
+    $SUDO apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+  fi
+fi
+say "ready: $VENV"

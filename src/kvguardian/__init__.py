@@ -1,0 +1,52 @@
+"""kv-guardian: find, prove and prevent KV-cache leaks in LLM inference and key-space leaks in Redis.
+
+``import kvguardian`` imports neither torch nor transformers; they load when a model is attached or a
+reproduction runs.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CATALOG",
+    "EntryState",
+    "Finding",
+    "Guard",
+    "Ledger",
+    "Report",
+    "Severity",
+    "__version__",
+]
+
+if TYPE_CHECKING:  # pragma: no cover
+    from kvguardian.findings import CATALOG, Finding, Report, Severity
+    from kvguardian.guard import Guard
+    from kvguardian.ledger import EntryState, Ledger
+
+_LAZY = {
+    "CATALOG": "kvguardian.findings",
+    "Finding": "kvguardian.findings",
+    "Report": "kvguardian.findings",
+    "Severity": "kvguardian.findings",
+    "Guard": "kvguardian.guard",
+    "Ledger": "kvguardian.ledger",
+    "EntryState": "kvguardian.ledger",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'kvguardian' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -1,0 +1,3 @@
+from kvguardian.cli import main
+
+raise SystemExit(main())

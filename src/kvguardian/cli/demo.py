@@ -1,0 +1,58 @@
+"""``kv-guardian demo``: every reproduction available, measured here, in one table."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+from kvguardian._errors import EXIT_FINDINGS, EXIT_OK, UsageError
+from kvguardian.repro import REPROS, DemoRow, load
+
+NAME = "demo"
+HELP = "reproduce the KV-leak anti-patterns on a built-in tiny model and print one table (no services)"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--only", action="append", metavar="NAME", choices=list(REPROS),
+                   help="run only these reproductions (repeatable)")
+    p.add_argument("--json", action="store_true", help="print the rows as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    from kvguardian.report.console import console, print_table
+
+    names = args.only or list(REPROS)
+    rows: list[DemoRow] = []
+    t0 = time.perf_counter()
+    err = console(stderr=True)
+    for name in names:
+        module = load(name)
+        if not args.json:
+            err.print(f"running {name} …", markup=False)
+        try:
+            rows.append(module.demo_row())
+        except UsageError:
+            raise
+        except Exception as exc:  # one broken row must not hide the others
+            rows.append(DemoRow(name, getattr(module, "SECTION", ""), "", f"failed: {type(exc).__name__}: {exc}",
+                                "n/a", None, ok=False))
+    total = time.perf_counter() - t0
+    if args.json:
+        payload: dict[str, Any] = {"rows": [r.to_dict() for r in rows], "seconds": round(total, 2)}
+        json.dump(payload, sys.stdout, indent=2, default=str)
+        sys.stdout.write("\n")
+    else:
+        print_table(
+            "kv-guardian demo — the article's claims, measured here",
+            ["reproduction", "article claims", "measured here", "detector verdict", "fix verified"],
+            [
+                [f"{r.section} {r.name}".strip(), r.article_claim, r.measured, r.verdict,
+                 {True: "yes", False: "NO", None: "—"}[r.fix_verified]]
+                for r in rows
+            ],
+        )
+        console().print(f"{len(rows)} reproduction(s) in {total:.1f} s on this machine", markup=False)
+    return EXIT_OK if all(r.ok for r in rows) else EXIT_FINDINGS

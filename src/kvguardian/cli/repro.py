@@ -1,0 +1,32 @@
+"""``kv-guardian repro NAME``: run one reproduction of the article's anti-patterns, with measurements."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from kvguardian._errors import EXIT_FINDINGS, EXIT_OK
+from kvguardian.repro import REPROS, load
+
+NAME = "repro"
+HELP = "reproduce one KV-leak anti-pattern, measure it here, and check the detector and the fix"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="repro", metavar="NAME", parser_class=type(p))
+    sub.required = True
+    for name in REPROS:
+        module = load(name)
+        rp = sub.add_parser(name, help=module.TITLE, description=(module.__doc__ or module.TITLE).strip())
+        module.add_arguments(rp)
+        rp.set_defaults(_repro=module)
+
+
+def run(args: argparse.Namespace) -> int:
+    result = args._repro.run(args)
+    if getattr(args, "json", False):
+        print(json.dumps(result.to_dict(), indent=2, default=str))
+    else:
+        for line in result.lines:
+            print(line)
+    return EXIT_OK if result.ok else EXIT_FINDINGS

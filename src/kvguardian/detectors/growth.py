@@ -1,0 +1,147 @@
+"""KVG103 kv-growth: retained KV bytes, sampled at every request end, grow monotonically.
+
+The test, run over the most recent windows of the series (16, 24, 32, ... up to 256 samples):
+
+1. **Mann–Kendall** (tie-corrected S, normal approximation) one-sided p-value below ``alpha`` (default
+   1e-5: the test runs at every request end over several windows, so it must be strict), i.e. an upward
+   trend stated with a confidence of ``1 - p``; and the window's second half alone below ``recent_alpha``
+   (5e-3): the growth is still going on, not a fill-up that has already stopped;
+2. **Theil–Sen** slope above zero, reported in bytes per request;
+3. **rising floors**: split the window into four blocks; each block's minimum is at least the previous
+   block's minimum, and the last block's minimum is above the first block's maximum. A bounded cache that
+   fills up and then churns has a flat floor, so it fails this even when its noise makes S large.
+4. **new territory**: the last block's minimum is above every sample before the window. Retention of a
+   bounded cache is autocorrelated (an LRU changes one entry per miss), so it can climb for 16 requests in
+   a row; but it climbs back into a range it has already visited, never beyond it for good.
+
+Warm-up is not special-cased: a bounded cache whose fill-up lasts longer than the shortest window looks like
+a leak while it fills, and is reported as a suspected (warning) finding until the floor stops rising.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvguardian.detectors import DetectContext
+from kvguardian.findings import Finding, Severity
+from kvguardian.ledger import LedgerSnapshot
+
+__all__ = ["TrendResult", "detect", "mann_kendall", "theil_sen", "trend_test"]
+
+WINDOWS = (16, 24, 32, 48, 64, 96, 128, 192, 256)
+
+
+def mann_kendall(x: Sequence[float] | np.ndarray) -> tuple[float, float]:
+    """Return (S, one-sided p-value for an upward trend), tie-corrected, normal approximation."""
+    a = np.asarray(x, dtype=float)
+    n = a.size
+    if n < 3:
+        return 0.0, 1.0
+    diff = np.sign(a[None, :] - a[:, None])  # diff[i, j] = sign(x_j - x_i)
+    s = float(np.triu(diff, 1).sum())
+    _, counts = np.unique(a, return_counts=True)
+    var = (n * (n - 1) * (2 * n + 5) - float(np.sum(counts * (counts - 1) * (2 * counts + 5)))) / 18.0
+    if var <= 0:
+        return s, 1.0
+    z = (s - 1) / math.sqrt(var) if s > 0 else ((s + 1) / math.sqrt(var) if s < 0 else 0.0)
+    p = 0.5 * math.erfc(z / math.sqrt(2))
+    return s, p
+
+
+def theil_sen(x: Sequence[float] | np.ndarray) -> float:
+    """Median of pairwise slopes (units of x per sample)."""
+    a = np.asarray(x, dtype=float)
+    n = a.size
+    if n < 2:
+        return 0.0
+    i, j = np.triu_indices(n, 1)
+    return float(np.median((a[j] - a[i]) / (j - i)))
+
+
+def _floors_rise(a: np.ndarray) -> bool:
+    blocks = np.array_split(a, 4)
+    mins = [float(b.min()) for b in blocks]
+    if any(m2 < m1 for m1, m2 in itertools.pairwise(mins)):
+        return False
+    return mins[-1] > float(blocks[0].max())
+
+
+@dataclass(frozen=True)
+class TrendResult:
+    growing: bool
+    window: int  # samples in the window that decided (the shortest that fired, or the longest tested)
+    p_value: float
+    slope: float  # Theil–Sen, units per sample
+    growth: float  # last block's floor minus first block's floor over the window
+
+    @property
+    def confidence(self) -> float:
+        return 1.0 - self.p_value
+
+
+def trend_test(
+    series: Sequence[float],
+    *,
+    alpha: float = 1e-5,
+    recent_alpha: float = 5e-3,
+    min_growth: float = 0.0,
+    windows: Sequence[int] = WINDOWS,
+) -> TrendResult:
+    """Test the most recent windows of ``series`` for monotonic growth; the first window that fires wins."""
+    a = np.asarray(series, dtype=float)
+    last = TrendResult(False, 0, 1.0, 0.0, 0.0)
+    for w in windows:
+        if w > a.size:
+            break
+        win = a[-w:]
+        prior = a[:-w]
+        if prior.size and float(np.array_split(win, 4)[-1].min()) <= float(prior.max()):
+            # the latest floor is still inside the range seen before the window: a bounded cache
+            # wandering back up, not new territory
+            last = TrendResult(False, w, 1.0, 0.0, 0.0)
+            continue
+        _, p = mann_kendall(win)
+        _, p_recent = mann_kendall(win[w // 2:])
+        slope = theil_sen(win)
+        blocks = np.array_split(win, 4)
+        growth = float(blocks[-1].min() - blocks[0].min())
+        res = TrendResult(
+            p < alpha and p_recent < recent_alpha and slope > 0 and growth > min_growth and _floors_rise(win),
+            w, p, slope, growth,
+        )
+        if res.growing:
+            return res
+        last = res
+    return last
+
+
+def detect(snapshot: LedgerSnapshot, ctx: DetectContext) -> list[Finding]:
+    series = [float(b) for (_, _, b) in snapshot.retained_series]
+    res = trend_test(series, alpha=ctx.growth_alpha, min_growth=ctx.growth_min_bytes)
+    if not res.growing:
+        return []
+    return [
+        Finding(
+            id="KVG103",
+            severity=Severity.WARNING,
+            message=(
+                f"retained KV grew by {res.growth:.0f} bytes over the last {res.window} requests "
+                f"(≈{res.slope:.0f} bytes/request, Mann–Kendall p={res.p_value:.2g}, "
+                f"confidence {res.confidence:.4f})"
+            ),
+            evidence={
+                "window_requests": res.window,
+                "slope_bytes_per_request": res.slope,
+                "growth_bytes": res.growth,
+                "p_value": res.p_value,
+                "confidence": res.confidence,
+                "samples": len(series),
+                "latest_retained_bytes": series[-1] if series else 0,
+            },
+        )
+    ]

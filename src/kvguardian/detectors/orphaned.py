@@ -1,0 +1,68 @@
+"""KVG102 orphaned-kv: KV storage alive after its owner ended, not declared retained.
+
+One finding per owner request, with the bytes, the layers, and the holder chain of its first entry
+(the guard computes chains after ``gc.collect()``, so everything here is really reachable).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from kvguardian.detectors import DetectContext
+from kvguardian.findings import Finding, Severity
+from kvguardian.ledger import EntryState, LedgerSnapshot, Record
+
+__all__ = ["detect"]
+
+
+def detect(snapshot: LedgerSnapshot, ctx: DetectContext) -> list[Finding]:
+    groups: dict[str | None, list[Record]] = defaultdict(list)
+    for rec in snapshot.records:
+        if rec.state is EntryState.ORPHANED:
+            groups[rec.request_id].append(rec)
+    findings = []
+    for rid, recs in groups.items():
+        recs.sort(key=lambda r: (r.layer if r.layer is not None else -1, r.kind, r.entry_id))
+        nbytes = sum(r.storage_bytes for r in recs)
+        layers = sorted({r.layer for r in recs if r.layer is not None})
+        chain = None
+        chain_notes: list[str] = []
+        for rec in recs:
+            c = ctx.holder_chains.get(rec.key)
+            if c is not None and (chain is None or (c.complete and not chain.complete)):
+                chain = c
+                if c.complete:
+                    break
+        if chain is not None:
+            chain_notes = chain.notes
+        info = snapshot.requests.get(rid) if rid is not None else None
+        ended_ago = (snapshot.taken - info.ended) if info is not None and info.ended is not None else None
+        evidence = {
+            "request_id": rid,
+            "tenant": recs[0].tenant,
+            "generation": recs[0].generation,
+            "entries": len(recs),
+            "bytes": nbytes,
+            "layers": layers,
+            "kinds": sorted({r.kind for r in recs}),
+            "sources": sorted({r.source for r in recs}),
+            "seconds_since_owner_ended": round(ended_ago, 3) if ended_ago is not None else None,
+            "holder_root": chain.root if chain is not None else None,
+            "holder_complete": chain.complete if chain is not None else False,
+        }
+        if chain_notes:
+            evidence["holder_notes"] = chain_notes
+        held_by = f", held by {chain.steps[0]}" if chain is not None and chain.complete else ""
+        findings.append(
+            Finding(
+                id="KVG102",
+                severity=Severity.ERROR,
+                message=(
+                    f"{nbytes} bytes of KV ({len(recs)} storages, layers {layers}) of request {rid!r} "
+                    f"are alive after the request ended{held_by}"
+                ),
+                evidence=evidence,
+                holder_chain=list(chain.steps) if chain is not None else None,
+            )
+        )
+    return findings

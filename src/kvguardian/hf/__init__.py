@@ -1,0 +1,1 @@
+"""Hugging Face transformers instrumentation (imported only when a model is attached)."""

@@ -1,0 +1,1 @@
+"""Tensor-level tools: storage identity, autograd graph walks, holder chains. Torch is imported lazily."""

@@ -1,0 +1,382 @@
+"""Holder chains: the path of references from a root to a live KV storage.
+
+The search is general, not a list of known leak shapes. It runs backwards from the tensors that own the
+target storages, one ``gc.get_referrers`` pass per level (breadth first, so the chain found is a shortest
+one), until it reaches a root:
+
+* a module's globals (``module app: SESSIONS``),
+* a frame that is executing now, in any thread (their locals are not visible to the garbage collector in
+  CPython 3.11+, so they are read with ``f_locals`` up front),
+
+Objects in between are whatever holds what: containers, instance attributes, closure cells, frames kept by
+tracebacks, generators, ``functools.lru_cache`` entries, and - when no Python object holds a storage - the
+autograd graph of a tensor that saved it for backward. The search is bounded in depth, objects and time,
+and excludes the guard's own objects and its own frames. Chains never show KV contents, and dictionary keys
+are shown only when they look like identifiers (never free text such as a prompt) unless ``redact`` hides
+them all.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import re
+import sys
+import threading
+import time
+import types
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["HolderChain", "find_holder_chains", "render_step"]
+
+_PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_SAFE_KEY = re.compile(r"^[\w.:\-/@#]{1,48}$")
+
+
+@dataclass
+class HolderChain:
+    """A rendered path from a root to a KV storage."""
+
+    steps: list[str]  # root first, the KV tensor last
+    root: str  # "module", "frame", "autograd", "none"
+    complete: bool  # True when it starts at a root
+    depth: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    def render(self) -> str:
+        return " → ".join(self.steps)
+
+
+@dataclass
+class _Search:
+    parent: dict[int, int]  # id(child) -> id(referrer)
+    objs: dict[int, Any]  # id -> object, strong refs held only during the search
+    root_label: dict[int, str]  # id(child of a root) -> label of the root edge
+    grad_edge: set[int]  # ids of tensors that hold a target through their autograd graph
+    internal: set[int]  # ids of the search's own containers
+
+
+def _key_repr(key: object, redact: bool) -> str:
+    if isinstance(key, str):
+        if not redact and _SAFE_KEY.match(key):
+            return repr(key)
+        return f"<str len={len(key)}>"
+    if isinstance(key, (int, float, bool)) or key is None:
+        return "<key>" if redact else repr(key)
+    if isinstance(key, tuple):
+        return "(" + ", ".join(_key_repr(k, redact) for k in key[:4]) + (", …" if len(key) > 4 else "") + ")"
+    return f"<{type(key).__name__}>"
+
+
+def _describe_tensor(t: Any) -> str:
+    try:
+        shape = "×".join(str(s) for s in t.shape)
+        return f"Tensor[{shape}] {str(t.dtype).replace('torch.', '')}"
+    except Exception:  # pragma: no cover - exotic tensor subclasses
+        return type(t).__name__
+
+
+def _func_name(fn: Any) -> str:
+    return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
+
+
+def _frame_name(frame: types.FrameType) -> str:
+    code = frame.f_code
+    return f"frame {code.co_name}() ({os.path.basename(code.co_filename)}:{frame.f_lineno})"
+
+
+def render_step(parent: Any, child: Any, *, redact: bool = False) -> str:
+    """Name the edge ``parent → child`` readably: ``list[3]``, ``Engine.cache``, ``frame f() local kv``."""
+    if isinstance(parent, dict):
+        for k, v in parent.items():
+            if v is child:
+                return f"dict[{_key_repr(k, redact)}]"
+        for k in parent:
+            if k is child:
+                return "dict key"
+        return "dict"
+    if isinstance(parent, (list, tuple)):
+        for i, v in enumerate(parent):
+            if v is child:
+                kind = type(parent).__name__
+                if isinstance(child, types.TracebackType):
+                    return f"{kind}[{i}] (traceback)"
+                return f"{kind}[{i}]"
+        return type(parent).__name__
+    if isinstance(parent, types.FrameType):
+        try:
+            for name, v in parent.f_locals.items():
+                if v is child:
+                    return f"{_frame_name(parent)} local {name}"
+        except Exception:  # pragma: no cover
+            pass
+        if child is parent.f_back:
+            return f"{_frame_name(parent)} (caller)"
+        return _frame_name(parent)
+    if isinstance(parent, types.TracebackType):
+        if child is parent.tb_frame:
+            return "traceback"
+        return "traceback (next)"
+    if isinstance(parent, types.CellType):
+        return "closure cell"
+    if isinstance(parent, types.FunctionType):
+        if parent.__closure__:
+            for i, cell in enumerate(parent.__closure__):
+                if cell is child:
+                    return f"function {_func_name(parent)}() closure var {parent.__code__.co_freevars[i]}"
+        if child is parent.__defaults__:
+            return f"function {_func_name(parent)}() defaults"
+        return f"function {_func_name(parent)}()"
+    if isinstance(parent, types.MethodType):
+        return f"bound method {_func_name(parent.__func__)}()" + (" self" if child is parent.__self__ else "")
+    if type(parent).__name__ == "_lru_cache_wrapper":
+        return f"lru_cache {_func_name(parent)}()"
+    if isinstance(parent, types.GeneratorType):
+        return f"generator {parent.__qualname__}()"
+    if isinstance(parent, types.CoroutineType):
+        return f"coroutine {parent.__qualname__}()"
+    # objects: an attribute, a slot, or something opaque
+    d = getattr(parent, "__dict__", None)
+    if isinstance(d, dict):
+        for name, v in d.items():
+            if v is child:
+                return f"{type(parent).__name__}.{name}"
+        if d is child:
+            return f"{type(parent).__name__}.__dict__"
+    for cls in type(parent).__mro__:
+        for slot in getattr(cls, "__slots__", ()) or ():
+            try:
+                if getattr(parent, slot) is child:
+                    return f"{type(parent).__name__}.{slot}"
+            except AttributeError:
+                continue
+    return type(parent).__name__
+
+
+def _live_frames(skip_own: bool) -> list[types.FrameType]:
+    frames: list[types.FrameType] = []
+    seen: set[int] = set()
+    for frame in sys._current_frames().values():
+        f: types.FrameType | None = frame
+        while f is not None and id(f) not in seen:
+            seen.add(id(f))
+            if not (skip_own and f.f_code.co_filename.startswith(_PKG_DIR)):
+                frames.append(f)
+            f = f.f_back
+    return frames
+
+
+def _thread_name(frame: types.FrameType) -> str:
+    for tid, top in sys._current_frames().items():
+        f: types.FrameType | None = top
+        while f is not None:
+            if f is frame:
+                if tid == threading.main_thread().ident:
+                    return ""
+                for th in threading.enumerate():
+                    if th.ident == tid:
+                        return f" [thread {th.name}]"
+                return f" [thread {tid}]"
+            f = f.f_back
+    return ""
+
+
+def find_holder_chains(
+    target_keys: Iterable[int],
+    *,
+    exclude: Iterable[object] = (),
+    max_depth: int = 40,
+    max_seconds: float = 3.0,
+    max_frontier: int = 4_096,
+    redact: bool = False,
+    collect: bool = True,
+) -> dict[int, HolderChain]:
+    """Find, for each storage key in ``target_keys``, a shortest chain of references from a root.
+
+    Returns a chain for every target; a target with no chain found has ``complete=False`` and a note that
+    says why (held only from C/C++, or a bound was hit).
+    """
+    import torch
+
+    targets = set(target_keys)
+    if not targets:
+        return {}
+    if collect:
+        gc.collect()
+    deadline = time.monotonic() + max_seconds
+    excluded = {id(o) for o in exclude}
+    objs: dict[int, Any] = {}
+    parent: dict[int, int] = {}
+    root_label: dict[int, str] = {}
+    holder_tensor: dict[int, int] = {}  # storage key -> id(tensor that holds it)
+    grad_edge: dict[int, int] = {}  # id(tensor whose graph saves the storage) -> storage key
+    internal: set[int] = set()
+
+    # 1. the Python tensors that own each target storage
+    frontier: list[Any] = []
+    grad_tensors: list[Any] = []
+    tensor_type = torch.Tensor
+    for obj in gc.get_objects():
+        if issubclass(type(obj), tensor_type):  # type(), not isinstance(): no __class__ lookups
+            try:
+                key = obj.untyped_storage().data_ptr()
+            except Exception:
+                continue
+            if key in targets and key not in holder_tensor:
+                holder_tensor[key] = id(obj)
+                objs[id(obj)] = obj
+                frontier.append(obj)
+            elif obj.grad_fn is not None:
+                grad_tensors.append(obj)
+    # 1b. storages no Python tensor holds: look for autograd graphs that saved them
+    missing = targets - set(holder_tensor)
+    if missing and grad_tensors:
+        from kvguardian.tensors.autograd import walk_graph
+
+        for t in grad_tensors:
+            if not missing or time.monotonic() > deadline:
+                break
+            stats = walk_graph(t, max_nodes=20_000, max_seconds=max(0.05, deadline - time.monotonic()))
+            hit = stats.storage_keys & missing
+            for key in hit:
+                holder_tensor[key] = id(t)
+                grad_edge[id(t)] = key
+                missing.discard(key)
+            if hit and id(t) not in objs:
+                objs[id(t)] = t
+                frontier.append(t)
+    del grad_tensors
+
+    # 2. live frames' locals (invisible to gc.get_referrers for executing frames)
+    live_locals: dict[int, str] = {}
+    for frame in _live_frames(skip_own=True):
+        try:
+            items = list(frame.f_locals.items())
+        except Exception:  # pragma: no cover
+            continue
+        label = _frame_name(frame) + _thread_name(frame)
+        for name, value in items:
+            live_locals.setdefault(id(value), f"{label} local {name}")
+    module_dicts = {id(m.__dict__): name for name, m in list(sys.modules.items()) if hasattr(m, "__dict__")}
+    own_frame = sys._getframe()
+    internal.update({id(objs), id(parent), id(frontier), id(own_frame), id(targets), id(live_locals)})
+
+    # 3. breadth-first, backwards, until every holder tensor reaches a root
+    pending = set(holder_tensor.values())  # ids of holder tensors whose chain is open
+    reached: dict[int, int] = {}  # id(tensor) -> id(object directly under the root)
+    depth = 0
+    truncated = ""
+
+    while frontier and pending:
+        if depth >= max_depth:
+            truncated = f"depth bound {max_depth} reached"
+            break
+        if time.monotonic() > deadline:
+            truncated = f"time bound {max_seconds:g}s reached"
+            break
+        depth += 1
+        next_frontier: list[Any] = []
+        frontier_ids = {id(o) for o in frontier}
+        # roots that hold frontier objects directly
+        for o in frontier:
+            local_label = live_locals.get(id(o))
+            if local_label is not None and id(o) not in root_label:
+                root_label[id(o)] = local_label
+        internal.add(id(next_frontier))
+        internal.add(id(frontier_ids))
+        referrers = gc.get_referrers(*frontier)
+        internal.add(id(referrers))
+        for r in referrers:
+            rid = id(r)
+            if rid in internal or rid in excluded or rid in objs:
+                continue
+            if isinstance(r, types.FrameType) and r.f_code.co_filename.startswith(_PKG_DIR):
+                continue
+            if rid in module_dicts:
+                for k, v in r.items():
+                    if id(v) in frontier_ids and id(v) not in root_label:
+                        root_label[id(v)] = f"module {module_dicts[rid]}: {k}"
+                continue
+            if _is_noise(r):
+                continue
+            children = [c for c in gc.get_referents(r) if id(c) in frontier_ids]
+            if not children:
+                continue
+            objs[rid] = r
+            for c in children:
+                parent.setdefault(id(c), rid)
+            if len(next_frontier) < max_frontier:
+                next_frontier.append(r)
+        del referrers
+        # stop early when every pending tensor has an ancestor under a root
+        for tid in list(pending):
+            node = tid
+            while node not in root_label and node in parent:
+                node = parent[node]
+            if node in root_label:
+                reached[tid] = node
+                pending.discard(tid)
+        frontier = next_frontier
+
+    # 4. render
+    chains: dict[int, HolderChain] = {}
+    for key in targets:
+        found = holder_tensor.get(key)
+        if found is None:
+            chains[key] = HolderChain(
+                steps=["<no Python object holds this storage>"], root="none", complete=False,
+                notes=["held from C/C++ (an extension, torch.compile, a C++ autograd node) or freed meanwhile"],
+            )
+            continue
+        tid = found
+        path = [tid]
+        node = tid
+        seen_path = {tid}
+        while node not in root_label and node in parent and parent[node] not in seen_path:
+            node = parent[node]
+            seen_path.add(node)
+            path.append(node)
+        path.reverse()  # root-most first
+        steps: list[str] = []
+        complete = path[0] in root_label
+        root = "none"
+        if complete:
+            label = root_label[path[0]]
+            steps.append(label)
+            root = "frame" if label.startswith("frame ") else "module"
+        else:
+            steps.append(f"<unknown holder of {type(objs[path[0]]).__name__}>")
+        i = 0
+        while i < len(path) - 1:
+            holder, held = objs[path[i]], objs[path[i + 1]]
+            if i + 2 < len(path) and isinstance(held, dict) and getattr(holder, "__dict__", None) is held:
+                # instance -> its __dict__ -> value: one attribute step
+                child = objs[path[i + 2]]
+                attr_dict: dict[Any, Any] = vars(holder)
+                attr = next((k for k, v in attr_dict.items() if v is child), "?")
+                steps.append(f"{type(holder).__name__}.{attr}")
+                i += 2
+                continue
+            steps.append(render_step(holder, held, redact=redact))
+            i += 1
+        tensor = objs[tid]
+        if tid in grad_edge:
+            steps.append(_describe_tensor(tensor) + " .grad_fn graph (saved for backward)")
+            steps.append("KV storage")
+            if root == "none":
+                root = "autograd"
+        else:
+            steps.append(_describe_tensor(tensor))
+        why = truncated or "no root reached: held from C/C++ or by an object the GC does not track"
+        notes = [] if complete else [why]
+        chains[key] = HolderChain(steps=steps, root=root, complete=complete, depth=len(path), notes=notes)
+    objs.clear()
+    parent.clear()
+    return chains
+
+
+def _is_noise(obj: object) -> bool:
+    """Referrers that are never a real holder: class dicts' method tables, gc bookkeeping, frames of ours."""
+    return isinstance(obj, (type, types.ModuleType))
