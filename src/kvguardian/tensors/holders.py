@@ -78,8 +78,13 @@ def _describe_tensor(t: Any) -> str:
         return type(t).__name__
 
 
+def _short(qualname: str) -> str:
+    """``outer.<locals>.Engine.encode`` -> ``Engine.encode``: the part a reader recognises."""
+    return qualname.rsplit(".<locals>.", 1)[-1]
+
+
 def _func_name(fn: Any) -> str:
-    return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
+    return _short(getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__)
 
 
 def _frame_name(frame: types.FrameType) -> str:
@@ -120,7 +125,7 @@ def render_step(parent: Any, child: Any, *, redact: bool = False) -> str:
             return "traceback"
         return "traceback (next)"
     if isinstance(parent, types.CellType):
-        return "closure cell"
+        return ""  # named by the step before: "function f() closure cell x", or a frame's cell variable
     if isinstance(parent, types.FunctionType):
         if parent.__closure__:
             for i, cell in enumerate(parent.__closure__):
@@ -133,10 +138,27 @@ def render_step(parent: Any, child: Any, *, redact: bool = False) -> str:
         return f"bound method {_func_name(parent.__func__)}()" + (" self" if child is parent.__self__ else "")
     if type(parent).__name__ == "_lru_cache_wrapper":
         return f"lru_cache {_func_name(parent)}()"
-    if isinstance(parent, types.GeneratorType):
-        return f"generator {parent.__qualname__}()"
-    if isinstance(parent, types.CoroutineType):
-        return f"coroutine {parent.__qualname__}()"
+    if isinstance(parent, (types.GeneratorType, types.CoroutineType, types.AsyncGeneratorType)):
+        kind = {types.GeneratorType: "generator", types.CoroutineType: "coroutine"}.get(type(parent), "async generator")
+        frame = getattr(parent, "gi_frame", None) or getattr(parent, "cr_frame", None) or getattr(parent, "ag_frame", None)
+        if frame is not None:
+            try:
+                for name, v in frame.f_locals.items():
+                    if v is child:
+                        return f"{kind} {_short(parent.__qualname__)}() local {name}"
+            except Exception:  # pragma: no cover
+                pass
+        return f"{kind} {_short(parent.__qualname__)}()"
+    if isinstance(parent, BaseException):
+        for attr in ("__traceback__", "__context__", "__cause__"):
+            if getattr(parent, attr, None) is child:
+                return f"{type(parent).__name__}.{attr}"
+        if child is parent.args:
+            return f"{type(parent).__name__}.args"
+    if isinstance(parent, type):
+        return f"class {_short(parent.__qualname__)}"
+    if isinstance(parent, types.ModuleType):
+        return f"module object {parent.__name__}"
     # objects: an attribute, a slot, or something opaque
     d = getattr(parent, "__dict__", None)
     if isinstance(d, dict):
@@ -153,6 +175,35 @@ def render_step(parent: Any, child: Any, *, redact: bool = False) -> str:
             except AttributeError:
                 continue
     return type(parent).__name__
+
+
+def _path_len(node: int, parent: dict[int, int], root_label: dict[int, str]) -> int:
+    n = 0
+    while node not in root_label and node in parent and n < 10_000:
+        node = parent[node]
+        n += 1
+    return n
+
+
+def _collapse(a: Any, b: Any, c: Any) -> str | None:
+    """Name a two-hop step ``a → b → c`` as one when ``b`` is an implementation detail of ``a``:
+    an instance's or class's ``__dict__``, a function's closure tuple, an lru_cache's cache dict."""
+    if isinstance(b, dict):
+        if isinstance(a, type) or getattr(a, "__dict__", None) is b:
+            try:
+                names = vars(a)
+            except TypeError:
+                names = b
+            for k, v in names.items():
+                if v is c:
+                    return f"class {_short(a.__qualname__)}.{k}" if isinstance(a, type) else f"{type(a).__name__}.{k}"
+        if type(a).__name__ == "_lru_cache_wrapper":
+            return f"lru_cache {_func_name(a)}() cached " + ("result" if any(v is c for v in b.values()) else "key")
+    if isinstance(a, types.FunctionType) and b is a.__closure__ and isinstance(c, types.CellType):
+        for i, cell in enumerate(a.__closure__ or ()):
+            if cell is c:
+                return f"function {_func_name(a)}() closure cell {a.__code__.co_freevars[i]}"
+    return None
 
 
 def _live_frames(skip_own: bool) -> list[types.FrameType]:
@@ -210,7 +261,8 @@ def find_holder_chains(
     objs: dict[int, Any] = {}
     parent: dict[int, int] = {}
     root_label: dict[int, str] = {}
-    holder_tensor: dict[int, int] = {}  # storage key -> id(tensor that holds it)
+    holder_tensor: dict[int, int] = {}  # storage key -> id(the Python tensor on it)
+    candidates: dict[int, list[int]] = {}  # storage key -> ids of objects that hold it (tensor, grad tensors)
     grad_edge: dict[int, int] = {}  # id(tensor whose graph saves the storage) -> storage key
     internal: set[int] = set()
 
@@ -226,24 +278,25 @@ def find_holder_chains(
                 continue
             if key in targets and key not in holder_tensor:
                 holder_tensor[key] = id(obj)
+                candidates.setdefault(key, []).append(id(obj))
                 objs[id(obj)] = obj
                 frontier.append(obj)
-            elif obj.grad_fn is not None:
+            if obj.grad_fn is not None:
                 grad_tensors.append(obj)
-    # 1b. storages no Python tensor holds: look for autograd graphs that saved them
-    missing = targets - set(holder_tensor)
-    if missing and grad_tensors:
+    # 1b. autograd graphs that saved a target for backward also hold it (the Python tensor on a saved
+    # storage may exist only because PyTorch preserves it, with nothing in Python pointing at it)
+    if grad_tensors:
         from kvguardian.tensors.autograd import walk_graph
 
+        graph_budget = deadline - max_seconds / 2  # at most half the time on graphs
         for t in grad_tensors:
-            if not missing or time.monotonic() > deadline:
+            if time.monotonic() > graph_budget:
                 break
-            stats = walk_graph(t, max_nodes=20_000, max_seconds=max(0.05, deadline - time.monotonic()))
-            hit = stats.storage_keys & missing
+            stats = walk_graph(t, max_nodes=20_000, max_seconds=max(0.05, graph_budget - time.monotonic()))
+            hit = stats.storage_keys & targets
             for key in hit:
-                holder_tensor[key] = id(t)
+                candidates.setdefault(key, []).append(id(t))
                 grad_edge[id(t)] = key
-                missing.discard(key)
             if hit and id(t) not in objs:
                 objs[id(t)] = t
                 frontier.append(t)
@@ -264,7 +317,7 @@ def find_holder_chains(
     internal.update({id(objs), id(parent), id(frontier), id(own_frame), id(targets), id(live_locals)})
 
     # 3. breadth-first, backwards, until every holder tensor reaches a root
-    pending = set(holder_tensor.values())  # ids of holder tensors whose chain is open
+    pending = {c for ids in candidates.values() for c in ids}  # ids of holders whose chain is open
     reached: dict[int, int] = {}  # id(tensor) -> id(object directly under the root)
     depth = 0
     truncated = ""
@@ -299,8 +352,6 @@ def find_holder_chains(
                     if id(v) in frontier_ids and id(v) not in root_label:
                         root_label[id(v)] = f"module {module_dicts[rid]}: {k}"
                 continue
-            if _is_noise(r):
-                continue
             children = [c for c in gc.get_referents(r) if id(c) in frontier_ids]
             if not children:
                 continue
@@ -310,7 +361,7 @@ def find_holder_chains(
             if len(next_frontier) < max_frontier:
                 next_frontier.append(r)
         del referrers
-        # stop early when every pending tensor has an ancestor under a root
+        # stop early when every target has a holder with an ancestor under a root
         for tid in list(pending):
             node = tid
             while node not in root_label and node in parent:
@@ -318,12 +369,17 @@ def find_holder_chains(
             if node in root_label:
                 reached[tid] = node
                 pending.discard(tid)
+        if all(any(c in reached for c in ids) for ids in candidates.values()):
+            break
         frontier = next_frontier
 
     # 4. render
     chains: dict[int, HolderChain] = {}
     for key in targets:
-        found = holder_tensor.get(key)
+        cands = candidates.get(key, [])
+        found = min((c for c in cands if c in reached), key=lambda c: _path_len(c, parent, root_label), default=None)
+        if found is None:
+            found = holder_tensor.get(key) if key in holder_tensor else (cands[0] if cands else None)
         if found is None:
             chains[key] = HolderChain(
                 steps=["<no Python object holds this storage>"], root="none", complete=False,
@@ -351,15 +407,15 @@ def find_holder_chains(
         i = 0
         while i < len(path) - 1:
             holder, held = objs[path[i]], objs[path[i + 1]]
-            if i + 2 < len(path) and isinstance(held, dict) and getattr(holder, "__dict__", None) is held:
-                # instance -> its __dict__ -> value: one attribute step
-                child = objs[path[i + 2]]
-                attr_dict: dict[Any, Any] = vars(holder)
-                attr = next((k for k, v in attr_dict.items() if v is child), "?")
-                steps.append(f"{type(holder).__name__}.{attr}")
+            nxt = objs[path[i + 2]] if i + 2 < len(path) else None
+            collapsed = _collapse(holder, held, nxt) if nxt is not None else None
+            if collapsed is not None:
+                steps.append(collapsed)
                 i += 2
                 continue
-            steps.append(render_step(holder, held, redact=redact))
+            step = render_step(holder, held, redact=redact)
+            if step:
+                steps.append(step)
             i += 1
         tensor = objs[tid]
         if tid in grad_edge:
@@ -376,7 +432,3 @@ def find_holder_chains(
     parent.clear()
     return chains
 
-
-def _is_noise(obj: object) -> bool:
-    """Referrers that are never a real holder: class dicts' method tables, gc bookkeeping, frames of ours."""
-    return isinstance(obj, (type, types.ModuleType))

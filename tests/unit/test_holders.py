@@ -1,0 +1,212 @@
+"""Holder chains for the shapes leaks take: globals, closures, tracebacks, attributes, lru_cache, classes,
+generators, autograd graphs. Each scenario is built inside a function that returns only the storage key
+(an int), so the test's own frame holds nothing and the chain must start at the real root."""
+
+import functools
+import sys
+import types
+
+import pytest
+import torch
+
+from kvguardian.tensors.holders import find_holder_chains
+
+
+@pytest.fixture
+def app():
+    mod = types.ModuleType("leaky_app")
+    sys.modules["leaky_app"] = mod
+    yield mod
+    del sys.modules["leaky_app"]
+
+
+def key(t):
+    return t.untyped_storage().data_ptr()
+
+
+def kv(n=16):
+    return torch.zeros(1, 2, n, 8)
+
+
+def chain(ref, **kw):
+    return find_holder_chains([ref], max_seconds=20, **kw)[ref]
+
+
+class Layer:
+    def __init__(self, k):
+        self.keys = k
+
+
+class Cache:
+    def __init__(self, k):
+        self.layers = [Layer(k)]
+
+
+def test_module_global_dict_and_attributes(app):
+    def build():
+        t = kv()
+        app.SESSIONS = {"r-3": Cache(t)}
+        return key(t)
+
+    c = chain(build())
+    assert c.complete and c.root == "module"
+    assert c.steps[:5] == ["module leaky_app: SESSIONS", "dict['r-3']", "Cache.layers", "list[0]", "Layer.keys"]
+    assert c.steps[-1] == "Tensor[1×2×16×8] float32"
+    assert c.render().startswith("module leaky_app: SESSIONS → dict['r-3'] → Cache.layers")
+
+
+def test_free_text_keys_are_never_shown(app):
+    def build():
+        t = kv()
+        app.MEMO = {"Tell me a secret about my account": t}
+        return key(t)
+
+    ref = build()
+    steps = chain(ref).steps
+    assert "secret" not in " ".join(steps)
+    assert steps[1] == "dict[<str len=33>]"
+    app.NAMED = {"r-1": app.MEMO}
+    assert "r-1" not in " ".join(chain(ref, redact=True).steps)
+
+
+def test_closure_in_global_hook_list(app):
+    def build():
+        def make_hook(kv_tensor):
+            def hook():
+                return kv_tensor.shape
+
+            return hook
+
+        t = kv()
+        app.HOOKS = [make_hook(t)]
+        return key(t)
+
+    c = chain(build())
+    assert c.steps[:2] == ["module leaky_app: HOOKS", "list[0]"]
+    assert c.steps[2].startswith("function ") and c.steps[2].endswith("hook() closure cell kv_tensor")
+    assert c.steps[3].startswith("Tensor[")
+
+
+def test_kept_traceback_frame_local(app):
+    def handle():
+        local_kv = kv()  # noqa: F841 - kept alive by the traceback's frame
+        raise ValueError("boom")
+
+    def build():
+        try:
+            handle()
+        except ValueError as exc:
+            app.FAILED = [exc]
+        tb = app.FAILED[0].__traceback__
+        while tb.tb_next is not None:
+            tb = tb.tb_next
+        return key(tb.tb_frame.f_locals["local_kv"])
+
+    c = chain(build())
+    text = c.render()
+    assert c.steps[:3] == ["module leaky_app: FAILED", "list[0]", "ValueError.__traceback__"]
+    assert "traceback" in text and "frame handle()" in text and "local local_kv" in text
+
+
+def test_lru_cache_on_method_holding_self(app):
+    def build():
+        class Encoder:
+            def __init__(self):
+                self.weight = kv(4)
+
+            @functools.lru_cache(maxsize=8)  # noqa: B019 - the leak under test
+            def encode(self, prefix):
+                return (kv(32),)
+
+        app.Encoder = Encoder
+        return key(Encoder().encode("system")[0])
+
+    c = chain(build())
+    assert c.complete
+    assert c.steps[0] == "module leaky_app: Encoder"
+    assert c.steps[1].endswith("Encoder.encode")
+    assert c.steps[2] == "lru_cache Encoder.encode()"
+    assert c.steps[3] == "tuple[0]"
+
+
+def test_unbounded_lru_cache_function(app):
+    def build():
+        @functools.lru_cache(maxsize=None)
+        def prefix_cache(n):
+            return [kv(n)]
+
+        app.prefix_cache = prefix_cache
+        return key(prefix_cache(8)[0])
+
+    c = chain(build())
+    assert c.steps[0] == "module leaky_app: prefix_cache"
+    assert c.steps[1] == "lru_cache prefix_cache() cached result"
+
+
+def test_class_attribute(app):
+    def build():
+        class Engine:
+            CACHE: list = []
+
+        app.Engine = Engine
+        t = kv()
+        Engine.CACHE.append(t)
+        return key(t)
+
+    c = chain(build())
+    assert c.steps[:3] == ["module leaky_app: Engine", "class Engine.CACHE", "list[0]"]
+
+
+def test_suspended_generator(app):
+    def build():
+        def stream():
+            held = kv()  # noqa: F841
+            yield 1
+
+        gen = stream()
+        next(gen)
+        app.STREAMS = [gen]
+        return key(gen.gi_frame.f_locals["held"])
+
+    c = chain(build())
+    assert c.steps[:2] == ["module leaky_app: STREAMS", "list[0]"]
+    assert c.steps[2] == "generator stream() local held"
+
+
+def test_executing_frame_local_is_a_root():
+    t = kv()
+    c = chain(key(t))
+    assert c.root == "frame" and c.complete
+    assert c.steps[0].startswith("frame test_executing_frame_local_is_a_root()") and c.steps[0].endswith("local t")
+
+
+def test_autograd_graph_holder(app):
+    def build():
+        w = torch.ones(8, 8, requires_grad=True)
+        saved = torch.ones(1, 8) * 2  # saved for backward by the matmul
+        app.OUT = saved @ w
+        return key(saved)
+
+    c = chain(build())
+    assert c.steps[0] == "module leaky_app: OUT"
+    assert "grad_fn graph (saved for backward)" in c.render()
+
+
+def test_unreachable_from_python_is_reported_as_such():
+    c = chain(123456789)
+    assert not c.complete and c.root == "none" and c.notes
+
+
+def test_search_is_bounded_in_depth(app):
+    def build():
+        t = kv()
+        node = t
+        for _ in range(25):
+            node = [node]
+        app.DEEP = node
+        return key(t)
+
+    ref = build()
+    c = chain(ref, max_depth=10)
+    assert not c.complete and "depth bound 10" in c.notes[0]
+    assert chain(ref, max_depth=40).complete
