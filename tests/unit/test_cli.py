@@ -25,7 +25,7 @@ def test_every_registered_command_is_in_the_parser():
     assert set(COMMANDS) <= top
 
 
-@pytest.mark.parametrize("path", [[]] + subcommand_paths(), ids=lambda p: " ".join(p) or "kv-guardian")
+@pytest.mark.parametrize("path", [[], *subcommand_paths()], ids=lambda p: " ".join(p) or "kv-guardian")
 def test_help_everywhere(path, capsys):
     with pytest.raises(SystemExit) as exc:
         main([*path, "--help"])

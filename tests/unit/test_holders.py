@@ -5,6 +5,7 @@ generators, autograd graphs. Each scenario is built inside a function that retur
 import functools
 import sys
 import types
+import typing
 
 import pytest
 import torch
@@ -131,7 +132,7 @@ def test_lru_cache_on_method_holding_self(app):
 
 def test_unbounded_lru_cache_function(app):
     def build():
-        @functools.lru_cache(maxsize=None)
+        @functools.lru_cache(maxsize=None)  # noqa: UP033 - the spelling users write
         def prefix_cache(n):
             return [kv(n)]
 
@@ -146,7 +147,7 @@ def test_unbounded_lru_cache_function(app):
 def test_class_attribute(app):
     def build():
         class Engine:
-            CACHE: list = []
+            CACHE: typing.ClassVar[list] = []
 
         app.Engine = Engine
         t = kv()

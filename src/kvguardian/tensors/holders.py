@@ -140,7 +140,7 @@ def render_step(parent: Any, child: Any, *, redact: bool = False) -> str:
         return f"lru_cache {_func_name(parent)}()"
     if isinstance(parent, (types.GeneratorType, types.CoroutineType, types.AsyncGeneratorType)):
         kind = {types.GeneratorType: "generator", types.CoroutineType: "coroutine"}.get(type(parent), "async generator")
-        frame = getattr(parent, "gi_frame", None) or getattr(parent, "cr_frame", None) or getattr(parent, "ag_frame", None)
+        frame = next((f for a in ("gi_frame", "cr_frame", "ag_frame") if (f := getattr(parent, a, None))), None)
         if frame is not None:
             try:
                 for name, v in frame.f_locals.items():
