@@ -211,3 +211,40 @@ def test_search_is_bounded_in_depth(app):
     c = chain(ref, max_depth=10)
     assert not c.complete and "depth bound 10" in c.notes[0]
     assert chain(ref, max_depth=40).complete
+
+
+def test_more_shapes_partial_deque_thread_local_bound_method(app):
+    import collections
+    import threading
+
+    def build():
+        out = {}
+
+        class Svc:
+            def __init__(self):
+                self.kv = kv()
+
+            def run(self):
+                pass
+
+        svc = Svc()
+        app.CALLBACKS = [svc.run]
+        out["bound"] = key(svc.kv)
+        t = kv()
+        app.REG = {"cb": functools.partial(print, t)}
+        out["partial"] = key(t)
+        t = kv()
+        app.Q = collections.deque([0, t])
+        out["deque"] = key(t)
+        app.TLS = threading.local()
+        app.TLS.cache = kv()
+        out["tls"] = key(app.TLS.cache)
+        return out
+
+    refs = build()
+    chains = find_holder_chains(list(refs.values()), max_seconds=20)
+    render = {name: chains[k].render() for name, k in refs.items()}
+    assert render["bound"].startswith("module leaky_app: CALLBACKS → list[0] → bound method Svc.run() self → Svc.kv")
+    assert render["partial"].startswith("module leaky_app: REG → dict['cb'] → partial.args[0] → Tensor")
+    assert render["deque"].startswith("module leaky_app: Q → deque[1] → Tensor")
+    assert render["tls"].startswith("module leaky_app: TLS → threading.local (one thread's attributes) → dict['cache']")

@@ -18,6 +18,8 @@ them all.
 
 from __future__ import annotations
 
+import collections
+import functools
 import gc
 import os
 import re
@@ -102,6 +104,18 @@ def render_step(parent: Any, child: Any, *, redact: bool = False) -> str:
             if k is child:
                 return "dict key"
         return "dict"
+    if isinstance(parent, collections.deque):
+        for i, v in enumerate(parent):
+            if v is child:
+                return f"deque[{i}]"
+    if type(parent).__name__ == "_local" and type(parent).__module__ == "_thread":
+        return "threading.local (this thread's attributes)"
+    if isinstance(parent, functools.partial):
+        if child is parent.func:
+            return "partial.func"
+        if child is parent.keywords:
+            return "partial.keywords"
+        return "partial"
     if isinstance(parent, (list, tuple)):
         for i, v in enumerate(parent):
             if v is child:
@@ -199,6 +213,12 @@ def _collapse(a: Any, b: Any, c: Any) -> str | None:
                     return f"class {_short(a.__qualname__)}.{k}" if isinstance(a, type) else f"{type(a).__name__}.{k}"
         if type(a).__name__ == "_lru_cache_wrapper":
             return f"lru_cache {_func_name(a)}() cached " + ("result" if any(v is c for v in b.values()) else "key")
+    if isinstance(a, functools.partial) and b is a.args:
+        for i, v in enumerate(b):
+            if v is c:
+                return f"partial.args[{i}]"
+    if type(a).__name__ == "_local" and isinstance(b, dict) and isinstance(c, dict):
+        return "threading.local (one thread's attributes)"
     if isinstance(a, types.FunctionType) and b is a.__closure__ and isinstance(c, types.CellType):
         for i, cell in enumerate(a.__closure__ or ()):
             if cell is c:
