@@ -1,0 +1,50 @@
+"""Detectors are pure functions of a snapshot: feed them hand-built snapshots."""
+
+from kvguardian.detectors import DetectContext, grad_tracked, orphaned, run_all
+from kvguardian.ledger import EntryState, LedgerSnapshot, Record, RequestInfo
+from kvguardian.tensors.holders import HolderChain
+
+
+def rec(eid, rid, state, layer=0, nbytes=100, kind="k"):
+    return Record(eid, 1000 + eid, kind, layer, rid, "t", 0, "DynamicLayer", (1, 2, 4, 8), "torch.float32", "cpu",
+                  nbytes, nbytes, 0.0, 0.0, state)
+
+
+def snap(records=(), grad=(), series=()):
+    reqs = {r: RequestInfo(r, "t", 0, 0.0, ended=1.0) for r in {x.request_id for x in records if x.request_id}}
+    return LedgerSnapshot(10.0, 0, tuple(records), reqs, tuple(series), tuple(grad), {}, 0, {}, 0, 0)
+
+
+def test_orphaned_groups_by_request_and_uses_the_complete_chain():
+    records = [rec(1, "a", EntryState.ORPHANED, 0), rec(2, "a", EntryState.ORPHANED, 1),
+               rec(3, "b", EntryState.RETAINED), rec(4, "c", EntryState.LIVE)]
+    chains = {
+        1001: HolderChain(["<unknown holder of list>", "Tensor"], "none", False, notes=["time bound"]),
+        1002: HolderChain(["module app: X", "Tensor"], "module", True),
+    }
+    [f] = orphaned.detect(snap(records), DetectContext(holder_chains=chains))
+    assert f.id == "KVG102" and f.evidence["request_id"] == "a"
+    assert f.evidence["bytes"] == 200 and f.evidence["layers"] == [0, 1]
+    assert f.holder_chain == ["module app: X", "Tensor"] and "held by module app: X" in f.message
+
+
+def test_orphaned_without_chain_still_reports_bytes():
+    [f] = orphaned.detect(snap([rec(1, "a", EntryState.ORPHANED)]), DetectContext())
+    assert f.holder_chain is None and f.evidence["holder_complete"] is False
+
+
+def test_grad_detector_error_unless_cleared():
+    chained = {"request_id": "r", "layers": [0], "layer_updates": {0: 3}, "chained_updates": 2,
+               "graph_nodes": 10, "saved_bytes": 99, "seq_len_at_detection": 8}
+    cleared = {**chained, "request_id": "s", "chained_updates": 0}
+    single = {**chained, "request_id": "u", "chained_updates": 0, "layer_updates": {0: 1}}
+    findings = grad_tracked.detect(snap(grad=[chained, cleared, single]), DetectContext())
+    assert sorted(f.evidence["request_id"] for f in findings) == ["r", "u"]
+    assert all(f.severity.value == "error" for f in findings)
+
+
+def test_growth_detector_reads_the_series():
+    series = [(float(i), f"r{i}", 1000 * i) for i in range(20)]
+    [f] = [x for x in run_all(snap(series=series), DetectContext()) if x.id == "KVG103"]
+    assert f.evidence["slope_bytes_per_request"] == 1000.0 and f.evidence["confidence"] > 0.99999
+    assert run_all(snap(series=[(float(i), "r", 5) for i in range(40)]), DetectContext()) == []
