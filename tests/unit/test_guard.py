@@ -186,3 +186,19 @@ def test_guard_holds_no_reference_to_kv(tiny_model):
         assert len(g.ledger) == 0
     finally:
         g.detach()
+
+
+def test_static_cache_allocated_vs_filled(guard, tiny_model):
+    from transformers import StaticCache
+
+    with guard.request("static"):
+        cache = StaticCache(config=tiny_model.config, max_cache_len=64)
+        tiny_model.generate(prompt(8), max_new_tokens=8, do_sample=False, past_key_values=cache)
+        snap = guard.snapshot()
+        assert {r.source for r in snap.records} == {"StaticLayer"}
+        assert len(snap.records) == 4  # 2 layers x (k, v), preallocated once, written in place
+        assert {(r.filled_tokens, r.capacity_tokens) for r in snap.records} == {(15, 64)}
+        assert snap.fragmentation_ratio() == 1 - 15 / 64
+        del cache
+    assert guard.check().findings == []
+    assert guard.snapshot().event_counts["release"] == 4
