@@ -14,9 +14,12 @@ _STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO:
 
 
 def console(stderr: bool = False) -> Any:
+    """A rich console; when the output is not a terminal (a pipe, a CI log) tables get 160 columns, not 80."""
     from rich.console import Console
 
-    return Console(file=sys.stderr if stderr else sys.stdout, soft_wrap=False, highlight=False)
+    stream = sys.stderr if stderr else sys.stdout
+    width = None if stream.isatty() else 160
+    return Console(file=stream, soft_wrap=False, highlight=False, width=width)
 
 
 def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], *, out: Any = None) -> None:
