@@ -39,7 +39,7 @@ class ReportFiles:
         self.paths = [Path(p) for p in paths]
         self._cache: dict[Path, tuple[float, Report]] = {}
         self._lock = threading.Lock()
-        self.on_error: Callable[[str, BaseException], None] | None = None  # e.g. the collector's error counter
+        self.on_error: Callable[[str, BaseException], None] | None = None  # gets (file name, error)
         for path in self.paths:  # bad input is refused up front, with one line naming the file
             try:
                 self._load(path)
@@ -67,7 +67,7 @@ class ReportFiles:
                     report = self._load(path)
                 except (OSError, ValueError, KeyError, TypeError) as exc:
                     if self.on_error is not None:
-                        self.on_error("findings", exc)
+                        self.on_error(path.name, exc)
                     report = self._cache[path][1]  # loaded once at start, so a last good copy exists
                 findings.extend(report.findings)
                 newest = report.created if newest is None else max(newest, report.created)
@@ -84,7 +84,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--port {args.port} is not a TCP port; fix: use 0-65535 (0 picks a free one)")
     files = ReportFiles(args.report)
     collector = KVGuardianCollector(findings=files.read)
-    files.on_error = collector.note_source_error
+    files.on_error = lambda name, exc: collector.note_source_error(
+        "findings", ValueError(f"--report {name}: {exc}; its last good content is still served"), traceback=False)
     if args.once:
         registry = CollectorRegistry(auto_describe=True)
         registry.register(collector)

@@ -6,6 +6,7 @@ import argparse
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from kvguardian._errors import EXIT_ENVIRONMENT, UsageError
@@ -87,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
         tolerance=0 if vllm else args.tolerance, confirm=2 if vllm else args.confirm,
     )
     exporter = None
+    restore = _stop_on_signals(watch)  # Ctrl-C and SIGTERM end the watch; the report is still printed
     try:
         if args.exporter_port is not None:
             exporter = _serve(watch, args.exporter_host, args.exporter_port)
@@ -102,13 +104,10 @@ def run(args: argparse.Namespace) -> int:
             for f in new:
                 out.print(f"{f.id} {f.name} ({f.severity.value}) {f.message}", markup=False)
 
-        _stop_on_sigterm(watch)
-        try:
-            watch.run(duration=args.duration, on_new=None if args.json else show)
-        except KeyboardInterrupt:  # finish: the report is printed, nothing is lost
-            watch.stop()
+        watch.run(duration=args.duration, on_new=None if args.json else show)
         report = watch.report()
     finally:
+        restore()
         watch.close()
         if exporter is not None:
             exporter.close()
@@ -116,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(report.to_json() + "\n")
     else:
         print_report(report)
-    if watch.scrapes == 0:
+    if watch.scrapes == 0 and watch.scrape_errors:  # tried, never reached the server
         raise UsageError(
             f"no scrape of {args.metrics} succeeded ({watch.last_scrape_error}); fix: check that the server "
             "runs and --metrics points at its /metrics", exit_code=EXIT_ENVIRONMENT,
@@ -131,6 +130,14 @@ def _serve(watch: Any, host: str, port: int) -> Any:
     return start_exporter(collector=WatchCollector(watch), host=host, port=port, check_interval=None)
 
 
-def _stop_on_sigterm(watch: Any) -> None:
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, lambda *_: watch.stop())
+def _stop_on_signals(watch: Any) -> Callable[[], None]:
+    """Make SIGINT and SIGTERM stop the watch loop; returns a function restoring the previous handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous = {sig: signal.signal(sig, lambda *_: watch.stop()) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def restore() -> None:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+    return restore

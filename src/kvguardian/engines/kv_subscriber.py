@@ -83,6 +83,9 @@ class KVEventSubscriber:
         self.last_ts: float | None = None
 
     def close(self) -> None:
+        """Close the sockets (idempotent); counters stay readable."""
+        if self._ctx.closed:
+            return
         for sock in (self._sub, self._dealer):
             if sock is not None:
                 sock.close(linger=0)

@@ -136,9 +136,9 @@ class Watch:
         self._stop.set()
 
     def close(self) -> None:
+        """Close the sockets; counters stay readable for `report`."""
         if self.subscriber is not None:
             self.subscriber.close()
-            self.subscriber = None
 
     # ------------------------------------------------------------------ reading
     def idle_seconds(self) -> float:

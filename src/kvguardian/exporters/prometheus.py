@@ -158,13 +158,14 @@ class KVGuardianCollector(Collector):
         out.append(errors)
         return iter(out)
 
-    def note_source_error(self, source: str, exc: BaseException) -> None:
-        """Count a failure to read ``source`` (exported as a counter); log the first one per source."""
+    def note_source_error(self, source: str, exc: BaseException, *, traceback: bool = True) -> None:
+        """Count a failure to read ``source`` (exported as a counter); log the first one per source (with its
+        traceback unless ``traceback=False``, for expected failures such as a half-written report file)."""
         self._source_errors[source] += 1
         if source not in self._logged:
             self._logged.add(source)
-            log.warning("kv-guardian exporter: reading %s failed (%r); skipped, further errors only counted",
-                        source, exc, exc_info=exc)
+            log.warning("kv-guardian exporter: reading %s failed (%s); skipped, further errors only counted",
+                        source, exc, exc_info=exc if traceback else None)
 
     def _guarded(self, source: str, out: list[Metric], build: Callable[[], list[Metric]]) -> None:
         try:
