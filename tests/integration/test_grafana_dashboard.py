@@ -47,7 +47,7 @@ def test_dashboard_shape():
         assert needed in exprs
     for p in panels:  # no overlap in the grid
         g = p["gridPos"]
-        assert 0 <= g["x"] and g["x"] + g["w"] <= 24
+        assert g["x"] >= 0 and g["x"] + g["w"] <= 24
 
 
 @pytest.fixture
@@ -57,28 +57,26 @@ def gen(tmp_path):
     return module, out
 
 
-def test_a_panel_on_a_metric_nobody_exports_fails_the_check(gen):
+def check_with_extra_panel(gen, panel_title, expr):
+    """Generate the dashboard with one more panel (written out, so only that panel can be wrong); check it."""
     module, out = gen
-    module.ROWS.append(("Broken", [module.Panel("typo", [module.Q("kvguardian_kv_bytez")])]))
+    module.ROWS.append(("Broken", [module.Panel(panel_title, [module.Q(expr)])]))
     try:
         dash = module.build()
         out.write_text(module.render(dash))
-        problems = module.check(dash, out, require_binary("promtool"))
+        return module.check(dash, out, require_binary("promtool"))
     finally:
         module.ROWS.pop()
-    assert problems == ["panel 'typo' queries kvguardian_kv_bytez, which nobody exports (not in the kv-guardian "
-                        "metric catalog, the vLLM/SGLang metrics the watchers read, or a recording rule)"]
+
+
+def test_a_panel_on_a_metric_nobody_exports_fails_the_check(gen):
+    assert check_with_extra_panel(gen, "typo", "kvguardian_kv_bytez") == [
+        "panel 'typo' queries kvguardian_kv_bytez, which nobody exports (not in the kv-guardian metric catalog, "
+        "the vLLM/SGLang metrics the watchers read, or a recording rule)"]
 
 
 def test_an_expression_promtool_cannot_parse_fails_the_check(gen):
-    module, out = gen
-    module.ROWS.append(("Broken", [module.Panel("syntax", [module.Q("sum by (instance (kvguardian_kv_bytes)")])]))
-    try:
-        dash = module.build()
-        out.write_text(module.render(dash))
-        problems = module.check(dash, out, require_binary("promtool"))
-    finally:
-        module.ROWS.pop()
+    problems = check_with_extra_panel(gen, "syntax", "sum by (instance (kvguardian_kv_bytes)")
     assert len(problems) == 1 and problems[0].startswith("panel 'syntax': promtool cannot parse")
 
 

@@ -1,10 +1,10 @@
 """deploy/prometheus: promtool check rules is clean, every alert's promtool unit tests pass, and every alert is
 tested firing, staying silent on a sawtooth that is not a leak, and resolving."""
 
+import itertools
 import re
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 import yaml
@@ -48,8 +48,8 @@ def expand(values: str) -> list[float]:
 
 def is_sawtooth(values: list[float]) -> bool:
     """Rises and falls back at least twice."""
-    falls = sum(1 for a, b in zip(values, values[1:]) if b < a)
-    rises = sum(1 for a, b in zip(values, values[1:]) if b > a)
+    falls = sum(1 for a, b in itertools.pairwise(values) if b < a)
+    rises = sum(1 for a, b in itertools.pairwise(values) if b > a)
     return falls >= 2 and rises >= 2
 
 
@@ -104,7 +104,8 @@ def test_a_naive_increase_on_the_gauge_fails_the_sawtooth_test(tmp_path):
     (tmp_path / "tests").mkdir()
     shutil.copy(ROOT / "deploy" / "prometheus" / "tests" / "KVGuardianKVGrowth.test.yml", tmp_path / "tests")
     test = tmp_path / "tests" / "KVGuardianKVGrowth.test.yml"
-    test.write_text(test.read_text().replace("../kvguardian-rules.yml", str(tmp_path / "rules" / "kvguardian-rules.yml")))
+    rules = str(tmp_path / "rules" / "kvguardian-rules.yml")
+    test.write_text(test.read_text().replace("../kvguardian-rules.yml", rules))
     proc = subprocess.run([promtool, "test", "rules", str(test)], capture_output=True, text=True)
     assert proc.returncode != 0
     assert "alertname: KVGuardianKVGrowth, time: 4h" in proc.stdout + proc.stderr  # the sawtooth group fired

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from kvguardian._errors import EXIT_OK, UsageError
+from kvguardian._errors import EXIT_OK, UsageError, require
 from kvguardian.findings import Finding, Report
 
 NAME = "exporter"
@@ -75,6 +75,7 @@ class ReportFiles:
 
 
 def run(args: argparse.Namespace) -> int:
+    require("prometheus_client", "prometheus")
     from prometheus_client import CollectorRegistry, generate_latest
 
     from kvguardian.exporters.prometheus import KVGuardianCollector

@@ -22,7 +22,7 @@ import time
 from collections import Counter
 from typing import Any
 
-from kvguardian._errors import UsageError
+from kvguardian._errors import UsageError, require
 from kvguardian.engines.board import FindingBoard
 from kvguardian.engines.kv_events import DecodeError, decode_batch, decode_sequence, split_frames
 from kvguardian.engines.prefix_audit import PrefixIndexAudit
@@ -58,8 +58,8 @@ class KVEventSubscriber:
         topic: str = "",
         replay_timeout: float = 2.0,
     ) -> None:
-        import zmq
-
+        zmq: Any = require("zmq", "zmq")
+        require("msgpack", "zmq")
         self._zmq = zmq
         self.endpoint = check_endpoint(endpoint, "--events")
         self.replay_endpoint = check_endpoint(replay, "--replay") if replay else None

@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from kvguardian._errors import UsageError
+from kvguardian._errors import UsageError, require
 from kvguardian.engines.board import FindingBoard
 from kvguardian.engines.prefix_audit import PrefixIndexAudit
 from kvguardian.engines.promtext import ScrapeError, check_url, fetch, parse
@@ -57,6 +57,7 @@ class Watch:
             raise UsageError("--events/--replay read vLLM's KV event stream; fix: drop them for sglang")
         if replay and not events:
             raise UsageError("--replay needs --events (replay repairs gaps in the event stream)")
+        require("prometheus_client", "prometheus")  # its parser reads the metrics pages
         self.engine = engine
         self.metrics_url = check_url(metrics_url)
         self.interval = interval
