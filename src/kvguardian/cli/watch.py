@@ -31,12 +31,14 @@ def _positive(kind: type) -> Any:
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metrics", required=True, metavar="URL", help="the server's Prometheus endpoint (…/metrics)")
-    p.add_argument("--interval", type=_positive(float), default=5.0, metavar="S", help="seconds between scrapes")
+    p.add_argument("--interval", type=_positive(float), default=5.0, metavar="S",
+                   help="seconds between scrapes (default 5)")
     p.add_argument("--grace", type=float, default=60.0, metavar="S",
                    help="seconds a suspicious idle state must last before it is a finding (default 60)")
     p.add_argument("--duration", type=_positive(float), default=None, metavar="S",
                    help="stop after S seconds (default: until Ctrl-C or SIGTERM)")
-    p.add_argument("--timeout", type=_positive(float), default=5.0, metavar="S", help="HTTP timeout of a scrape")
+    p.add_argument("--timeout", type=_positive(float), default=5.0, metavar="S",
+                   help="HTTP timeout of a scrape (default 5)")
     p.add_argument("--json", action="store_true", help="print the final report as JSON (no live lines)")
     p.add_argument("--fail-on", default="error", choices=[s.value for s in Severity],
                    help="exit 1 when a finding reaches this severity (default error)")
