@@ -227,3 +227,35 @@ def test_index_limit_bounds_the_auditor():
     _store(audit, list(range(25)))
     assert audit.size() == 10 and audit.anomalies["index_full"] == 15
     assert board.active()[0].id == "KVG208"
+
+
+# ---------------------------------------------------------------------------------------------- the subscriber's logic
+
+_frames = st.one_of(
+    st.lists(st.binary(max_size=12), max_size=4),
+    st.builds(lambda seq, payload: [b"", seq.to_bytes(8, "big", signed=True), payload],
+              st.integers(-2, 40), st.one_of(st.binary(max_size=16), st.builds(
+                  lambda evs: encode(evs), st.lists(st.sampled_from([stored([1, 2]), stored([3], parent=2),
+                                                                     removed([1, 9]), CLEARED]), max_size=3)))),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(_frames, max_size=25))
+def test_any_frame_sequence_is_counted_never_raised(frames):
+    from conftest import free_port
+    from kvguardian.engines.kv_subscriber import KVEventSubscriber
+
+    board = FindingBoard()
+    audit = PrefixIndexAudit(board)
+    sub = KVEventSubscriber(f"tcp://127.0.0.1:{free_port()}", audit, board)  # nothing listens: frames fed directly
+    try:
+        for i, f in enumerate(frames):
+            sub._handle(list(f), float(i))
+        decoded = sum(1 for f in frames if len(f) == 3 and len(f[1]) == 8)
+        assert sub.batches == decoded
+        assert sum(sub.errors.values()) >= len(frames) - decoded
+        assert sub.lost >= 0 and audit.size() == sum(audit.size_by_medium().values())
+        assert all(f.id == "KVG209" for f in board.active())
+    finally:
+        sub.close()

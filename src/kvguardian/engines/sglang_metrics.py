@@ -147,4 +147,4 @@ class SglangConservationCheck:
         ), now)
 
     def max_unaccounted(self) -> float:
-        return max((s.unaccounted for s in self._series.values()), default=0.0)
+        return max((s.unaccounted for s in list(self._series.values())), default=0.0)  # list(): the exporter's thread

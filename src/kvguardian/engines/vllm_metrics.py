@@ -155,7 +155,8 @@ class VllmMetricsCheck:
 
     def idle_seconds(self, now: float) -> float:
         """Longest current stretch of KV usage while idle, over the engines (0 when none)."""
-        spans = [now - e.idle_since for e in self._engines.values() if e.idle_since is not None]
+        engines = list(self._engines.values())  # list(): the exporter reads this from its own thread
+        spans = [now - e.idle_since for e in engines if e.idle_since is not None]
         return max(spans, default=0.0)
 
     def capacity_blocks(self) -> int | None:

@@ -35,7 +35,7 @@ class WatchCollector(Collector):
         yield from findings_families(w.board.active(), w.last_scrape_time)
         scrapes, errors = family("kvguardian_watch_scrapes_total"), family("kvguardian_watch_scrape_errors_total")
         scrapes.add_metric([w.engine], float(w.scrapes))
-        errors.add_metric([w.engine], float(sum(w.scrape_errors.values())))
+        errors.add_metric([w.engine], float(sum(list(w.scrape_errors.values()))))
         yield scrapes
         yield errors
         if w.vllm is not None:
