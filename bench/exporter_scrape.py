@@ -8,6 +8,8 @@ Measures, in one run on this machine:
   alternately with ``http`` so both see the same machine load;
 - ``collect``: rendering the registry in-process (`generate_latest`), without HTTP;
 - ``snapshot``: `Ledger.snapshot()` at the same size, which the collector does not use (why `Ledger.totals()`).
+Wall-clock percentiles include waiting for a CPU when the machine is busy; ``cpu`` (process CPU time per scrape,
+server and client threads together) is the exporter's own cost, independent of other load.
 Writes ``bench/results/exporter_scrape.json``. Not a test: numbers depend on the machine and its load.
 """
 
@@ -73,22 +75,26 @@ def time_http(ledgers: dict[str, Ledger], scrapes: int, warmup: int) -> dict[str
     exporters = {name: start_exporter(collector=collector_for(led), port=0, check_interval=None)
                  for name, led in ledgers.items()}
     samples: dict[str, list[float]] = {name: [] for name in ledgers}
+    cpu: dict[str, list[float]] = {name: [] for name in ledgers}
     size: dict[str, int] = {}
     try:
         for i in range(warmup + scrapes):
             for name, exporter in exporters.items():
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 conn = http.client.HTTPConnection("127.0.0.1", exporter.port, timeout=10)  # new, as Prometheus does
                 conn.request("GET", "/metrics")
                 body = conn.getresponse().read()
                 conn.close()
                 if i >= warmup:
                     samples[name].append(time.perf_counter() - t0)
+                    cpu[name].append(time.process_time() - c0)  # client + server threads: load-independent cost
                 size[name] = len(body)
     finally:
         for exporter in exporters.values():
             exporter.close()
-    return {name: {**percentiles(samples[name]), "bytes": size[name]} for name in ledgers}
+    return {name: {**percentiles(samples[name]), "bytes": size[name],
+                   "cpu": {k.replace("_ms", "_cpu_ms"): v for k, v in percentiles(cpu[name]).items() if k != "n"}}
+            for name in ledgers}
 
 
 def time_collect(ledgers: dict[str, Ledger], scrapes: int, warmup: int) -> dict[str, dict[str, Any]]:
