@@ -259,3 +259,24 @@ def test_cli_pointed_at_another_server_says_so():
     finally:
         server.close()
     assert proc.returncode == 2 and "has no vllm:kv_cache_usage_perc" in proc.stderr
+
+
+def test_cli_serves_its_metrics_while_watching(vllm):
+    _, server = vllm
+    port = free_port()
+    proc = subprocess.Popen(_cli("vllm", "--metrics", server.url, "--interval", "0.1", "--duration", "20",
+                                 "--exporter-port", str(port)), cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "COLUMNS": "300"})
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()
+        assert f"metrics on http://127.0.0.1:{port}/metrics" in line, line
+        assert wait_until(lambda: b'kvguardian_watch_scrapes_total{engine="vllm"} 0' not in
+                          urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read())
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+    assert proc.returncode == 0
+    assert 'kvguardian_findings{id="KVG207",name="idle-kv-usage",severity="warning"} 0.0' in body
+    assert 'kvguardian_watch_idle_kv_seconds{engine="vllm"} 0.0' in body
