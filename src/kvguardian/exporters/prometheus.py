@@ -1,0 +1,240 @@
+"""The Prometheus collector: fresh metric families from the ledger, attached pools and the latest findings.
+
+    from prometheus_client import CollectorRegistry
+    registry = CollectorRegistry()
+    collector = KVGuardianCollector(ledger=guard.ledger)
+    collector.attach_pool("main", pool)          # anything with metrics() -> dict (see `PoolMetrics`)
+    registry.register(collector)
+    collector.publish(guard.check())             # findings are exported from the latest published report
+
+`collect()` runs at every scrape: it reads `Ledger.totals()` (one pass, no record copies), each pool's
+``metrics()`` and the findings last published. It never runs detectors or a GC pass itself, so a scrape stays
+cheap (see ``bench/exporter_scrape.py``). Every family is built from `kvguardian.exporters.catalog`; a source
+that raises is skipped for that scrape and counted (``kvguardian_exporter_source_errors_total``), never
+propagated into the scrape (fail-open, logged once per source).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Protocol, runtime_checkable
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from kvguardian._errors import UsageError
+from kvguardian._faults import SITES
+from kvguardian.exporters.catalog import by_name
+from kvguardian.findings import CATALOG, Finding, Report
+from kvguardian.ledger import Ledger
+
+__all__ = [
+    "POOL_METRIC_KEYS",
+    "KVGuardianCollector",
+    "PoolMetrics",
+    "family",
+    "findings_families",
+]
+
+log = logging.getLogger("kvguardian")
+
+#: Keys a paged pool's ``metrics()`` must return (the contract with ``kvguardian.paged``).
+POOL_METRIC_KEYS = (
+    "blocks_total", "blocks_free", "blocks_cached", "blocks_referenced", "residency_ratio", "fragmentation_ratio",
+    "prefix_queries_total", "prefix_hits_total", "prefix_hit_rate", "evictions_total",
+)
+
+
+@runtime_checkable
+class PoolMetrics(Protocol):
+    """A paged block pool as the exporter sees it: one call returning its counters (see `POOL_METRIC_KEYS`)."""
+
+    def metrics(self) -> Mapping[str, float | int]: ...
+
+
+def family(name: str) -> GaugeMetricFamily | CounterMetricFamily:
+    """An empty metric family for catalog entry ``name`` (HELP text and labels from the catalog)."""
+    spec = by_name(name)
+    cls = CounterMetricFamily if spec.kind == "counter" else GaugeMetricFamily
+    return cls(spec.family_name, spec.help, labels=list(spec.labels))
+
+
+def findings_families(findings: Sequence[Finding], checked_at: float | None) -> Iterator[Metric]:
+    """``kvguardian_findings`` (every catalog id, 0 when absent) and the time of the check they come from."""
+    fam = family("kvguardian_findings")
+    counts = Counter((f.id, f.severity.value) for f in findings)
+    for kind in CATALOG.values():
+        seen = [(sev, n) for (fid, sev), n in counts.items() if fid == kind.id]
+        for sev, n in seen or [(kind.severity.value, 0)]:
+            fam.add_metric([kind.id, kind.name, sev], float(n))
+    yield fam
+    ts = family("kvguardian_last_check_timestamp_seconds")
+    ts.add_metric([], float(checked_at or 0.0))
+    yield ts
+
+
+class KVGuardianCollector(Collector):
+    """Yields fresh families at every scrape from the injected sources; never mutates them.
+
+    Args:
+        ledger: the ledger to read (``guard.ledger``); None exports no ``kvguardian_kv_*`` families.
+        pools: name -> pool honouring `PoolMetrics`; more can be attached later.
+        findings: a callable returning ``(findings, unix time of their check)``; the default reads what
+            `publish` stored.
+    """
+
+    def __init__(
+        self,
+        ledger: Ledger | None = None,
+        *,
+        pools: Mapping[str, PoolMetrics] | None = None,
+        findings: Callable[[], tuple[Sequence[Finding], float | None]] | None = None,
+    ) -> None:
+        self._ledger = ledger
+        self._pools: dict[str, PoolMetrics] = {}
+        self._lock = threading.Lock()
+        self._findings: tuple[Finding, ...] = ()
+        self._checked_at: float | None = None
+        self._findings_fn = findings
+        self._source_errors: Counter[str] = Counter()
+        self._logged: set[str] = set()
+        for name, pool in (pools or {}).items():
+            self.attach_pool(name, pool)
+
+    def __repr__(self) -> str:
+        return f"<KVGuardianCollector ledger={self._ledger is not None} pools={sorted(self._pools)}>"
+
+    # ------------------------------------------------------------------ configuration
+    def attach_pool(self, name: str, pool: PoolMetrics) -> None:
+        """Export ``pool``'s blocks by state and prefix counters under label ``pool=name``.
+
+        Raises:
+            UsageError: ``pool`` has no ``metrics()`` method, or ``name`` is empty or already attached.
+        """
+        if not isinstance(pool, PoolMetrics):
+            raise UsageError(
+                f"pool {name!r} ({type(pool).__name__}) has no metrics() method; fix: attach an object whose "
+                f"metrics() returns {', '.join(POOL_METRIC_KEYS)}"
+            )
+        if not name or name in self._pools:
+            raise UsageError(f"pool name {name!r} is empty or already attached; fix: give each pool a unique name")
+        with self._lock:
+            self._pools[name] = pool
+
+    def detach_pool(self, name: str) -> None:
+        with self._lock:
+            self._pools.pop(name, None)
+
+    def publish(self, findings: Report | Iterable[Finding], checked_at: float | None = None) -> None:
+        """Export these findings (a `Report` or a list) until the next publish."""
+        items = tuple(findings.findings if isinstance(findings, Report) else findings)
+        when = checked_at if checked_at is not None else (
+            findings.created if isinstance(findings, Report) else time.time()
+        )
+        with self._lock:
+            self._findings, self._checked_at = items, when
+
+    # ------------------------------------------------------------------ prometheus_client
+    def describe(self) -> Iterator[Metric]:
+        """Names only (the registry's duplicate check); no source is read."""
+        return iter(())
+
+    def collect(self) -> Iterator[Metric]:
+        out: list[Metric] = []
+        if self._ledger is not None:
+            self._guarded("ledger", out, self._ledger_families)
+        with self._lock:
+            pools = list(self._pools.items())
+        if pools:
+            self._guarded("pool", out, lambda: self._pool_families(pools))
+        self._guarded("findings", out, self._findings_families)
+        errors = family("kvguardian_exporter_source_errors_total")
+        for source in ("ledger", "pool", "findings"):
+            errors.add_metric([source], float(self._source_errors[source]))
+        out.append(errors)
+        return iter(out)
+
+    def note_source_error(self, source: str, exc: BaseException, *, traceback: bool = True) -> None:
+        """Count a failure to read ``source`` (exported as a counter); log the first one per source (with its
+        traceback unless ``traceback=False``, for expected failures such as a half-written report file)."""
+        self._source_errors[source] += 1
+        if source not in self._logged:
+            self._logged.add(source)
+            log.warning("kv-guardian exporter: reading %s failed (%s); skipped, further errors only counted",
+                        source, exc, exc_info=exc if traceback else None)
+
+    def _guarded(self, source: str, out: list[Metric], build: Callable[[], list[Metric]]) -> None:
+        try:
+            out.extend(build())
+        except Exception as exc:  # a broken source must not break the scrape (fail-open)
+            self.note_source_error(source, exc)
+
+    def _ledger_families(self) -> list[Metric]:
+        assert self._ledger is not None
+        t = self._ledger.totals()
+        kv_bytes, entries = family("kvguardian_kv_bytes"), family("kvguardian_kv_entries")
+        for state, n in t.bytes_by_state.items():
+            kv_bytes.add_metric([state], float(n))
+            entries.add_metric([state], float(t.entries_by_state[state]))
+        events = family("kvguardian_kv_lifecycle_events_total")
+        for kind, n in t.event_counts.items():
+            events.add_metric([kind], float(n))
+        errors = family("kvguardian_guard_instrumentation_errors_total")
+        for site in sorted(set(SITES) | set(t.instrumentation_errors)):
+            errors.add_metric([site], float(t.instrumentation_errors.get(site, 0)))
+        return [
+            kv_bytes,
+            entries,
+            _one("kvguardian_kv_residency_ratio", t.residency_ratio),
+            _one("kvguardian_kv_fragmentation_ratio", t.fragmentation_ratio),
+            _one("kvguardian_kv_released_bytes_total", t.released_bytes),
+            _one("kvguardian_kv_released_entries_total", t.released_entries),
+            events,
+            _one("kvguardian_requests_active", t.requests_active),
+            _one("kvguardian_model_generation", t.generation),
+            errors,
+            _one("kvguardian_guard_events_dropped_total", t.events_dropped),
+        ]
+
+    def _pool_families(self, pools: list[tuple[str, PoolMetrics]]) -> list[Metric]:
+        blocks = family("kvguardian_pool_blocks")
+        fams = {
+            key: family(name)
+            for key, name in (
+                ("blocks_total", "kvguardian_pool_capacity_blocks"),
+                ("residency_ratio", "kvguardian_pool_residency_ratio"),
+                ("fragmentation_ratio", "kvguardian_pool_fragmentation_ratio"),
+                ("prefix_queries_total", "kvguardian_pool_prefix_queries_total"),
+                ("prefix_hits_total", "kvguardian_pool_prefix_hits_total"),
+                ("prefix_hit_rate", "kvguardian_pool_prefix_hit_ratio"),
+                ("evictions_total", "kvguardian_pool_evictions_total"),
+            )
+        }
+        for name, pool in pools:
+            m = pool.metrics()
+            missing = [k for k in POOL_METRIC_KEYS if k not in m]
+            if missing:
+                raise UsageError(f"pool {name!r}: metrics() lacks {missing}; fix: return every key of POOL_METRIC_KEYS")
+            for state in ("free", "cached", "referenced"):
+                blocks.add_metric([name, state], float(m[f"blocks_{state}"]))
+            for key, fam in fams.items():
+                fam.add_metric([name], float(m[key]))
+        return [blocks, *fams.values()]
+
+    def _findings_families(self) -> list[Metric]:
+        if self._findings_fn is not None:
+            findings, checked_at = self._findings_fn()
+        else:
+            with self._lock:
+                findings, checked_at = self._findings, self._checked_at
+        return list(findings_families(findings, checked_at))
+
+
+def _one(name: str, value: float) -> Metric:
+    fam = family(name)
+    fam.add_metric([], float(value))
+    return fam

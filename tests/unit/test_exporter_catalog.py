@@ -1,0 +1,44 @@
+"""The metric catalog: naming conventions, README table, and that collectors only yield catalog metrics."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+from kvguardian.exporters.catalog import FORBIDDEN_LABELS, METRICS, by_name, markdown_table, names
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("spec", METRICS, ids=lambda m: m.name)
+def test_names_follow_prometheus_conventions(spec):
+    assert re.fullmatch(r"kvguardian_[a-z][a-z0-9_]*", spec.name)
+    assert spec.kind in ("gauge", "counter")
+    assert spec.name.endswith("_total") == (spec.kind == "counter"), "_total on counters only, and on every one"
+    assert not set(spec.labels) & FORBIDDEN_LABELS
+    assert spec.help and spec.help[0].isupper() and not spec.help.endswith(".")
+    assert spec.owner in ("guard", "pool", "watch", "redis")
+    if "ratio" in spec.name.split("_"):
+        assert spec.name.endswith("_ratio")
+    for unit in ("bytes", "seconds"):
+        if unit in spec.name.split("_"):
+            assert spec.name.endswith(f"_{unit}") or spec.name.endswith(f"_{unit}_total"), "base unit last"
+
+
+def test_names_are_unique_and_lookup_names_the_fix():
+    assert len(names()) == len(set(names()))
+    assert by_name("kvguardian_kv_bytes").labels == ("state",)
+    with pytest.raises(KeyError, match="add it there first"):
+        by_name("kvguardian_nope")
+
+
+def test_redis_names_match_the_contract_given_to_the_redis_exporter():
+    assert set(names("redis")) == {
+        "kvguardian_redis_keys", "kvguardian_redis_keys_without_ttl", "kvguardian_redis_pattern_keys",
+        "kvguardian_redis_pattern_bytes", "kvguardian_redis_pattern_no_ttl_bytes",
+        "kvguardian_redis_sweep_duration_seconds", "kvguardian_redis_sweep_timestamp_seconds",
+    }
+
+
+def test_readme_metric_table_is_generated_from_the_catalog():
+    assert markdown_table() in (ROOT / "README.md").read_text()
