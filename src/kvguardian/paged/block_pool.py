@@ -71,14 +71,15 @@ class BlockPool:
         ids = self.queue.pop_front(n)
         if n == 0:
             return ids
-        evict = self.cached[ids]
-        if evict.any():
+        # (take/put/count_nonzero: the cheapest numpy calls, the per-call cost dominates small batches)
+        evict = self.cached.take(ids)
+        if np.count_nonzero(evict):
             self._drop_hashes(ids[evict])
         # invariant: a queued block is unreferenced (free_blocks queues a block only when its count hits 0,
         # touch dequeues it before counting a reference)
-        if self.ref[ids].any():
+        if np.count_nonzero(self.ref.take(ids)):
             raise InternalError(f"block pool bug: allocated blocks {ids[self.ref[ids] != 0][:8].tolist()} had refs")
-        self.ref[ids] = 1
+        self.ref.put(ids, 1)
         self.allocated += n
         return ids
 
@@ -93,23 +94,27 @@ class BlockPool:
         """
         if len(ids) == 0:
             return ids
-        self.ref[ids] -= 1
+        after = self.ref.take(ids) - 1
+        self.ref.put(ids, after)
         self.freed += len(ids)
-        after = self.ref[ids]
-        if after.min() < 0:
+        low = after <= 0
+        if not np.count_nonzero(low):  # every block is still referenced by someone else
+            return ids[:0]
+        zero = ids[low]
+        below = after[low] < 0
+        if np.count_nonzero(below):
             # over-freed: take it out of the queue so it is never handed out again; the audit reports it
-            neg = ids[after < 0]
+            neg = zero[below]
             queued = self.queue.contains(neg)
-            if queued.any():
+            if np.count_nonzero(queued):
                 self.queue.remove(neg[queued])
-        zero = ids[after == 0]
-        if len(zero):
-            cached = self.cached[zero]
-            if cached.any():
-                self.queue.push_front(zero[~cached])
-                self.queue.push_back(zero[cached])
-            else:
-                self.queue.push_front(zero)
+            zero = zero[~below]
+        cached = self.cached.take(zero)
+        if np.count_nonzero(cached):
+            self.queue.push_front(zero[~cached])
+            self.queue.push_back(zero[cached])
+        else:
+            self.queue.push_front(zero)
         return zero
 
     def touch(self, ids: np.ndarray) -> None:
@@ -118,9 +123,9 @@ class BlockPool:
         if len(ids) == 0:
             return
         queued = self.queue.contains(ids)
-        if queued.any():
+        if np.count_nonzero(queued):
             self.queue.remove(ids[queued])
-        self.ref[ids] += 1
+        self.ref.put(ids, self.ref.take(ids) + 1)
 
     # ------------------------------------------------------------------ prefix index
     def lookup(self, h: bytes) -> int | None:

@@ -88,8 +88,7 @@ class OwnershipScheduler:
         if not pool.has_table(rid):
             pool.open(rid, seq.req.tenant, shared=seq.req.shared)
         tokens = seq.all_tokens()
-        hit = pool.probe_prefix(rid, tokens)
-        if not pool.can_allocate(-(-(len(tokens) - hit) // pool.block_size)):
+        if not pool.can_allocate(pool.admission_cost(rid, tokens)):
             return None
         hit = pool.match_prefix(rid, tokens)
         seq.num_computed = hit

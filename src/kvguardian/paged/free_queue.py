@@ -28,20 +28,24 @@ class FreeQueue:
 
     Only the block pool mutates a queue. Callers guarantee that a pushed block is not queued and that a
     removed block is; `BlockPool` states both where its ref counts change.
+
+    Live entries sit in the middle of a ring twice their number, so pushes at either end and pops usually
+    touch one contiguous slice whose positions equal their ring indices (the fast paths below); the general
+    path wraps positions modulo the ring size.
     """
 
-    __slots__ = ("_cap", "_ring", "count", "head", "pos_of", "tail")
+    __slots__ = ("_cap", "_idx", "_ring", "count", "head", "pos_of", "tail")
 
     def __init__(self, num_blocks: int) -> None:
         if num_blocks < 1:
             raise UsageError(f"a free queue needs at least 1 block, got {num_blocks}")
         self._cap = 2 * num_blocks  # room for as many dead entries as live ones before compacting
         self._ring = np.empty(self._cap, dtype=np.int32)  # block ids at position % cap
-        self._ring[:num_blocks] = np.arange(num_blocks, dtype=np.int32)
-        self.pos_of = np.arange(num_blocks, dtype=np.int64)  # block -> position of its live entry
-        self.head = 0  # position of the oldest entry (live or dead)
-        self.tail = num_blocks  # one past the newest entry
-        self.count = num_blocks  # live entries
+        self._idx = np.arange(self._cap, dtype=np.int64)  # ring indices, sliced instead of np.arange per call
+        self.pos_of = np.full(num_blocks, NOT_QUEUED, dtype=np.int64)  # block -> position of its live entry
+        self.head = self.tail = num_blocks // 2  # [head, tail): oldest entry .. one past the newest
+        self.count = 0  # live entries
+        self.push_back(np.arange(num_blocks, dtype=np.int32))
 
     def __len__(self) -> int:
         return self.count
@@ -51,7 +55,7 @@ class FreeQueue:
 
     def contains(self, ids: np.ndarray) -> np.ndarray:
         """Boolean mask: which of ``ids`` are in the queue."""
-        return self.pos_of[ids] != NOT_QUEUED
+        return self.pos_of.take(ids) != NOT_QUEUED
 
     # ------------------------------------------------------------------ mutations
     def push_back(self, ids: np.ndarray) -> None:
@@ -60,8 +64,7 @@ class FreeQueue:
         if n == 0:
             return
         self._make_room(n)
-        pos = np.arange(self.tail, self.tail + n, dtype=np.int64)
-        self._place(pos, ids)
+        self._place(self.tail, ids)
         self.tail += n
 
     def push_front(self, ids: np.ndarray) -> None:
@@ -70,15 +73,14 @@ class FreeQueue:
         if n == 0:
             return
         self._make_room(n)
-        pos = np.arange(self.head - n, self.head, dtype=np.int64)
-        self._place(pos, ids)
+        self._place(self.head - n, ids)
         self.head -= n
 
     def remove(self, ids: np.ndarray) -> None:
         """Take ``ids`` out of the queue wherever they are (a prefix hit on a cached, unreferenced block)."""
         if len(ids) == 0:
             return
-        self.pos_of[ids] = NOT_QUEUED
+        self.pos_of.put(ids, NOT_QUEUED)
         self.count -= len(ids)
 
     def pop_front(self, n: int) -> np.ndarray:
@@ -91,6 +93,14 @@ class FreeQueue:
             raise InternalError(f"free queue bug: pop of {n} blocks with {self.count} live; the pool must check first")
         if n == 0:
             return np.empty(0, dtype=np.int32)
+        h = self.head
+        if h >= 0 and h + n <= self._cap and self.tail - h == self.count:
+            # fast path: no dead entry anywhere, one slice of the ring
+            out = self._ring[h:h + n].copy()
+            self.head = h + n
+            self.pos_of.put(out, NOT_QUEUED)
+            self.count -= n
+            return out
         parts = []
         got = 0
         while got < n:
@@ -117,18 +127,24 @@ class FreeQueue:
     # ------------------------------------------------------------------ reading (audits)
     def live_ids(self) -> np.ndarray:
         """Every live block id, front first (a duplicate would show twice: the audit looks for that)."""
-        pos = np.arange(self.head, self.tail, dtype=np.int64)
         if self.head >= 0 and self.tail <= self._cap:  # no wrap: a slice, no modulo
             ids = self._ring[self.head:self.tail]
-        else:
-            ids = self._ring[pos % self._cap]
+            return ids[self.pos_of[ids] == self._idx[self.head:self.tail]]
+        pos = np.arange(self.head, self.tail, dtype=np.int64)
+        ids = self._ring[pos % self._cap]
         return ids[self.pos_of[ids] == pos]
 
     # ------------------------------------------------------------------ internals
-    def _place(self, pos: np.ndarray, ids: np.ndarray) -> None:
-        self._ring[pos % self._cap] = ids
-        self.pos_of[ids] = pos
-        self.count += len(ids)
+    def _place(self, start: int, ids: np.ndarray) -> None:
+        n = len(ids)
+        if start >= 0 and start + n <= self._cap:
+            self._ring[start:start + n] = ids
+            self.pos_of.put(ids, self._idx[start:start + n])
+        else:
+            pos = np.arange(start, start + n, dtype=np.int64)
+            self._ring[pos % self._cap] = ids
+            self.pos_of[ids] = pos
+        self.count += n
 
     def _make_room(self, n: int) -> None:
         if self.tail - self.head + n > self._cap:
@@ -140,10 +156,12 @@ class FreeQueue:
                 )
 
     def _compact(self) -> None:
+        """Drop dead entries; the live ones move to the middle of the ring, in order."""
         live = self.live_ids()
         k = len(live)
-        self._ring[:k] = live
-        self.pos_of[live] = np.arange(k, dtype=np.int64)
-        self.head, self.tail = 0, k
         if k != self.count:
             raise InternalError(f"free queue bug: {k} live entries found, count says {self.count}")
+        start = (self._cap - k) // 2
+        self._ring[start:start + k] = live
+        self.pos_of[live] = self._idx[start:start + k]
+        self.head, self.tail = start, start + k

@@ -45,7 +45,7 @@ class LedgerFeed:
         n = 0
         led = self.ledger
         for ev in events:
-            if ev.seq != self.last_seq + 1 and self.last_seq:
+            if ev.seq > self.last_seq + 1:  # the stream starts at 1: anything skipped was dropped
                 self.gaps += ev.seq - self.last_seq - 1
             self.last_seq = ev.seq
             req = self._request(ev.request_id)

@@ -84,6 +84,8 @@ class PagedKVPool:
         self.num_blocks = num_blocks
         self.filled = np.zeros(num_blocks, dtype=np.int32)  # token slots assigned in each block
         self.ns_of = np.full(num_blocks, -1, dtype=np.int32)  # namespace code of each block's content
+        self._mark = np.zeros(num_blocks, dtype=bool)  # scratch, all False between operations
+        self._slot = np.zeros(num_blocks, dtype=np.int64)  # scratch for de-duplicating caller block ids
         self._tables: dict[str, BlockTable] = {}  # open and preempted tables by request id
         self._closed: OrderedDict[int, BlockTable] = OrderedDict()  # closed while holding blocks (lost frees)
         self.closed_forgotten = 0  # lost-free tables dropped from _closed past its bound
@@ -190,6 +192,13 @@ class PagedKVPool:
     def probe_prefix(self, request_id: str, token_ids: Sequence[int]) -> int:
         """Tokens `match_prefix` would serve from the cache now, without taking or counting anything."""
         return len(self._lookup(self.table(request_id), token_ids)[0]) * self.block_size
+
+    def admission_cost(self, request_id: str, token_ids: Sequence[int]) -> int:
+        """Free-queue blocks that `match_prefix` + `append` of ``token_ids`` would take from the empty table:
+        new blocks for the uncached part, plus cached hits that nobody references (they leave the queue)."""
+        hits, _ = self._lookup(self.table(request_id), token_ids)
+        idle_hits = int(np.count_nonzero(self.blocks.ref.take(np.asarray(hits, dtype=np.int64)) == 0)) if hits else 0
+        return -(-(len(token_ids) - len(hits) * self.block_size) // self.block_size) + idle_hits
 
     def match_prefix(self, request_id: str, token_ids: Sequence[int]) -> int:
         """Attach the longest cached prefix of ``token_ids`` (full blocks, same namespace) to the empty table.
@@ -347,7 +356,7 @@ class PagedKVPool:
         """Add references to existing blocks to the request's table (raw path: the caller vouches that
         their contents are this request's prefix)."""
         t = self.table(request_id)
-        ids = _unique_in_order(block_ids)
+        ids = self._unique_in_order(block_ids)
         self._begin("share_blocks", t)
         if self._debug is not None:
             self._debug.pre_share(t, ids)
@@ -359,7 +368,7 @@ class PagedKVPool:
         """Drop one reference to each block on behalf of the request (raw path: like vLLM's ``free_blocks``,
         the count is dropped whether or not the request's table holds the block)."""
         t = self.table(request_id)
-        ids = _unique_in_order(block_ids)
+        ids = self._unique_in_order(block_ids)
         self._begin("release_blocks", t)
         if self._debug is not None:
             self._debug.pre_release(t, ids)
@@ -446,7 +455,7 @@ class PagedKVPool:
             self._debug.table_refs[ids] += 1
 
     def _table_remove(self, t: BlockTable, ids: np.ndarray) -> None:
-        removed = t.remove(ids)
+        removed = t.remove(ids, self._mark)
         if self._debug is not None:
             self._debug.table_refs[removed] -= 1
 
@@ -517,11 +526,15 @@ class PagedKVPool:
                              request_id=t.request_id, tenant=t.tenant, namespace=t.namespace,
                              block_bytes=self.block_bytes)
 
-
-def _unique_in_order(block_ids: Sequence[int] | np.ndarray) -> np.ndarray:
-    ids = np.asarray(block_ids, dtype=np.int32).ravel()
-    if len(ids) > 1:
-        _, first = np.unique(ids, return_index=True)
-        if len(first) != len(ids):
-            ids = ids[np.sort(first)]
-    return ids
+    def _unique_in_order(self, block_ids: Sequence[int] | np.ndarray) -> np.ndarray:
+        """Caller's block ids as int32, first occurrences only, validated against the pool's range."""
+        ids = np.asarray(block_ids, dtype=np.int32).ravel()
+        if len(ids) and (ids.min() < 0 or ids.max() >= self.num_blocks):
+            raise UsageError(f"block ids must be in 0..{self.num_blocks - 1}; got {ids.min()}..{ids.max()}")
+        if len(ids) > 1:
+            order = np.arange(len(ids), dtype=np.int64)
+            self._slot.put(ids[::-1], order[::-1])  # the last write wins: each id keeps its first index
+            first = self._slot.take(ids) == order
+            if not first.all():
+                ids = ids[first]
+        return ids

@@ -98,10 +98,13 @@ class BlockTable:
         self.blocks[self.num_blocks:n] = ids
         self.num_blocks = n
 
-    def remove(self, ids: np.ndarray) -> np.ndarray:
-        """Drop ``ids`` from the table (keeping order); returns the ids that were in it."""
+    def remove(self, ids: np.ndarray, scratch: np.ndarray) -> np.ndarray:
+        """Drop ``ids`` from the table (keeping order); returns the ids that were in it. ``scratch`` is an
+        all-False bool array over the pool's blocks, left all-False (a mark instead of a sort)."""
         live = self.blocks[: self.num_blocks]
-        held = np.isin(live, ids)
+        scratch.put(ids, True)
+        held = scratch.take(live)
+        scratch.put(ids, False)
         kept = live[~held]
         removed = live[held]
         self.blocks[: len(kept)] = kept

@@ -129,7 +129,8 @@ def _fault(f: Any) -> dict[str, Any] | None:
 
 
 def measure(requests: int = DEFAULT_REQUESTS, *, seed: int = 0, timing_spec: TinySpec = GRAD_SPEC,
-            rounds: int = 3, timing_sys_tokens: tuple[int, int] = (112, 128)) -> dict[str, Any]:
+            rounds: int = 3, timing_sys_tokens: tuple[int, int] = (112, 128),
+            timing_variants: tuple[str, ...] = TIMING_VARIANTS) -> dict[str, Any]:
     from kvguardian.paged.model import PagedLlama
 
     t0 = time.perf_counter()
@@ -147,7 +148,7 @@ def measure(requests: int = DEFAULT_REQUESTS, *, seed: int = 0, timing_spec: Tin
             v["diverged_requests"] = diverged[:8]
             del v["outputs"]
             checks[variant] = v
-        timing = measure_timing(timing_spec, requests, seed, rounds, timing_sys_tokens)
+        timing = measure_timing(timing_spec, requests, seed, rounds, timing_sys_tokens, timing_variants)
     buggy = [checks[v] for v in CHECK_VARIANTS if v.startswith("buggy")]
     fixed = [checks["strict"], checks["sharing"]]
     ok = (all(b["diverged"] > 0 and b["first_fault"] is not None for b in buggy)
@@ -158,8 +159,8 @@ def measure(requests: int = DEFAULT_REQUESTS, *, seed: int = 0, timing_spec: Tin
             "timing": timing, "article": ARTICLE, "ok": ok, "seconds": time.perf_counter() - t0}
 
 
-def measure_timing(spec: TinySpec, requests: int, seed: int, rounds: int,
-                   sys_tokens: tuple[int, int]) -> dict[str, Any]:
+def measure_timing(spec: TinySpec, requests: int, seed: int, rounds: int, sys_tokens: tuple[int, int],
+                   variants: tuple[str, ...] = TIMING_VARIANTS) -> dict[str, Any]:
     """Isolation vs sharing (and sharing with the debug checks on), interleaved rounds, medians."""
     from kvguardian.paged.model import PagedLlama
 
@@ -167,11 +168,11 @@ def measure_timing(spec: TinySpec, requests: int, seed: int, rounds: int,
     engine_model = PagedLlama(model)
     reqs, workload = make_workload(requests, spec.vocab, seed + 1, sys_tokens)
     run_variant(engine_model, reqs[:4], "sharing", debug=False, eos=None, num_blocks=512)  # warm-up, not counted
-    samples: dict[str, list[dict[str, Any]]] = {v: [] for v in TIMING_VARIANTS}
+    samples: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
     outputs: dict[str, Any] = {}
     hit_rate = 0.0
     for _ in range(rounds):
-        for variant in TIMING_VARIANTS:
+        for variant in variants:
             v = run_variant(engine_model, reqs, variant.split("+")[0], debug=variant.endswith("+checks"),
                             eos=None, num_blocks=512)
             samples[variant].append(v["summary"])
@@ -179,15 +180,16 @@ def measure_timing(spec: TinySpec, requests: int, seed: int, rounds: int,
             if variant == "sharing":
                 hit_rate = float(v["metrics"]["prefix_hit_rate"])
     keys = ("requests_per_s", "tokens_per_s", "ttft_ms_mean", "tpot_ms_mean", "seconds")
-    med = {v: {k: statistics.median(s[k] for s in samples[v]) for k in keys} for v in TIMING_VARIANTS}
+    med = {v: {k: statistics.median(s[k] for s in samples[v]) for k in keys} for v in variants}
     spread = {v: {k: [min(s[k] for s in samples[v]), max(s[k] for s in samples[v])] for k in keys}
-              for v in TIMING_VARIANTS}
+              for v in variants}
     share, iso = med["sharing"], med["strict"]
     return {
         "workload": workload, "rounds": rounds, "median": med, "range": spread, "prefix_hit_rate": hit_rate,
         "isolation_vs_sharing": {"requests_per_s": iso["requests_per_s"] / share["requests_per_s"],
                                  "ttft": iso["ttft_ms_mean"] / share["ttft_ms_mean"]},
-        "checks_vs_sharing": {"requests_per_s": med["sharing+checks"]["requests_per_s"] / share["requests_per_s"]},
+        "checks_vs_sharing": ({"requests_per_s": med["sharing+checks"]["requests_per_s"] / share["requests_per_s"]}
+                              if "sharing+checks" in med else None),
         "article_patched_vs_native": {"requests_per_s": ARTICLE["patched"]["qps"] / ARTICLE["native"]["qps"],
                                       "ttft": ARTICLE["patched"]["ttft_ms"] / ARTICLE["native"]["ttft_ms"]},
         "outputs_agree": all(o == outputs["sharing"] for o in outputs.values()),
@@ -217,7 +219,7 @@ def demo_row() -> DemoRow:
     from kvguardian.repro.cross_request_report import demo_texts
 
     t0 = time.perf_counter()
-    data = measure(DEFAULT_REQUESTS, rounds=1)
+    data = measure(DEFAULT_REQUESTS, rounds=1, timing_variants=("sharing", "strict"))
     measured, verdict = demo_texts(data)
     return DemoRow(
         name=NAME, section=SECTION,
