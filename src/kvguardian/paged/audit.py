@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from kvguardian._errors import InternalError
 from kvguardian.findings import Finding, Severity
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -52,6 +53,12 @@ def audit(pool: PagedKVPool) -> list[Finding]:
     live_blocks, live_ns, live_refs = table_references(tables, n)
     closed_refs = table_references(closed, n)[2] if closed else None
     out: list[Finding] = []
+    if tables:  # the records' own invariant (a pool bug, not a caller's fault, if broken)
+        tokens = np.fromiter((t.num_tokens for t in tables), dtype=np.int64, count=len(tables))
+        nblocks = np.fromiter((t.num_blocks for t in tables), dtype=np.int64, count=len(tables))
+        over = np.flatnonzero(tokens > nblocks * pool.block_size)
+        if len(over):
+            raise InternalError(f"pool bug: {tables[int(over[0])]!r} has more tokens than its blocks hold")
 
     def finding(fid: str, mask_or_ids: np.ndarray, message: str, **evidence: Any) -> None:
         ids = np.flatnonzero(mask_or_ids) if mask_or_ids.dtype == bool else mask_or_ids

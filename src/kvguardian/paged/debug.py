@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from kvguardian._errors import EXIT_FINDINGS, KVGuardianError
+from kvguardian._errors import EXIT_FINDINGS, InternalError, KVGuardianError
 from kvguardian.findings import Finding, Severity
 from kvguardian.paged.records import BlockTable
 
@@ -71,6 +71,10 @@ class DebugChecker:
     def begin(self, op: str, table: BlockTable | None, layer: int | None) -> None:
         self._op, self._table, self._layer = op, table, layer
         self._reported.clear()
+        if table is not None:  # write-once fields of the record: still what open() set
+            who = self._who.get(table.code)
+            if who is not None and who != (table.request_id, table.tenant):
+                raise InternalError(f"pool bug: {table!r} changed its owner since open ({who!r})")
 
     def on_open(self, table: BlockTable) -> None:
         self._who[table.code] = (table.request_id, table.tenant)
@@ -78,8 +82,10 @@ class DebugChecker:
             self._who.popitem(last=False)
 
     def end(self, touched: np.ndarray) -> None:
-        """After an operation: every touched block's ref count equals its references, and it is in the free
-        queue exactly when nothing references it."""
+        """After an operation: the table keeps its own invariants, every touched block's ref count equals its
+        references, and a touched block is in the free queue exactly when nothing references it."""
+        if self._table is not None:
+            self._table.check(self.pool.block_size)
         if len(touched) == 0:
             return
         blocks = np.unique(touched)

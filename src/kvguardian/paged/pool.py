@@ -32,11 +32,13 @@ from kvguardian.paged.block_pool import BlockPool, PoolExhausted
 from kvguardian.paged.prefix import (
     EventStream,
     KVEvent,
-    chain_hash,
     encode_extra_keys,
+    extend_chain,
+    lookup_chain,
     namespace_for,
     namespace_root,
 )
+from kvguardian.paged.raw_ops import RawBlockOps
 from kvguardian.paged.records import BlockTable, KVSpec, TableState
 
 __all__ = ["PagedKVPool", "PoolExhausted"]
@@ -44,7 +46,7 @@ __all__ = ["PagedKVPool", "PoolExhausted"]
 _CLOSED_LIMIT = 4096
 
 
-class PagedKVPool:
+class PagedKVPool(RawBlockOps):
     """Fixed-size KV blocks with ref counts, an LRU free list, a tenant-salted prefix cache and
     per-request block tables.
 
@@ -228,19 +230,7 @@ class PagedKVPool:
     def _lookup(self, t: BlockTable, token_ids: Sequence[int]) -> tuple[list[int], list[bytes]]:
         if not self.prefix_caching:
             return [], []
-        bs = self.block_size
-        parent = t.root
-        hits: list[int] = []
-        hashes: list[bytes] = []
-        for i in range((len(token_ids) - 1) // bs):
-            h = chain_hash(parent, token_ids[i * bs:(i + 1) * bs], t.extra)
-            b = self.blocks.by_hash.get(h)
-            if b is None:
-                break
-            hits.append(b)
-            hashes.append(h)
-            parent = h
-        return hits, hashes
+        return lookup_chain(self.blocks.by_hash, t.root, token_ids, self.block_size, t.extra)
 
     def append(self, request_id: str, token_ids: Sequence[int]) -> np.ndarray:
         """Assign K/V slots to ``token_ids`` (the next tokens of the request, in order), allocating blocks
@@ -337,45 +327,6 @@ class PagedKVPool:
         self._close(t)
         self._end(np.empty(0, dtype=np.int32))
 
-    # ------------------------------------------------------------------ raw operations (caller's block ids)
-    def allocate_blocks(self, request_id: str, n: int) -> np.ndarray:
-        """Allocate ``n`` blocks to the request's table (raw path: counted as full, never prefix-cached)."""
-        t = self.table(request_id)
-        self._begin("allocate_blocks", t)
-        ids = self.blocks.get_new_blocks(n)
-        self.ns_of[ids] = t.ns_code
-        self.filled[ids] = self.block_size
-        self._table_add(t, ids)
-        if self._debug is not None:
-            bs = self.block_size
-            self._debug.assign_slots(t, (ids.astype(np.int64)[:, None] * bs + np.arange(bs)).ravel())
-        self._end(ids)
-        return ids.copy()
-
-    def share_blocks(self, request_id: str, block_ids: Sequence[int] | np.ndarray) -> None:
-        """Add references to existing blocks to the request's table (raw path: the caller vouches that
-        their contents are this request's prefix)."""
-        t = self.table(request_id)
-        ids = self._unique_in_order(block_ids)
-        self._begin("share_blocks", t)
-        if self._debug is not None:
-            self._debug.pre_share(t, ids)
-        self.blocks.touch(ids)
-        self._table_add(t, ids)
-        self._end(ids)
-
-    def release_blocks(self, request_id: str, block_ids: Sequence[int] | np.ndarray) -> None:
-        """Drop one reference to each block on behalf of the request (raw path: like vLLM's ``free_blocks``,
-        the count is dropped whether or not the request's table holds the block)."""
-        t = self.table(request_id)
-        ids = self._unique_in_order(block_ids)
-        self._begin("release_blocks", t)
-        if self._debug is not None:
-            self._debug.pre_release(t, ids)
-        self._table_remove(t, ids)
-        self.blocks.free_blocks(ids)
-        self._end(ids)
-
     # ------------------------------------------------------------------ K/V access
     def write(self, request_id: str, layer: int, slots: Any, k: Any, v: Any) -> None:
         """Store K/V ``[n, kv_heads, head_dim]`` of ``request_id`` at ``slots`` (int64 tensor) of ``layer``.
@@ -384,16 +335,14 @@ class PagedKVPool:
             t = self._tables.get(request_id)
             self._begin("write", t, layer=layer)
             self._debug.check_write(t, request_id, slots, layer)
-        kv = self.kv
-        assert kv is not None, "pool has no K/V tensors (kv=None)"
+        kv = self._kv()
         self.k[layer].view(-1, kv.kv_heads, kv.head_dim).index_copy_(0, slots, k)
         self.v[layer].view(-1, kv.kv_heads, kv.head_dim).index_copy_(0, slots, v)
 
     def gather(self, layer: int, block_ids: Any, num_tokens: int) -> tuple[Any, Any]:
         """K and V ``[num_tokens, kv_heads, head_dim]`` of a sequence, read through its block table
         (``block_ids``: int64 tensor in token order)."""
-        kv = self.kv
-        assert kv is not None, "pool has no K/V tensors (kv=None)"
+        kv = self._kv()
         k = self.k[layer].index_select(0, block_ids).view(-1, kv.kv_heads, kv.head_dim)[:num_tokens]
         v = self.v[layer].index_select(0, block_ids).view(-1, kv.kv_heads, kv.head_dim)[:num_tokens]
         return k, v
@@ -440,6 +389,11 @@ class PagedKVPool:
         return pool_metrics(self)
 
     # ------------------------------------------------------------------ internals
+    def _kv(self) -> KVSpec:
+        if self.kv is None:
+            raise UsageError("this pool keeps bookkeeping only (kv=None); fix: PagedKVPool(..., kv=KVSpec(...))")
+        return self.kv
+
     def _begin(self, op: str, table: BlockTable | None, *, layer: int | None = None) -> None:
         self.op_seq += 1
         if self._debug is not None:
@@ -504,20 +458,11 @@ class PagedKVPool:
         """Hash the blocks ``token_ids`` filled; register them in the prefix cache; emit "stored"."""
         if not self.prefix_caching:
             return
-        bs = self.block_size
-        tail = t.tail_tokens
-        tail.extend(token_ids)
-        if len(tail) < bs:
-            return
         parent0 = t.hashes[-1] if t.hashes else None
         stored_h: list[bytes] = []
         stored_b: list[int] = []
-        while len(tail) >= bs:
-            parent = t.hashes[-1] if t.hashes else t.root
-            h = chain_hash(parent, tail[:bs], t.extra)
-            block = int(t.blocks[len(t.hashes)])
-            t.hashes.append(h)
-            del tail[:bs]
+        for index, h in extend_chain(t, token_ids, self.block_size):
+            block = int(t.blocks[index])
             if self.blocks.cache_block(block, h):
                 stored_h.append(h)
                 stored_b.append(block)
@@ -525,16 +470,3 @@ class PagedKVPool:
             self.events.emit("stored", stored_h, stored_b, parent_hash=parent0.hex() if parent0 else None,
                              request_id=t.request_id, tenant=t.tenant, namespace=t.namespace,
                              block_bytes=self.block_bytes)
-
-    def _unique_in_order(self, block_ids: Sequence[int] | np.ndarray) -> np.ndarray:
-        """Caller's block ids as int32, first occurrences only, validated against the pool's range."""
-        ids = np.asarray(block_ids, dtype=np.int32).ravel()
-        if len(ids) and (ids.min() < 0 or ids.max() >= self.num_blocks):
-            raise UsageError(f"block ids must be in 0..{self.num_blocks - 1}; got {ids.min()}..{ids.max()}")
-        if len(ids) > 1:
-            order = np.arange(len(ids), dtype=np.int64)
-            self._slot.put(ids[::-1], order[::-1])  # the last write wins: each id keeps its first index
-            first = self._slot.take(ids) == order
-            if not first.all():
-                ids = ids[first]
-        return ids

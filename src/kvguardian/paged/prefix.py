@@ -19,11 +19,15 @@ from __future__ import annotations
 import time
 from array import array
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from hashlib import blake2b
+from typing import TYPE_CHECKING
 
 from kvguardian._errors import UsageError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from kvguardian.paged.records import BlockTable
 
 __all__ = [
     "EVENT_KINDS",
@@ -31,7 +35,9 @@ __all__ = [
     "KVEvent",
     "chain_hash",
     "encode_extra_keys",
+    "extend_chain",
     "hash_full_blocks",
+    "lookup_chain",
     "namespace_for",
     "namespace_root",
 ]
@@ -88,6 +94,39 @@ def hash_full_blocks(
     for i in range(n):
         parent = chain_hash(parent, token_ids[i * block_size:(i + 1) * block_size], extra)
         out.append(parent)
+    return out
+
+
+def lookup_chain(index: Mapping[bytes, int], root: bytes, token_ids: Sequence[int], block_size: int,
+                 extra: bytes = b"") -> tuple[list[int], list[bytes]]:
+    """Blocks of the longest cached chain of ``token_ids``' full blocks, and their hashes. At least one token
+    is left out, so a request always computes its last token."""
+    parent = root
+    hits: list[int] = []
+    hashes: list[bytes] = []
+    for i in range((len(token_ids) - 1) // block_size):
+        h = chain_hash(parent, token_ids[i * block_size:(i + 1) * block_size], extra)
+        b = index.get(h)
+        if b is None:
+            break
+        hits.append(b)
+        hashes.append(h)
+        parent = h
+    return hits, hashes
+
+
+def extend_chain(table: BlockTable, token_ids: Sequence[int], block_size: int) -> list[tuple[int, bytes]]:
+    """Add ``token_ids`` to ``table``'s partial tail; hash every block they fill (appended to
+    ``table.hashes``). Returns (block index in the table, hash) of the newly full blocks."""
+    tail = table.tail_tokens
+    tail.extend(token_ids)
+    out = []
+    while len(tail) >= block_size:
+        parent = table.hashes[-1] if table.hashes else table.root
+        h = chain_hash(parent, tail[:block_size], table.extra)
+        out.append((len(table.hashes), h))
+        table.hashes.append(h)
+        del tail[:block_size]
     return out
 
 

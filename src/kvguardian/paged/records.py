@@ -126,3 +126,6 @@ class BlockTable:
             raise InternalError(f"pool bug: {self!r} has {self.num_tokens} tokens in {self.num_blocks} blocks")
         if len(self.hashes) > self.num_tokens // block_size:
             raise InternalError(f"pool bug: {self!r} has {len(self.hashes)} hashes for {self.num_tokens} tokens")
+        if self.tail_tokens and len(self.hashes) * block_size + len(self.tail_tokens) != self.num_tokens:
+            raise InternalError(f"pool bug: {self!r} tail of {len(self.tail_tokens)} tokens after "
+                                f"{len(self.hashes)} hashed blocks does not end at token {self.num_tokens}")

@@ -260,3 +260,27 @@ def test_bookkeeping_pool_needs_no_torch():
             "p.append('a', [1, 2, 3, 4, 5]); p.check_invariants(); p.metrics(); print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_raw_operations_validate_and_deduplicate_block_ids():
+    p = pool(8)
+    p.open("a", "acme")
+    ids = p.allocate_blocks("a", 2)
+    p.open("b", "acme")
+    p.share_blocks("b", [int(ids[1]), int(ids[0]), int(ids[1])])  # the duplicate takes one reference
+    assert p.block_ids("b").tolist() == [int(ids[1]), int(ids[0])]
+    assert p.blocks.ref[ids].tolist() == [2, 2]
+    with pytest.raises(UsageError, match=r"block ids must be in 0..7; got 3..8"):
+        p.release_blocks("b", [3, 8])
+    p.release_blocks("b", ids)
+    p.release_blocks("a", ids[::-1])
+    p.close("a")
+    p.close("b")
+    assert p.check_invariants() == [] and p.blocks.num_available == 8
+
+
+def test_bookkeeping_pool_refuses_kv_access():
+    p = PagedKVPool(4, 4)
+    p.open("a", "acme")
+    with pytest.raises(UsageError, match=r"bookkeeping only \(kv=None\); fix: PagedKVPool\(..., kv=KVSpec"):
+        p.gather(0, None, 1)
