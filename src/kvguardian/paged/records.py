@@ -75,6 +75,7 @@ class BlockTable:
     opened: float  # write-once: clock time of open()
     blocks: np.ndarray = field(default_factory=lambda: np.empty(8, dtype=np.int32))  # grows by doubling
     num_blocks: int = 0  # live length of blocks
+    live: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int32))  # view blocks[:num_blocks]
     num_tokens: int = 0  # token slots assigned, in order; the engine writes their K/V
     hashes: list[bytes] = field(default_factory=list)  # chained hashes of the full blocks, in order
     tail_tokens: list[int] = field(default_factory=list)  # token ids of the partial last block (hashing only)
@@ -87,7 +88,11 @@ class BlockTable:
     @property
     def block_ids(self) -> np.ndarray:
         """A view of the live block ids (do not keep it across pool operations: copy it)."""
-        return self.blocks[: self.num_blocks]
+        return self.live
+
+    def _set_len(self, n: int) -> None:
+        self.num_blocks = n
+        self.live = self.blocks[:n]
 
     def push(self, ids: np.ndarray) -> None:
         n = self.num_blocks + len(ids)
@@ -96,7 +101,7 @@ class BlockTable:
             grown[: self.num_blocks] = self.blocks[: self.num_blocks]
             self.blocks = grown
         self.blocks[self.num_blocks:n] = ids
-        self.num_blocks = n
+        self._set_len(n)
 
     def remove(self, ids: np.ndarray, scratch: np.ndarray) -> np.ndarray:
         """Drop ``ids`` from the table (keeping order); returns the ids that were in it. ``scratch`` is an
@@ -108,13 +113,13 @@ class BlockTable:
         kept = live[~held]
         removed = live[held]
         self.blocks[: len(kept)] = kept
-        self.num_blocks = len(kept)
+        self._set_len(len(kept))
         return removed
 
     def clear(self) -> np.ndarray:
         """Empty the table; returns its former blocks (a copy) in token order."""
         out = self.blocks[: self.num_blocks].copy()
-        self.num_blocks = 0
+        self._set_len(0)
         self.num_tokens = 0
         self.hashes.clear()
         self.tail_tokens.clear()
