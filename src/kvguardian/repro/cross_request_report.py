@@ -48,6 +48,11 @@ def render(data: dict[str, Any]) -> list[str]:
             lines.append(f"    {v['first_bad_write']['message']}")
         if v["diverged_requests"]:
             lines.append(f"    diverged: {', '.join(v['diverged_requests'])}{' …' if v['diverged'] > 8 else ''}")
+        m = v["metrics"]
+        if m["requests_lost_free"]:
+            lines.append(f"    after the run: {m['requests_lost_free']} finished requests still hold "
+                         f"{m['blocks_orphaned']} blocks (lost frees), residency {m['residency_ratio']:.2f}, "
+                         f"of it undeclared {m['residency_leaked_ratio']:.2f}")
     m = data["checks"]["sharing"]["metrics"]
     lines += [
         f"sharing: prefix hit rate {m['prefix_hit_rate']:.0%} of prompt tokens, {m['cow_copies_total']} copy-on-write, "
