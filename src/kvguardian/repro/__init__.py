@@ -19,6 +19,7 @@ __all__ = ["REPROS", "DemoRow", "ReproResult", "load"]
 REPROS: dict[str, str] = {
     "grad-tracking": "kvguardian.repro.grad_tracking",
     "orphaned": "kvguardian.repro.orphaned",
+    "cross-request": "kvguardian.repro.cross_request",
 }
 
 

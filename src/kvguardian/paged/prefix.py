@@ -1,0 +1,185 @@
+"""Tenant-salted prefix hashes and the pool's lifecycle event stream.
+
+A full block's hash is chained: ``hash(parent hash, token ids, extra keys)``, and the chain starts at a root
+derived from the table's *namespace*: ``tenant:<name>`` by default, ``shared:<name>`` when a tenant opts into a
+shared namespace. Equal prefixes therefore share blocks within a namespace and never across namespaces: the
+salt is part of every hash, not a filter applied afterwards. vLLM puts a ``cache_salt`` into the first block's
+extra keys and its docs say the salt "is not an isolation boundary"; here the namespace is the isolation
+boundary, and the pool's checks (KVG205) verify it held.
+
+Hashes are 128-bit BLAKE2b digests, so a collision between tenants is not a practical way to share a block
+(vLLM's default 64-bit hashes are).
+
+Events describe prefix-cache membership the way vLLM's KV events do (``stored`` / ``removed`` / ``cleared``),
+plus ``hit`` when a request reuses a cached block. They carry ids, hashes and counts, never token ids or K/V.
+"""
+
+from __future__ import annotations
+
+import time
+from array import array
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from hashlib import blake2b
+from typing import TYPE_CHECKING
+
+from kvguardian._errors import UsageError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from kvguardian.paged.records import BlockTable
+
+__all__ = [
+    "EVENT_KINDS",
+    "EventStream",
+    "KVEvent",
+    "chain_hash",
+    "encode_extra_keys",
+    "extend_chain",
+    "hash_full_blocks",
+    "lookup_chain",
+    "namespace_for",
+    "namespace_root",
+]
+
+DIGEST_BYTES = 16
+_ROOT_PREFIX = b"kvguardian/prefix/v1\x00"
+
+#: Event kinds, vLLM's names in lower case plus ``hit``.
+EVENT_KINDS = ("stored", "removed", "cleared", "hit")
+
+
+def namespace_for(tenant: str, shared: str | None = None) -> str:
+    """The prefix-cache namespace of a table: the tenant's own, or a shared one the tenant opted into."""
+    if not isinstance(tenant, str) or not tenant:
+        raise UsageError(f"tenant must be a non-empty string, got {tenant!r}; fix: pass the request's tenant id")
+    if shared is not None:
+        if not isinstance(shared, str) or not shared:
+            raise UsageError(f"shared namespace must be a non-empty string, got {shared!r}")
+        return f"shared:{shared}"
+    return f"tenant:{tenant}"
+
+
+def namespace_root(namespace: str) -> bytes:
+    """The salt every hash chain of ``namespace`` starts from."""
+    return blake2b(_ROOT_PREFIX + namespace.encode("utf-8"), digest_size=DIGEST_BYTES).digest()
+
+
+def encode_extra_keys(extra_keys: Sequence[object]) -> bytes:
+    """Extra keys (LoRA name, multimodal hashes, ...) as bytes hashed into every block of a request."""
+    for key in extra_keys:
+        if not isinstance(key, (str, int, bytes)):
+            raise UsageError(
+                f"extra key {key!r} is a {type(key).__name__}; fix: use str, int or bytes extra keys"
+            )
+    return repr(tuple(extra_keys)).encode("utf-8")
+
+
+def chain_hash(parent: bytes, token_ids: Sequence[int], extra: bytes = b"") -> bytes:
+    """``hash(parent, token ids, extra keys)`` of one full block."""
+    h = blake2b(parent, digest_size=DIGEST_BYTES)
+    h.update(array("q", token_ids).tobytes())
+    h.update(extra)
+    return h.digest()
+
+
+def hash_full_blocks(
+    parent: bytes, token_ids: Sequence[int], block_size: int, extra: bytes = b"", *, limit: int | None = None
+) -> list[bytes]:
+    """Chained hashes of the full blocks of ``token_ids`` (at most ``limit`` of them)."""
+    n = len(token_ids) // block_size
+    if limit is not None:
+        n = min(n, limit)
+    out = []
+    for i in range(n):
+        parent = chain_hash(parent, token_ids[i * block_size:(i + 1) * block_size], extra)
+        out.append(parent)
+    return out
+
+
+def lookup_chain(index: Mapping[bytes, int], root: bytes, token_ids: Sequence[int], block_size: int,
+                 extra: bytes = b"") -> tuple[list[int], list[bytes]]:
+    """Blocks of the longest cached chain of ``token_ids``' full blocks, and their hashes. At least one token
+    is left out, so a request always computes its last token."""
+    parent = root
+    hits: list[int] = []
+    hashes: list[bytes] = []
+    for i in range((len(token_ids) - 1) // block_size):
+        h = chain_hash(parent, token_ids[i * block_size:(i + 1) * block_size], extra)
+        b = index.get(h)
+        if b is None:
+            break
+        hits.append(b)
+        hashes.append(h)
+        parent = h
+    return hits, hashes
+
+
+def extend_chain(table: BlockTable, token_ids: Sequence[int], block_size: int) -> list[tuple[int, bytes]]:
+    """Add ``token_ids`` to ``table``'s partial tail; hash every block they fill (appended to
+    ``table.hashes``). Returns (block index in the table, hash) of the newly full blocks."""
+    tail = table.tail_tokens
+    tail.extend(token_ids)
+    out = []
+    while len(tail) >= block_size:
+        parent = table.hashes[-1] if table.hashes else table.root
+        h = chain_hash(parent, tail[:block_size], table.extra)
+        out.append((len(table.hashes), h))
+        table.hashes.append(h)
+        del tail[:block_size]
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class KVEvent:
+    """One prefix-cache lifecycle event. Never carries token ids or K/V contents."""
+
+    seq: int  # position in the pool's stream, from 1, no gaps (a consumer can detect drops)
+    ts: float  # clock time of the change
+    kind: str  # one of EVENT_KINDS
+    block_hashes: tuple[str, ...]  # hex digests (empty for "cleared")
+    block_ids: tuple[int, ...]  # physical blocks, same order as block_hashes
+    parent_hash: str | None = None  # "stored": hash of the block before the first one, None at the root
+    request_id: str | None = None  # "stored"/"hit": the request that filled or reused the blocks
+    tenant: str | None = None
+    namespace: str | None = None
+    block_bytes: int = 0  # K/V bytes of one block over all layers (0 for a bookkeeping-only pool)
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "seq": self.seq, "ts": self.ts, "kind": self.kind, "block_hashes": list(self.block_hashes),
+            "block_ids": list(self.block_ids), "parent_hash": self.parent_hash, "request_id": self.request_id,
+            "tenant": self.tenant, "namespace": self.namespace, "block_bytes": self.block_bytes,
+        }
+
+
+class EventStream:
+    """A bounded buffer of `KVEvent`s; `take` swaps it out so no consumer keeps events twice."""
+
+    def __init__(self, capacity: int = 8192, clock: Callable[[], float] = time.monotonic) -> None:
+        if capacity < 1:
+            raise UsageError(f"event capacity must be >= 1, got {capacity}")
+        self._buf: deque[KVEvent] = deque(maxlen=capacity)
+        self._clock = clock
+        self.seq = 0  # last sequence number handed out
+        self.dropped = 0  # events pushed out of the full buffer before anyone took them
+        self.enabled = True
+
+    def emit(self, kind: str, hashes: Sequence[bytes], block_ids: Sequence[int], **fields: object) -> None:
+        if not self.enabled:
+            return
+        if len(self._buf) == self._buf.maxlen:
+            self.dropped += 1
+        self.seq += 1
+        self._buf.append(KVEvent(
+            self.seq, self._clock(), kind, tuple(h.hex() for h in hashes), tuple(int(b) for b in block_ids),
+            **fields,  # type: ignore[arg-type]
+        ))
+
+    def take(self) -> list[KVEvent]:
+        out = list(self._buf)
+        self._buf.clear()
+        return out
+
+    def __len__(self) -> int:
+        return len(self._buf)

@@ -1,0 +1,86 @@
+import random
+from collections import OrderedDict
+
+import numpy as np
+import pytest
+
+from kvguardian._errors import InternalError, UsageError
+from kvguardian.paged.free_queue import FreeQueue
+
+
+def ids(*xs):
+    return np.asarray(xs, dtype=np.int32)
+
+
+def test_starts_full_in_id_order_and_pops_front():
+    q = FreeQueue(5)
+    assert len(q) == 5
+    assert q.pop_front(2).tolist() == [0, 1]
+    assert q.live_ids().tolist() == [2, 3, 4]
+
+
+def test_push_front_is_popped_first_and_push_back_last():
+    q = FreeQueue(6)
+    q.pop_front(6)
+    q.push_back(ids(4, 5))
+    q.push_front(ids(0, 1))  # 0 first
+    q.push_back(ids(2))
+    assert q.live_ids().tolist() == [0, 1, 4, 5, 2]
+    assert q.pop_front(5).tolist() == [0, 1, 4, 5, 2]
+
+
+def test_remove_from_the_middle_is_skipped_by_pop():
+    q = FreeQueue(6)
+    q.remove(ids(1, 3))
+    assert len(q) == 4
+    assert q.contains(ids(0, 1, 3, 5)).tolist() == [True, False, False, True]
+    assert q.pop_front(3).tolist() == [0, 2, 4]
+
+
+def test_pop_more_than_live_is_an_internal_error():
+    q = FreeQueue(3)
+    q.remove(ids(0))
+    with pytest.raises(InternalError, match="pop of 3 blocks with 2 live"):
+        q.pop_front(3)
+
+
+def test_needs_a_block():
+    with pytest.raises(UsageError, match="at least 1 block"):
+        FreeQueue(0)
+
+
+def test_random_operations_match_a_reference_lru_including_wrap_and_compaction():
+    n = 64
+    q = FreeQueue(n)
+    ref: OrderedDict[int, None] = OrderedDict((i, None) for i in range(n))
+    held: set[int] = set()
+    rnd = random.Random(7)
+    for _ in range(4000):
+        op = rnd.random()
+        if op < 0.35 and ref:
+            k = rnd.randint(1, min(8, len(ref)))
+            got = q.pop_front(k).tolist()
+            want = [ref.popitem(last=False)[0] for _ in range(k)]
+            assert got == want
+            held.update(got)
+        elif op < 0.6 and held:
+            batch = rnd.sample(sorted(held), rnd.randint(1, min(6, len(held))))
+            held.difference_update(batch)
+            q.push_front(np.asarray(batch, dtype=np.int32))
+            for b in reversed(batch):
+                ref[b] = None
+                ref.move_to_end(b, last=False)
+        elif op < 0.85 and held:
+            batch = rnd.sample(sorted(held), rnd.randint(1, min(6, len(held))))
+            held.difference_update(batch)
+            q.push_back(np.asarray(batch, dtype=np.int32))
+            for b in batch:
+                ref[b] = None
+        elif ref:
+            batch = rnd.sample(list(ref), rnd.randint(1, min(4, len(ref))))
+            q.remove(np.asarray(batch, dtype=np.int32))
+            for b in batch:
+                del ref[b]
+            held.update(batch)
+        assert len(q) == len(ref)
+    assert q.live_ids().tolist() == list(ref)
