@@ -145,3 +145,23 @@ def test_exposition_passes_promtool_lint():
     text, _ = scrape(col)
     proc = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
     assert proc.returncode == 0 and not proc.stdout.strip() and not proc.stderr.strip(), proc.stdout + proc.stderr
+
+
+def test_the_real_paged_pool_through_the_collector():
+    """Issue 4's pool and issue 7's collector agree on the contract (no duck-typed stand-in)."""
+    from kvguardian.paged import KVSpec, PagedKVPool
+
+    pool = PagedKVPool(num_blocks=32, block_size=4, kv=KVSpec(num_layers=1, kv_heads=1, head_dim=4))
+    pool.open("r-1", tenant="acme")
+    pool.append("r-1", list(range(10)))  # 3 blocks, the last one half full
+    pool.free("r-1")  # full blocks stay cached for the prefix cache
+    pool.open("r-2", tenant="acme")
+    hit = pool.match_prefix("r-2", list(range(10)))
+    pool.append("r-2", list(range(hit, 10)))
+    m = pool.metrics()
+    _, s = scrape(KVGuardianCollector(pools={"main": pool}))
+    for state in ("free", "cached", "referenced"):
+        assert s[("kvguardian_pool_blocks", (("pool", "main"), ("state", state)))] == m[f"blocks_{state}"]
+    assert s[("kvguardian_pool_capacity_blocks", (("pool", "main"),))] == 32
+    assert s[("kvguardian_pool_prefix_hits_total", (("pool", "main"),))] == m["prefix_hits_total"] == hit > 0
+    assert m["blocks_free"] + m["blocks_cached"] + m["blocks_referenced"] == 32
