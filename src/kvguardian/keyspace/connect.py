@@ -51,7 +51,7 @@ def connect(url: str, *, timeout: float = 10.0) -> Any:
     try:
         client = redis.Redis.from_url(
             url, socket_timeout=timeout, socket_connect_timeout=timeout, decode_responses=False,
-            retry=redis.retry.Retry(redis.backoff.NoBackoff(), 0), lib_name=None, lib_version=None,
+            retry=redis.retry.Retry(redis.backoff.NoBackoff(), 0),
             health_check_interval=0,
         )
     except ValueError as exc:

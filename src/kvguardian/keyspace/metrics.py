@@ -51,13 +51,13 @@ def sweep_families(result: ScanResult | None, *, top: int = 50, prefix_labels: d
         yield g
     if result.idle_metric == "idletime":
         g = GaugeMetricFamily("kvguardian_redis_pattern_idle_seconds",
-                              "idle time of the pattern's keys (quantile 0.5, 0.9, 1 = max) at the last sweep",
-                              labels=["pattern", "quantile"])
+                              "idle time of the pattern's keys at the last sweep (stat: p50, p90, max)",
+                              labels=["pattern", "stat"])
         for p in _bounded(result, top):
-            for q, k in (("0.5", "p50"), ("0.9", "p90"), ("1", "max")):
+            for k in ("p50", "p90", "max"):
                 v = (p.get("idle_s") or {}).get(k)
                 if v is not None:
-                    g.add_metric([p["pattern"], q], float(v))
+                    g.add_metric([p["pattern"], k], float(v))
         yield g
     for name, doc, value in (
         ("kvguardian_redis_sweep_duration_seconds", "how long the last completed sweep took", result.duration_s),
