@@ -143,12 +143,22 @@ def node_client(seed: Any, host: str, port: int) -> Any:
     return redis.Redis(connection_pool=redis.ConnectionPool(connection_class=cls, **kwargs))
 
 
+def _raw(client: Any, *args: Any) -> Any:
+    """One command without redis-py's reply callbacks (they turn CLUSTER NODES into a dict)."""
+    conn = client.connection_pool.get_connection()
+    try:
+        conn.send_command(*args)
+        return conn.read_response()
+    finally:
+        client.connection_pool.release(conn)
+
+
 def _cluster_masters(seed: Any, where: str) -> list[tuple[str, int]]:
     """Masters that serve slots, from CLUSTER NODES."""
     import redis
 
     try:
-        text = seed.execute_command("CLUSTER NODES")
+        text = _raw(seed, "CLUSTER", "NODES")
     except redis.exceptions.NoPermissionError as exc:
         raise UsageError(f"Redis Cluster at {where}: the ACL user may not run CLUSTER NODES ({exc}); grant "
                          "+cluster|nodes", exit_code=EXIT_ENVIRONMENT) from None

@@ -131,9 +131,8 @@ def cluster_nodes(tmp: Path, n: int = 3) -> list[RedisProc]:
     assert out.returncode == 0, out.stdout + out.stderr
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        states = [node.client().info("cluster") for node in nodes]
-        infos = [node.client().execute_command("CLUSTER INFO") for node in nodes]
-        if all(b"cluster_state:ok" in i for i in infos) and all(s.get("cluster_enabled") for s in states):
+        states = [str(node.client().cluster("INFO").get("cluster_state")) for node in nodes]
+        if all(s in ("ok", "b'ok'") for s in states):
             return nodes
         time.sleep(0.2)
     raise RuntimeError("cluster did not reach cluster_state:ok")

@@ -86,6 +86,7 @@ def test_missing_probe_permission_is_one_clear_line(redis_proc, kv_cli):
     seed(admin)
     _acl_user(admin, "nomem", RO_COMMANDS.replace("+memory|usage ", ""))
     rc, out, err = kv_cli("redis", "scan", f"redis://nomem:pw-nomem@127.0.0.1:{redis_proc.port}", "--json")
+    assert not out  # nothing half-written on stdout
     assert rc == 3, err
     assert err.count("\n") == 1 and "memory|usage" in err and "pw-nomem" not in err and "Traceback" not in err
     rc, _, err = kv_cli("redis", "scan", f"redis://nomem:wrong@127.0.0.1:{redis_proc.port}")
