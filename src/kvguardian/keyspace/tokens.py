@@ -62,7 +62,7 @@ _UUID_RE = re.compile(_UUID)
 _DATE_RE = re.compile(_DATE)
 _IP_RE = re.compile(_IP)
 _HEXCHARS = frozenset("0123456789abcdefABCDEF")
-_DIGITS = frozenset("0123456789")
+_DIGIT_RE = re.compile(r"\d")
 
 #: tokens longer than this many characters are not split further (very long key names)
 MAX_KEY_CHARS = 256
@@ -123,17 +123,9 @@ def _resplit(toks: list[str]) -> tuple[list[str], bool]:
 
 def _is_b64(t: str) -> bool:
     body = t.rstrip("=")
-    if len(body) < 22:
-        return False
-    has_lower = has_upper = has_digit = False
-    for c in body:
-        if c.islower():
-            has_lower = True
-        elif c.isupper():
-            has_upper = True
-        elif c.isdigit():
-            has_digit = True
-    return has_lower and has_upper and has_digit and _entropy(body) >= 3.5
+    if len(body) < 22 or body.upper() == body or body.lower() == body or not _DIGIT_RE.search(body):
+        return False  # base64 of random bytes mixes lower case, upper case and digits
+    return _entropy(body) >= 3.5
 
 
 def _entropy(t: str) -> float:
@@ -174,10 +166,8 @@ def classify(tok: str) -> str | None:
             return "date"
         if "." in tok and _IP_RE.fullmatch(tok):
             return "ip"
-    if n >= 8 and _HEXCHARS.issuperset(tok) and not _DIGITS.issuperset(tok):
-        if any(c in _DIGITS for c in tok):
-            return "hex"
-        return None
+    if n >= 8 and _HEXCHARS.issuperset(tok):  # not all digits (returned above): hex if it has any digit
+        return None if tok.isalpha() else "hex"
     if n >= 22 and _is_b64(tok):
         return "b64"
     if n >= 10 and _is_random(tok):

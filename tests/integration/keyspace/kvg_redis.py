@@ -6,11 +6,14 @@ use them are in this folder's conftest.py.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import random
 import subprocess
+import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -116,23 +119,48 @@ def touch_hot(r: redis.Redis) -> None:
     p.execute()
 
 
+@contextlib.contextmanager
+def keep_hot(r: redis.Redis) -> Iterator[None]:
+    """Read the config keys every 0.2 s while the block runs, so they stay hot however slow the machine is."""
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.is_set():
+            touch_hot(r)
+            stop.wait(0.2)
+
+    touch_hot(r)
+    t = threading.Thread(target=loop, daemon=True)
+    t.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        t.join(5)
+
+
 def cluster_nodes(tmp: Path, n: int = 3) -> list[RedisProc]:
     """``n`` cluster-enabled servers joined into one cluster of ``n`` masters by redis-cli --cluster create."""
     cli = require_binary("redis-cli")
-    nodes = []
-    for i in range(n):
-        bus = free_port()
-        nodes.append(RedisProc(tmp / f"node{i}", "--cluster-enabled", "yes", "--cluster-config-file",
-                               str(tmp / f"node{i}" / "nodes.conf"), "--cluster-port", str(bus),
-                               "--cluster-node-timeout", "5000"))
-    addrs = [f"127.0.0.1:{node.port}" for node in nodes]
-    out = subprocess.run([cli, "--cluster", "create", *addrs, "--cluster-replicas", "0", "--cluster-yes"],
-                         capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stdout + out.stderr
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        states = [str(node.client().cluster("INFO").get("cluster_state")) for node in nodes]
-        if all(s in ("ok", "b'ok'") for s in states):
-            return nodes
-        time.sleep(0.2)
-    raise RuntimeError("cluster did not reach cluster_state:ok")
+    nodes: list[RedisProc] = []
+    try:
+        for i in range(n):
+            bus = free_port()
+            nodes.append(RedisProc(tmp / f"node{i}", "--cluster-enabled", "yes", "--cluster-config-file",
+                                   str(tmp / f"node{i}" / "nodes.conf"), "--cluster-port", str(bus),
+                                   "--cluster-node-timeout", "5000"))
+        addrs = [f"127.0.0.1:{node.port}" for node in nodes]
+        out = subprocess.run([cli, "--cluster", "create", *addrs, "--cluster-replicas", "0", "--cluster-yes"],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stdout + out.stderr
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            states = [str(node.client().cluster("INFO").get("cluster_state")) for node in nodes]
+            if all(s in ("ok", "b'ok'") for s in states):
+                return nodes
+            time.sleep(0.2)
+        raise RuntimeError("cluster did not reach cluster_state:ok")
+    except BaseException:
+        for node in nodes:  # never leave servers behind
+            node.stop()
+        raise

@@ -7,7 +7,7 @@ import subprocess
 import time
 
 import pytest
-from kvg_redis import CONFIG_NAMES, SEED, require_binary, touch_hot
+from kvg_redis import CONFIG_NAMES, SEED, keep_hot, require_binary
 
 from kvguardian.keyspace.sweep import SweepOptions, sweep
 from kvguardian.keyspace.verdicts import scan_findings
@@ -21,8 +21,8 @@ def _by_pattern(result):
 
 @pytest.mark.parametrize("mode", ["lua", "pipeline"])
 def test_sweep_finds_every_seeded_pattern_with_exact_counts(seeded, mode):
-    touch_hot(seeded.client())
-    result = sweep(seeded.url, SweepOptions(mode=mode, cold_after=2, batch=150))
+    with keep_hot(seeded.client()):
+        result = sweep(seeded.url, SweepOptions(mode=mode, cold_after=2, batch=150))
     assert result.complete and result.incomplete_reason is None
     assert result.mode == mode
     pats = _by_pattern(result)
@@ -48,6 +48,17 @@ def test_sweep_finds_every_seeded_pattern_with_exact_counts(seeded, mode):
     assert top == sorted(top, key=lambda t: -t["bytes"])
 
 
+def test_progress_reports_keys_against_dbsize(seeded):
+    seen = []
+    result = sweep(seeded.url, SweepOptions(batch=100), progress=lambda done, total: seen.append((done, total)))
+    assert [d for d, _ in seen] == sorted(d for d, _ in seen) and seen[-1] == (result.keys_scanned, result.dbsize)
+    from kvguardian.keyspace.render import progress_bar
+
+    with progress_bar(True) as update:  # the rich bar itself (rendered to stderr)
+        for done, total in seen:
+            update(done, total)
+
+
 def test_lua_and_pipeline_agree(seeded):
     a = sweep(seeded.url, SweepOptions(mode="lua", cold_after=3600))
     b = sweep(seeded.url, SweepOptions(mode="pipeline", cold_after=3600))
@@ -57,8 +68,8 @@ def test_lua_and_pipeline_agree(seeded):
 
 
 def test_verdicts_name_pattern_counts_bytes_example_and_fix(seeded):
-    touch_hot(seeded.client())
-    result = sweep(seeded.url, SweepOptions(cold_after=2))
+    with keep_hot(seeded.client()):
+        result = sweep(seeded.url, SweepOptions(cold_after=2))
     findings = scan_findings(result)
     by = {(f.id, f.evidence["pattern"]) for f in findings}
     assert ("KVG301", "user:{int}:profile") in by  # cold, no TTL
@@ -86,9 +97,9 @@ def test_sample_match_and_rate_limit(seeded):
 
 
 def test_cli_json_is_the_documented_schema_and_exit_code_follows_findings(seeded, kv_cli, tmp_path):
-    touch_hot(seeded.client())
     out = tmp_path / "scan.json"
-    rc, stdout, stderr = kv_cli("redis", "scan", seeded.url, "--json", "--cold-after", "2s", "-o", str(out))
+    with keep_hot(seeded.client()):
+        rc, stdout, stderr = kv_cli("redis", "scan", seeded.url, "--json", "--cold-after", "2s", "-o", str(out))
     assert rc == 1, stderr  # KVG301/302 are errors
     data = json.loads(stdout)
     assert json.loads(out.read_text()) == data

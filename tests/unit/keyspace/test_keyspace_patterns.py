@@ -86,3 +86,10 @@ def test_shape_cache_on_a_realistic_mix():
     assert [a.pattern_id_bytes(k.encode()) for k in keys] == [b.pattern_id(k) for k in keys]
     assert set(a.patterns().values()) == {OVERFLOW, "session:{uuid}", "user:{int}:profile", "tmp_{ts_ms}",
                                           "cache:{hex}", "role:bad", "role:fed", "role:cab", "role:dad"}
+
+
+def test_hash_tags_collapse_into_tag_placeholders():
+    m = PatternMiner(collapse_after=4)
+    assert _names(m, [f"{{shard{i}}}:queue" for i in range(3)]) == {"{shard0}:queue", "{shard1}:queue",
+                                                                    "{shard2}:queue"}
+    assert _names(m, [f"{{user{i}}}:queue" for i in range(10)]) == {"{tag}:queue"}
