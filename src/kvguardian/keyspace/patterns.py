@@ -138,6 +138,27 @@ class PatternMiner:
             self._cache[mask] = (pid, _checks(toks, labels))
         return pid
 
+    def pattern_ids_bytes(self, raws: list[bytes]) -> list[int]:
+        """`pattern_id_bytes` for a batch: the cache-hit path inlined (a sweep calls this once per batch)."""
+        cache_get = self._cache.get
+        mask_table = _MASK
+        out: list[int] = []
+        append = out.append
+        for raw in raws:
+            entry = cache_get(raw.translate(mask_table))
+            if entry is not None:
+                for s, e, want in entry[1]:
+                    if want.__class__ is bytes:
+                        if raw[s:e] != want:
+                            break
+                    elif not _same_class(raw[s:e].decode("ascii"), str(want)):
+                        break
+                else:
+                    append(entry[0])
+                    continue
+            append(self.pattern_id_bytes(raw))
+        return out
+
     def _mine(self, name: str) -> tuple[int, list[str], list[str], bool]:
         node = self._root
         labels: list[str] = []

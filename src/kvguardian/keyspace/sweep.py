@@ -75,8 +75,7 @@ def parse_duration(text: str) -> float:
 
 def mine_and_count(miner: PatternMiner, stats: PatternStats, keys: list[bytes], probe: np.ndarray) -> None:
     """Mine one batch's key names and add the probe to the per-pattern statistics."""
-    pid_of = miner.pattern_id_bytes
-    pids = np.fromiter((pid_of(k) for k in keys), dtype=np.int64, count=len(keys))
+    pids = np.array(miner.pattern_ids_bytes(keys), dtype=np.int64)
     stats.ensure(miner.size)
     stats.add_batch(pids, keys, probe)
 

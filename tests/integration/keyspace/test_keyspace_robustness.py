@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from kvg_redis import free_port, seed
 
-from kvguardian.keyspace.probe import Lane
+from kvguardian.keyspace.probe import LUA_PROBE, Lane
 from kvguardian.keyspace.stats import PatternStats
 from kvguardian.keyspace.sweep import SweepOptions, sweep
 
@@ -24,7 +24,7 @@ def test_keys_that_vanish_between_scan_and_probe_are_counted_not_crashed(redis_p
     r = redis_proc.client()
     r.set("gone:1", "x")
     lane = Lane(r, "test", mode="lua", sub="IDLETIME", batch=10, match=None)
-    r.execute_command("EVAL_RO", __import__("kvguardian.keyspace.probe", fromlist=["x"]).LUA_PROBE, 0, "IDLETIME")
+    r.execute_command("EVAL_RO", LUA_PROBE, 0, "IDLETIME")  # load the script, as choose_mode does
     lane.send([b"gone:1", b"never:existed"], scan=False)
     keys, probe, _ = lane.receive()
     lane.close()

@@ -82,8 +82,11 @@ def test_shape_cache_on_a_realistic_mix():
     for i in range(5000):
         keys += [f"session:{uuid.UUID(int=rnd.getrandbits(128))}", f"user:{i}:profile", f"tmp_{1_712_000_000_000 + i}",
                  f"cache:{rnd.getrandbits(128):032x}", f"role:{rnd.choice(['bad', 'fed', 'cab', 'dad'])}"]
-    a, b = PatternMiner(), PatternMiner()
-    assert [a.pattern_id_bytes(k.encode()) for k in keys] == [b.pattern_id(k) for k in keys]
+    a, b, c = PatternMiner(), PatternMiner(), PatternMiner()
+    full = [b.pattern_id(k) for k in keys]
+    assert [a.pattern_id_bytes(k.encode()) for k in keys] == full
+    raws = [k.encode() for k in keys]
+    assert [pid for i in range(0, len(raws), 200) for pid in c.pattern_ids_bytes(raws[i:i + 200])] == full
     assert set(a.patterns().values()) == {OVERFLOW, "session:{uuid}", "user:{int}:profile", "tmp_{ts_ms}",
                                           "cache:{hex}", "role:bad", "role:fed", "role:cab", "role:dad"}
 
