@@ -73,6 +73,15 @@ def choose_mode(client: Any, version: tuple[int, ...], sub: str, wanted: str = "
         return "pipeline", why
 
 
+def _resp(args: tuple[Any, ...]) -> bytes:
+    """One command in the Redis protocol (one write per batch; cheaper per key than redis-py's packer)."""
+    out = [b"*%d\r\n" % len(args)]
+    for a in args:
+        b = a if a.__class__ is bytes else str(a).encode()
+        out.append(b"$%d\r\n%s\r\n" % (len(b), b))
+    return b"".join(out)
+
+
 def _permission_error(exc: Exception, where: str) -> UsageError:
     return UsageError(f"Redis at {where} refused a read-only probe command ({str(exc)[:200]}); the ACL user needs "
                       "+scan +type +pttl +memory|usage +object|idletime +object|freq (see README)",
@@ -116,7 +125,7 @@ class Lane:
                     cmds += [("TYPE", k), ("MEMORY", "USAGE", k), ("PTTL", k), ("OBJECT", self.sub, k)]
         if scan:
             cmds.append(tuple(self._scan_args()))
-        self._conn.send_packed_command(self._conn.pack_commands(cmds), check_health=False)
+        self._conn.send_packed_command([b"".join(_resp(c) for c in cmds)], check_health=False)
         self._sent = (keys, scan)
 
     def receive(self) -> tuple[list[bytes], np.ndarray | None, list[bytes]]:
@@ -155,9 +164,8 @@ class Lane:
         if "NOSCRIPT" in str(failed):
             reply = self.client.execute_command("EVAL_RO", LUA_PROBE, 0, self.sub, *keys)
             return np.asarray(reply, dtype=np.int64).reshape(-1, 4)
-        self._conn.send_packed_command(self._conn.pack_commands(
-            [c for k in keys for c in (("TYPE", k), ("MEMORY", "USAGE", k), ("PTTL", k), ("OBJECT", self.sub, k))]
-        ), check_health=False)
+        cmds = [c for k in keys for c in (("TYPE", k), ("MEMORY", "USAGE", k), ("PTTL", k), ("OBJECT", self.sub, k))]
+        self._conn.send_packed_command([b"".join(_resp(c) for c in cmds)], check_health=False)
         return self._read_pipeline(len(keys))
 
     def _read_pipeline(self, n: int) -> np.ndarray:
