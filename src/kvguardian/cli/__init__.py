@@ -25,6 +25,7 @@ COMMANDS: dict[str, str] = {
     "repro": "kvguardian.cli.repro",
     "exporter": "kvguardian.cli.exporter",
     "watch": "kvguardian.cli.watch",
+    "redis": "kvguardian.cli.redis",
 }
 
 

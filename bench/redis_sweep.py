@@ -1,0 +1,258 @@
+"""Benchmark: kv-guardian's Redis sweep against ``redis-cli --memkeys`` on the same data, in one run.
+
+    .venv/bin/python bench/redis_sweep.py                 # 1,000,000 keys (the issue's setting)
+    .venv/bin/python bench/redis_sweep.py --keys 100000   # a quicker look
+
+Starts its own redis-server on a free loopback port, loads ``--keys`` keys of eight patterns with a
+pipelined loader (``redis-cli --pipe``), then measures, on that one data set:
+
+1. ``redis-cli --memkeys`` (memory only: no TTL, no idle time, no patterns): keys/s;
+2. ``kv-guardian redis scan`` through the read-only Lua path and through the pipeline fallback: keys/s
+   (type, MEMORY USAGE, PTTL, OBJECT IDLETIME per key, plus pattern mining and per-pattern statistics);
+3. pattern mining alone on the same key names (keys/s; it must keep up with the sweep);
+4. the p99 latency of a concurrent ``redis-benchmark`` GET load: without a sweep (baseline), then during
+   sweeps with ``--batch`` 100, 200 (the default) and 1000.
+
+Writes ``bench/results/redis_sweep.json`` (ratios against the baselines of the same run) and prints it.
+Numbers depend on the machine: a shared 2-core VM runs redis-server, the sweep and redis-benchmark on
+the same two cores, which inflates latencies and lowers throughput.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def resp(*args: str | bytes) -> bytes:
+    out = [b"*%d\r\n" % len(args)]
+    for a in args:
+        b = a if isinstance(a, bytes) else str(a).encode()
+        out.append(b"$%d\r\n%s\r\n" % (len(b), b))
+    return b"".join(out)
+
+
+def load(port: int, n: int) -> dict[str, int]:
+    """Eight patterns, some leaking (no TTL, timestamps in names), some healthy; returns keys per pattern."""
+    rnd = random.Random(7)
+    counts: dict[str, int] = {}
+    chunks: list[bytes] = []
+
+    def add(pattern: str, cmd: bytes) -> None:
+        counts[pattern] = counts.get(pattern, 0) + 1
+        chunks.append(cmd)
+
+    for i in range(n):
+        r = i % 20
+        if r < 6:
+            add("session:{uuid}", resp("SET", f"session:{uuid.UUID(int=rnd.getrandbits(128))}", "s" * 48,
+                                       "EX", "86400"))
+        elif r < 10:
+            add("user:{int}:profile", resp("HSET", f"user:{i}:profile", "name", "n", "plan", "free"))
+        elif r < 13:
+            add("tmp_{ts_ns}", resp("SET", f"tmp_{1_712_345_678_000_000_000 + i * 1_000_003}", "t" * 24))
+        elif r < 15:
+            add("cache:{hex}", resp("SET", f"cache:{rnd.getrandbits(160):040x}", "c" * 96, "EX", "86400"))
+        elif r < 17:
+            add("events:{date}:{int}", resp("RPUSH", f"events:2024-03-{i % 28 + 1:02d}:{i}", "a", "b", "c"))
+        elif r < 18:
+            add("ip:{ip}:hits", resp("SET", f"ip:10.{i % 250}.{(i // 250) % 250}.{i % 199}:hits:{i}", "1"))
+        elif r < 19:
+            add("rate:{str}:{int}", resp("INCR", f"rate:{rnd.choice(['api', 'web', 'cli'])}:{i}"))
+        else:
+            add("job:{int}:{rand}", resp("SET", f"job:{i}:{''.join(rnd.choices('abcdefXYZ0123456789', k=14))}", "j"))
+    proc = subprocess.run(["redis-cli", "-p", str(port), "--pipe"], input=b"".join(chunks), capture_output=True)
+    if proc.returncode != 0 or b"errors: 0" not in proc.stdout:
+        raise SystemExit(f"loading failed: {proc.stdout[-300:]!r} {proc.stderr[-300:]!r}")
+    return counts
+
+
+def server_cpu(port: int) -> float:
+    """redis-server's CPU seconds so far (INFO cpu): what a sweep costs the server, whatever else runs."""
+    import redis
+
+    info = redis.Redis(port=port).info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+def client_cpu(children: bool = False) -> float:
+    import resource
+
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN if children else resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
+def _costs(port: int, keys: int, s0: float, c0: float, children: bool) -> dict[str, float]:
+    return {"server_cpu_us_per_key": round((server_cpu(port) - s0) / keys * 1e6, 2),
+            "client_cpu_us_per_key": round((client_cpu(children) - c0) / keys * 1e6, 2)}
+
+
+def memkeys(port: int) -> dict[str, Any]:
+    s0, c0 = server_cpu(port), client_cpu(children=True)
+    t0 = time.perf_counter()
+    proc = subprocess.run(["redis-cli", "-p", str(port), "--memkeys"], capture_output=True, text=True)
+    dt = time.perf_counter() - t0
+    scanned = 0
+    for line in proc.stdout.splitlines():
+        if line.startswith("Sampled ") and " keys in the keyspace" in line:
+            scanned = int(line.split()[1])
+    return {"seconds": round(dt, 3), "keys": scanned, "keys_per_s": round(scanned / dt),
+            **_costs(port, max(scanned, 1), s0, c0, children=True)}
+
+
+def kvg_sweep(url: str, mode: str, batch: int = 200, port: int = 0) -> dict[str, Any]:
+    from kvguardian.keyspace.sweep import SweepOptions, sweep
+
+    s0, c0 = (server_cpu(port), client_cpu()) if port else (0.0, 0.0)
+    t0 = time.perf_counter()
+    result = sweep(url, SweepOptions(mode=mode, batch=batch))
+    dt = time.perf_counter() - t0
+    out = {"mode": result.mode, "batch": batch, "seconds": round(dt, 3), "keys": result.keys_scanned,
+           "keys_per_s": round(result.keys_scanned / dt), "patterns": len(result.patterns),
+           "complete": result.complete, "pattern_names": [p["pattern"] for p in result.patterns]}
+    if port:
+        out.update(_costs(port, max(result.keys_scanned, 1), s0, c0, children=False))
+    return out
+
+
+def mining(port: int, limit: int) -> dict[str, Any]:
+    """Pattern mining alone (plus per-pattern statistics on a synthetic probe) over the server's key names."""
+    import numpy as np
+    import redis
+
+    from kvguardian.keyspace.patterns import PatternMiner
+    from kvguardian.keyspace.stats import PatternStats
+    from kvguardian.keyspace.sweep import mine_and_count
+
+    r = redis.Redis(port=port)
+    names = list(r.scan_iter(count=1000))[:limit]
+    stats = PatternStats(cold_after=86400)
+    miner = PatternMiner(on_merge=stats.merge)
+    probe = np.tile(np.array([[0, 100, -1, 50]], dtype=np.int64), (200, 1))
+    t0 = time.perf_counter()
+    for i in range(0, len(names), 200):
+        batch = names[i:i + 200]
+        mine_and_count(miner, stats, batch, probe[: len(batch)])
+    dt = time.perf_counter() - t0
+    return {"keys": len(names), "seconds": round(dt, 3), "keys_per_s": round(len(names) / dt),
+            "patterns": miner.live}
+
+
+def get_load(port: int, requests: int) -> dict[str, Any]:
+    """redis-benchmark GET with 4 clients; its own latency percentiles (ms)."""
+    proc = subprocess.run(["redis-benchmark", "-p", str(port), "-t", "get", "-n", str(requests), "-c", "4",
+                           "--csv"], capture_output=True, text=True)
+    header, row = None, None
+    for line in proc.stdout.splitlines():
+        cells = [c.strip('"') for c in line.split(",")]
+        if cells and cells[0] == "test":
+            header = cells
+        elif cells and cells[0] == "GET":
+            row = cells
+    if header is None or row is None:
+        raise SystemExit(f"redis-benchmark gave no CSV: {proc.stdout[-300:]} {proc.stderr[-300:]}")
+    data = dict(zip(header, row))
+    return {"requests": requests, "rps": float(data["rps"]), "p50_ms": float(data["p50_latency_ms"]),
+            "p99_ms": float(data["p99_latency_ms"]), "max_ms": float(data["max_latency_ms"])}
+
+
+def latency_during_sweep(port: int, url: str, batch: int, requests: int) -> dict[str, Any]:
+    """Start a GET load, sweep while it runs; report its p99 and how much of it overlapped the sweep."""
+    out: dict[str, Any] = {}
+    window: dict[str, float] = {}
+
+    def load_thread() -> None:
+        window["load_start"] = time.perf_counter()
+        out.update(get_load(port, requests))
+        window["load_end"] = time.perf_counter()
+
+    t = threading.Thread(target=load_thread)
+    t.start()
+    time.sleep(0.3)
+    window["sweep_start"] = time.perf_counter()
+    sweep = kvg_sweep(url, "auto", batch)
+    window["sweep_end"] = time.perf_counter()
+    t.join()
+    lo = max(window["load_start"], window["sweep_start"])
+    hi = min(window["load_end"], window["sweep_end"])
+    out["batch"] = batch
+    out["sweep_keys_per_s"] = sweep["keys_per_s"]
+    out["load_overlapping_sweep"] = round(max(0.0, hi - lo) / (window["load_end"] - window["load_start"]), 3)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--keys", type=int, default=1_000_000)
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "redis_sweep.json"))
+    args = ap.parse_args()
+    for binary in ("redis-server", "redis-cli", "redis-benchmark"):
+        if shutil.which(binary) is None:
+            raise SystemExit(f"{binary} is not installed; run ./scripts/setup.sh --services")
+    port = free_port()
+    workdir = tempfile.mkdtemp(prefix="kvg-bench-")
+    server = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                               "--appendonly", "no", "--dir", workdir], stdout=subprocess.DEVNULL)
+    url = f"redis://127.0.0.1:{port}/0"
+    try:
+        time.sleep(0.5)
+        t0 = time.perf_counter()
+        counts = load(port, args.keys)
+        load_s = time.perf_counter() - t0
+        results: dict[str, Any] = {
+            "keys": args.keys, "patterns_loaded": counts, "load_seconds": round(load_s, 2),
+            "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0],
+                        "redis": subprocess.run(["redis-server", "--version"], capture_output=True,
+                                                text=True).stdout.split()[2]},
+        }
+        results["redis_cli_memkeys"] = memkeys(port)
+        results["kvg_scan_lua"] = kvg_sweep(url, "lua", port=port)
+        results["kvg_scan_pipeline"] = kvg_sweep(url, "pipeline", port=port)
+        results["mining_only"] = mining(port, args.keys)
+        base = results["redis_cli_memkeys"]["keys_per_s"]
+        lua = results["kvg_scan_lua"]
+        results["ratios"] = {
+            "lua_vs_memkeys": round(results["kvg_scan_lua"]["keys_per_s"] / base, 2),
+            "pipeline_vs_memkeys": round(results["kvg_scan_pipeline"]["keys_per_s"] / base, 2),
+            "mining_vs_lua_scan": round(results["mining_only"]["keys_per_s"] / lua["keys_per_s"], 2),
+            "server_cpu_per_key_lua_vs_memkeys": round(results["kvg_scan_lua"]["server_cpu_us_per_key"]
+                                                       / results["redis_cli_memkeys"]["server_cpu_us_per_key"], 2),
+        }
+        results["load_average_1m"] = os.getloadavg()[0]  # other work on this machine during the run
+        requests = max(20_000, int(results["kvg_scan_lua"]["seconds"] * 8_000))
+        results["get_p99_baseline"] = get_load(port, requests)
+        results["get_p99_during_sweep"] = [latency_during_sweep(port, url, b, requests) for b in (100, 200, 1000)]
+        base_p99 = results["get_p99_baseline"]["p99_ms"]
+        for row in results["get_p99_during_sweep"]:
+            row["p99_vs_baseline"] = round(row["p99_ms"] / base_p99, 2) if base_p99 else None
+    finally:
+        server.terminate()
+        server.wait(10)
+        shutil.rmtree(workdir, ignore_errors=True)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
+    print(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()

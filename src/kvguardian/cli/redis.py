@@ -1,0 +1,207 @@
+"""``kv-guardian redis scan|diff|exporter``: the Redis key-space leak analyzer (the article's chapter 1).
+
+Works without torch: ``pip install 'kv-guardian[redis]'``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from kvguardian._errors import EXIT_ENVIRONMENT, EXIT_OK, UsageError
+from kvguardian.findings import Report, Severity
+
+NAME = "redis"
+HELP = "find key-space leaks in Redis: read-only sweeps, key patterns, no-TTL/cold/explosion verdicts, diffs"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="redis_command", metavar="SUBCOMMAND", parser_class=type(p))
+    sub.required = True
+    scan = sub.add_parser("scan", help="sweep a Redis (or Cluster) read-only and report per-pattern leaks",
+                          description="Sweep a Redis or Redis Cluster read-only (SCAN + one read-only Lua call per "
+                                      "batch) and report key patterns, TTL and idle-time distributions, and leaks.")
+    scan.add_argument("url", help="redis://[USER:PASSWORD@]HOST:PORT[/DB], rediss://…, or unix:///path.sock")
+    _sweep_arguments(scan)
+    scan.add_argument("--json", action="store_true", help="print the result as JSON (the schema redis diff reads)")
+    scan.add_argument("--output", "-o", metavar="FILE", help="also write the JSON result to FILE")
+    scan.add_argument("--prometheus", metavar="FILE", help="write the Prometheus exposition to FILE ('-': stdout)")
+    scan.add_argument("--compare", metavar="OLD.json", help="also report growth against an earlier scan")
+    scan.add_argument("--top", type=int, default=20, help="patterns shown in the table (default 20)")
+    scan.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    _verdict_arguments(scan)
+    scan.set_defaults(_redis=run_scan)
+
+    diff = sub.add_parser("diff", help="per-pattern growth between two scan JSON files (KVG303/KVG304)")
+    diff.add_argument("old", metavar="OLD.json")
+    diff.add_argument("new", metavar="NEW.json")
+    diff.add_argument("--json", action="store_true", help="print rows and findings as JSON")
+    diff.add_argument("--top", type=int, default=20, help="patterns shown in the table (default 20)")
+    _verdict_arguments(diff)
+    diff.set_defaults(_redis=run_diff)
+
+    exp = sub.add_parser("exporter", help="serve /metrics: O(1) INFO gauges per scrape + the last completed sweep",
+                         description="Serve Prometheus /metrics. Every scrape runs INFO keyspace/memory only; "
+                                     "sweeps run on their own schedule, never inside a scrape.")
+    exp.add_argument("url", help="redis://[USER:PASSWORD@]HOST:PORT[/DB], rediss://…, or unix:///path.sock")
+    exp.add_argument("--port", type=int, default=9464, help="port to serve /metrics on (default 9464)")
+    exp.add_argument("--addr", default="127.0.0.1", help="address to bind (default 127.0.0.1: loopback only)")
+    exp.add_argument("--interval", default="5m", help="pause between sweeps (default 5m)")
+    exp.add_argument("--top", type=int, default=50, help="patterns with their own label; the rest sum under {other}")
+    _sweep_arguments(exp)
+    exp.add_argument("--min-keys", type=int, default=10, help="keys a pattern needs for a finding (default 10)")
+    exp.set_defaults(_redis=run_exporter)
+
+
+def _sweep_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--batch", type=int, default=200, help="keys per SCAN COUNT and per probe call (default 200)")
+    p.add_argument("--max-keys-per-sec", type=float, default=None, help="rate limit for the whole sweep")
+    p.add_argument("--sample", type=int, default=None, metavar="N", help="stop after N keys (a quick look)")
+    p.add_argument("--match", default=None, metavar="GLOB", help="only keys matching this SCAN MATCH glob")
+    p.add_argument("--mode", choices=("auto", "lua", "pipeline"), default="auto",
+                   help="probe with one read-only Lua call per batch (lua), a pipeline, or pick (auto)")
+    p.add_argument("--cold-after", default="7d", help="idle time that makes a no-TTL key cold (default 7d)")
+    p.add_argument("--cold-freq", type=int, default=0, help="under an LFU policy: counter at or below = cold")
+    p.add_argument("--max-patterns", type=int, default=500, help="cap on patterns; the rest go to {other}")
+    p.add_argument("--collapse-after", type=int, default=20,
+                   help="distinct literals at one position before it becomes a placeholder (default 20)")
+    p.add_argument("--timeout", type=float, default=10.0, help="socket timeout in seconds (default 10)")
+    p.add_argument("--redact", action="store_true", help="replace key-name literals with stable hashes everywhere")
+
+
+def _verdict_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--min-keys", type=int, default=10, help="keys a pattern needs for a finding (default 10)")
+    p.add_argument("--fail-on", default="error", choices=("error", "warning", "info", "never"),
+                   help="exit 1 when a finding reaches this severity (default error)")
+
+
+def run(args: argparse.Namespace) -> int:
+    return int(args._redis(args))
+
+
+def _options(args: argparse.Namespace) -> Any:
+    from kvguardian.keyspace.sweep import SweepOptions, parse_duration
+
+    opts = SweepOptions(batch=args.batch, max_keys_per_sec=args.max_keys_per_sec, sample=args.sample,
+                        mode=args.mode, cold_after=parse_duration(args.cold_after), cold_freq=args.cold_freq,
+                        max_patterns=args.max_patterns, collapse_after=args.collapse_after, match=args.match,
+                        timeout=args.timeout)
+    opts.check()
+    return opts
+
+
+def _finalize(args: argparse.Namespace) -> Any:
+    from kvguardian.keyspace.redact import redact_result
+    from kvguardian.keyspace.verdicts import Thresholds, scan_findings
+
+    def finalize(result: Any) -> Any:
+        if args.redact:
+            result = redact_result(result)
+        result.findings = scan_findings(result, Thresholds(min_keys=args.min_keys))
+        return result
+
+    return finalize
+
+
+def _exit_code(report: Report, fail_on: str) -> int:
+    return EXIT_OK if fail_on == "never" else report.exit_code(Severity.parse(fail_on))
+
+
+def run_scan(args: argparse.Namespace) -> int:
+    from kvguardian.keyspace.render import print_diff, print_scan, progress_bar
+    from kvguardian.keyspace.result import load_result
+    from kvguardian.keyspace.sweep import sweep
+    from kvguardian.keyspace.verdicts import Thresholds, diff
+
+    opts = _options(args)
+    old = load_result(args.compare) if args.compare else None  # a bad file fails before the sweep
+    stop = threading.Event()
+    show_progress = not args.no_progress and sys.stderr.isatty()
+    with progress_bar(show_progress) as progress:
+        result = sweep(args.url, opts, progress=progress, stop=stop)
+    result = _finalize(args)(result)
+    diff_out = None
+    if old is not None:
+        rows, growth, warnings = diff(old, result, Thresholds(min_keys=args.min_keys))
+        result.findings.extend(growth)
+        diff_out = (rows, growth, warnings)
+    if args.output:
+        _write(args.output, result.to_json() + "\n")
+    if args.prometheus:
+        from kvguardian.keyspace.metrics import exposition
+
+        _write(args.prometheus, exposition(result))
+    if args.json:
+        sys.stdout.write(result.to_json() + "\n")
+    elif args.prometheus != "-":
+        print_scan(result, top=args.top)
+        if diff_out is not None:
+            print_diff(diff_out[0], Report(findings=diff_out[1]), diff_out[2], top=args.top)
+    if result.incomplete_reason == "interrupted":
+        sys.stderr.write("kv-guardian redis scan: interrupted; the result above is partial (complete: false)\n")
+        return 130
+    if result.incomplete_reason and result.incomplete_reason.startswith("connection lost"):
+        sys.stderr.write(f"kv-guardian redis scan: error: {result.incomplete_reason}; the result above is partial "
+                         "(complete: false)\n")
+        return EXIT_ENVIRONMENT
+    return _exit_code(result.report(), args.fail_on)
+
+
+def run_diff(args: argparse.Namespace) -> int:
+    import json
+
+    from kvguardian.keyspace.render import print_diff
+    from kvguardian.keyspace.result import load_result
+    from kvguardian.keyspace.verdicts import Thresholds, diff
+
+    old, new = load_result(args.old), load_result(args.new)
+    rows, findings, warnings = diff(old, new, Thresholds(min_keys=args.min_keys))
+    report = Report(findings=findings, summary={"old": args.old, "new": args.new})
+    if args.json:
+        payload = {"rows": rows, "warnings": warnings, **report.to_dict()}
+        sys.stdout.write(json.dumps(payload, indent=2, ensure_ascii=False) + "\n")
+    else:
+        print_diff(rows, report, warnings, top=args.top)
+    return _exit_code(report, args.fail_on)
+
+
+def run_exporter(args: argparse.Namespace) -> int:
+    from kvguardian.keyspace.exporter import Exporter
+    from kvguardian.keyspace.sweep import parse_duration
+
+    opts = _options(args)
+    interval = parse_duration(args.interval)
+    exporter = Exporter(args.url, opts, interval=interval, top=args.top, redact=args.redact,
+                        finalize=_finalize(args))
+    try:
+        host, port = exporter.serve(args.port, args.addr)
+    except OSError as exc:
+        raise UsageError(f"cannot serve on {args.addr}:{args.port}: {exc.strerror or exc}; pick another --port",
+                         exit_code=EXIT_ENVIRONMENT) from None
+    exporter.start()
+    sys.stderr.write(f"kv-guardian redis exporter: serving http://{host}:{port}/metrics, sweeping every "
+                     f"{interval:g} s\n")
+    sys.stderr.flush()
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    try:
+        done.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        exporter.close()
+    return EXIT_OK
+
+
+def _write(path: str, text: str) -> None:
+    if path == "-":
+        sys.stdout.write(text)
+        return
+    try:
+        Path(path).write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"cannot write {path!r}: {exc.strerror or exc}") from None

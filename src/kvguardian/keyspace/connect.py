@@ -1,0 +1,220 @@
+"""Connecting to Redis: URLs (``redis://``, ``rediss://``, ``unix://``, ACL user and password), the server's
+facts (version, role, ``maxmemory-policy``, uptime), and the masters to sweep (every master of a Cluster).
+
+Errors a user can fix (bad URL, refused connection, wrong password, missing ACL permission) become one
+`UsageError` line naming the target (never its password) and the fix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from kvguardian._errors import EXIT_ENVIRONMENT, UsageError, require
+
+__all__ = ["Node", "Topology", "connect", "discover", "display_url", "node_client"]
+
+SCHEMES = ("redis", "rediss", "unix")
+
+
+def display_url(url: str) -> str:
+    """The URL with any password replaced by ``***`` (what reports and errors show)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.netloc.rsplit("@", 1)[1]
+    return urlunsplit((parts.scheme, f"{user}:***@{host}", parts.path, parts.query, parts.fragment))
+
+
+def _check_url(url: str) -> None:
+    parts = urlsplit(url)
+    if parts.scheme not in SCHEMES:
+        raise UsageError(f"unsupported Redis URL {display_url(url)!r}: the scheme must be one of "
+                         f"{', '.join(s + '://' for s in SCHEMES)} (e.g. redis://127.0.0.1:6379/0)")
+    if parts.scheme == "unix" and not parts.path:
+        raise UsageError(f"Redis URL {display_url(url)!r} names no socket path; use unix:///path/to/redis.sock")
+    if parts.scheme != "unix" and not parts.hostname:
+        raise UsageError(f"Redis URL {display_url(url)!r} names no host; use redis://HOST:PORT/DB")
+
+
+def connect(url: str, *, timeout: float = 10.0) -> Any:
+    """A redis-py client (bytes replies, no retries, a socket timeout) for ``url``; checked with PING.
+
+    Raises:
+        UsageError: a bad URL, or a server that refuses us (exit code 3 for an unreachable server).
+        DependencyMissing: redis-py is not installed (``pip install 'kv-guardian[redis]'``).
+    """
+    _check_url(url)
+    redis: Any = require("redis", "redis")
+    try:
+        client = redis.Redis.from_url(
+            url, socket_timeout=timeout, socket_connect_timeout=timeout, decode_responses=False,
+            retry=redis.retry.Retry(redis.backoff.NoBackoff(), 0),
+            health_check_interval=0,
+        )
+    except ValueError as exc:
+        raise UsageError(f"bad Redis URL {display_url(url)!r}: {exc}") from None
+    ping(client, display_url(url))
+    return client
+
+
+def ping(client: Any, where: str) -> None:
+    """PING, with every failure turned into one line naming ``where`` and the fix."""
+    import redis
+
+    try:
+        client.ping()
+    except redis.AuthenticationError as exc:
+        raise UsageError(f"Redis at {where} refused the credentials ({exc}); fix the user/password in the URL "
+                         "(redis://USER:PASSWORD@HOST:PORT)", exit_code=EXIT_ENVIRONMENT) from None
+    except redis.exceptions.NoPermissionError as exc:
+        raise UsageError(f"Redis at {where}: the ACL user may not run PING ({exc}); grant +ping "
+                         "(see README: read-only ACL user)", exit_code=EXIT_ENVIRONMENT) from None
+    except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+        raise UsageError(f"cannot reach Redis at {where}: {exc}; is the server running and the URL right?",
+                         exit_code=EXIT_ENVIRONMENT) from None
+    except redis.ResponseError as exc:
+        raise UsageError(f"Redis at {where} answered PING with an error: {exc}",
+                         exit_code=EXIT_ENVIRONMENT) from None
+
+
+@dataclass
+class Node:
+    """One server to sweep: its address and its facts at the start of the sweep."""
+
+    addr: str  # host:port or the socket path
+    client: Any  # redis-py client for this node
+    dbsize: int = 0  # DBSIZE at the start (the progress bar's total)
+    uptime_s: int = 0
+    role: str = "master"
+    db: int = 0
+
+
+@dataclass
+class Topology:
+    """What the sweep talks to."""
+
+    url: str  # display form, no password
+    version: str = ""
+    cluster: bool = False
+    policy: str = "noeviction"  # maxmemory-policy
+    nodes: list[Node] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def idle_metric(self) -> str:
+        """``freq`` under an LFU policy (OBJECT IDLETIME fails there), else ``idletime``."""
+        return "freq" if "lfu" in self.policy else "idletime"
+
+    @property
+    def dbsize(self) -> int:
+        return sum(n.dbsize for n in self.nodes)
+
+    @property
+    def version_tuple(self) -> tuple[int, ...]:
+        try:
+            return tuple(int(p) for p in self.version.split(".")[:3])
+        except ValueError:
+            return (0,)
+
+
+def _info(client: Any, section: str, where: str) -> dict[str, Any]:
+    import redis
+
+    try:
+        return dict(client.info(section))
+    except redis.exceptions.NoPermissionError as exc:
+        raise UsageError(f"Redis at {where}: the ACL user may not run INFO ({exc}); grant +info",
+                         exit_code=EXIT_ENVIRONMENT) from None
+
+
+def node_client(seed: Any, host: str, port: int) -> Any:
+    """A client for another node with the seed's credentials, TLS settings and timeouts."""
+    import redis
+
+    kwargs = dict(seed.connection_pool.connection_kwargs)
+    kwargs.pop("path", None)
+    kwargs.update(host=host, port=port, db=0)
+    cls = seed.connection_pool.connection_class
+    if cls is redis.UnixDomainSocketConnection:
+        cls = redis.Connection
+    return redis.Redis(connection_pool=redis.ConnectionPool(connection_class=cls, **kwargs))
+
+
+def _raw(client: Any, *args: Any) -> Any:
+    """One command without redis-py's reply callbacks (they turn CLUSTER NODES into a dict)."""
+    conn = client.connection_pool.get_connection()
+    try:
+        conn.send_command(*args)
+        return conn.read_response()
+    finally:
+        client.connection_pool.release(conn)
+
+
+def _cluster_masters(seed: Any, where: str) -> list[tuple[str, int]]:
+    """Masters that serve slots, from CLUSTER NODES."""
+    import redis
+
+    try:
+        text = _raw(seed, "CLUSTER", "NODES")
+    except redis.exceptions.NoPermissionError as exc:
+        raise UsageError(f"Redis Cluster at {where}: the ACL user may not run CLUSTER NODES ({exc}); grant "
+                         "+cluster|nodes", exit_code=EXIT_ENVIRONMENT) from None
+    if isinstance(text, bytes):
+        text = text.decode()
+    seed_host = seed.connection_pool.connection_kwargs.get("host", "127.0.0.1")
+    out = []
+    for line in str(text).splitlines():
+        parts = line.split()
+        if len(parts) < 8:
+            continue
+        flags = parts[2].split(",")
+        if "master" not in flags or "fail" in flags or "noaddr" in flags or len(parts) < 9:
+            continue  # a master without slots has no keys
+        addr = parts[1].split("@")[0].split(",")[0]
+        host, _, port = addr.rpartition(":")
+        out.append((host or seed_host, int(port)))
+    return sorted(out)
+
+
+def discover(seed: Any, url: str) -> Topology:
+    """Facts of the server behind ``seed`` and the nodes to sweep (all masters of a Cluster)."""
+    where = display_url(url)
+    topo = Topology(url=where)
+    server = _info(seed, "server", where)
+    memory = _info(seed, "memory", where)
+    topo.version = str(server.get("redis_version", ""))
+    topo.policy = str(memory.get("maxmemory_policy", "noeviction"))
+    cluster = _info(seed, "cluster", where)
+    topo.cluster = bool(int(cluster.get("cluster_enabled", 0) or 0))
+    if topo.cluster:
+        for host, port in _cluster_masters(seed, where):
+            topo.nodes.append(Node(addr=f"{host}:{port}", client=node_client(seed, host, port)))
+        if not topo.nodes:
+            raise UsageError(f"Redis Cluster at {where} reports no master serving slots; is the cluster created?",
+                             exit_code=EXIT_ENVIRONMENT)
+    else:
+        kw = seed.connection_pool.connection_kwargs
+        addr = kw.get("path") or f"{kw.get('host')}:{kw.get('port')}"
+        topo.nodes.append(Node(addr=str(addr), client=seed, db=int(kw.get("db", 0) or 0)))
+    for node in topo.nodes:
+        node_where = node.addr if topo.cluster else where
+        if node.client is not seed:
+            ping(node.client, node_where)
+        info = _info(node.client, "server", node_where) if node.client is not seed else server
+        node.uptime_s = int(info.get("uptime_in_seconds", 0) or 0)
+        repl = _info(node.client, "replication", node_where)
+        node.role = str(repl.get("role", "master"))
+        node.dbsize = int(node.client.dbsize())
+    if any(n.role != "master" for n in topo.nodes):
+        topo.warnings.append("the server is a replica: idle times there count from the last replicated write, "
+                             "not the last read, so the cold-key verdict (KVG301) is off; sweep the master")
+    if not topo.cluster:
+        keyspace = _info(seed, "keyspace", where)
+        others = [k for k in keyspace if k != f"db{topo.nodes[0].db}"]
+        if others:
+            topo.warnings.append(f"other databases hold keys too ({', '.join(sorted(others))}); this sweep reads "
+                                 f"db{topo.nodes[0].db} only (pick one with redis://HOST:PORT/N)")
+    return topo

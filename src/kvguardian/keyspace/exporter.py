@@ -1,0 +1,119 @@
+"""``kv-guardian redis exporter``: /metrics with O(1) gauges on every scrape and the last completed sweep.
+
+A scrape runs ``INFO keyspace`` and ``INFO memory`` only (constant time at any key count) and reads the
+last *completed* sweep from memory. Sweeps run on their own thread and schedule (``interval`` seconds
+between the end of one and the start of the next), never inside a scrape — the failure mode of exporters
+that scan keys in the scrape and never finish at 10M keys. An incomplete sweep (server lost) does not
+replace the last completed one; its error is exported as a counter and logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from kvguardian.keyspace.connect import connect, display_url
+from kvguardian.keyspace.metrics import info_families, sweep_families
+from kvguardian.keyspace.result import ScanResult
+from kvguardian.keyspace.sweep import SweepOptions, sweep
+
+__all__ = ["Exporter"]
+
+log = logging.getLogger("kvguardian.redis.exporter")
+
+
+class Exporter:
+    """Owns the sweep thread, the last completed sweep, and the collector; `serve` adds the HTTP server."""
+
+    def __init__(self, url: str, options: SweepOptions | None = None, *, interval: float = 300.0, top: int = 50,
+                 redact: bool = False, finalize: Any = None) -> None:
+        self.url = url
+        self.options = options or SweepOptions()
+        self.interval = interval
+        self.top = top
+        self.redact = redact
+        self.finalize = finalize  # callable(ScanResult) -> ScanResult: verdicts and redaction
+        self.last: ScanResult | None = None  # replaced whole, never mutated: scrapes read it without a lock
+        self.sweeps_total = 0
+        self.sweep_errors_total = 0
+        self.sweeping = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._info_client = connect(url, timeout=min(self.options.timeout, 5.0))
+        self._server: Any = None
+
+    # -- sweeps -------------------------------------------------------------------------------------------
+    def sweep_once(self) -> ScanResult:
+        self.sweeping = True
+        try:
+            result = sweep(self.url, self.options, stop=self._stop)
+        finally:
+            self.sweeping = False
+        if self.finalize is not None:
+            result = self.finalize(result)
+        self.sweeps_total += 1
+        if result.complete or result.incomplete_reason == "sample":
+            self.last = result
+        else:
+            self.sweep_errors_total += 1
+            log.warning("sweep of %s incomplete: %s", display_url(self.url), result.incomplete_reason)
+        return result
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.sweep_once()
+            except Exception as exc:  # a sweep must not kill the exporter; the next one may work
+                self.sweep_errors_total += 1
+                log.warning("sweep of %s failed: %s", display_url(self.url), exc)
+            self._stop.wait(self.interval)
+
+    def start(self) -> None:
+        """Start the sweep thread (the first sweep begins at once)."""
+        self._thread = threading.Thread(target=self._loop, name="kvg-redis-sweep", daemon=True)
+        self._thread.start()
+
+    # -- scrapes ------------------------------------------------------------------------------------------
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        t0 = time.perf_counter()
+        info: dict[str, Any] = {}
+        up = True
+        try:
+            info.update(self._info_client.info("keyspace"))
+            info.update(self._info_client.info("memory"))
+        except Exception as exc:  # the server is down: say so in the metrics, do not fail the scrape
+            up = False
+            log.debug("INFO failed: %s", exc)
+        yield from info_families(info, up, time.perf_counter() - t0)
+        yield from sweep_families(self.last, top=self.top)
+        yield CounterMetricFamily("kvguardian_redis_sweeps", "sweeps finished (complete or not)",
+                                  value=float(self.sweeps_total))
+        yield CounterMetricFamily("kvguardian_redis_sweep_errors", "sweeps that failed or came back incomplete",
+                                  value=float(self.sweep_errors_total))
+        yield GaugeMetricFamily("kvguardian_redis_sweep_running", "1 while a sweep is running",
+                                value=float(self.sweeping))
+
+    def serve(self, port: int, addr: str = "127.0.0.1") -> tuple[str, int]:
+        """Serve /metrics on ``addr:port`` (127.0.0.1 unless told otherwise); returns the bound address."""
+        from prometheus_client import CollectorRegistry, start_http_server
+
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(self)  # type: ignore[arg-type]
+        server, _thread = start_http_server(port, addr=addr, registry=registry)
+        self._server = server
+        host, bound = server.server_address[:2]
+        return str(host), int(bound)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=self.options.timeout + 5)
+        self._info_client.close()

@@ -1,0 +1,126 @@
+"""Prometheus metrics: per-pattern gauges of a completed sweep (bounded labels) and the O(1) server gauges.
+
+Label cardinality is bounded: the ``top`` patterns by bytes keep their own ``pattern`` label, the rest are
+summed under ``{other}``. Names follow the project's rules: ``kvguardian_`` prefix, base units.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from kvguardian.keyspace.patterns import OVERFLOW
+from kvguardian.keyspace.result import ScanResult
+
+__all__ = ["ScanCollector", "exposition", "info_families", "sweep_families"]
+
+_PATTERN_GAUGES = (
+    ("keys", "kvguardian_redis_pattern_keys", "keys of the pattern at the last completed sweep"),
+    ("bytes", "kvguardian_redis_pattern_bytes", "MEMORY USAGE of the pattern's keys at the last completed sweep"),
+    ("no_ttl_keys", "kvguardian_redis_pattern_no_ttl_keys", "keys of the pattern without a TTL"),
+    ("no_ttl_bytes", "kvguardian_redis_pattern_no_ttl_bytes", "bytes of the pattern's keys without a TTL"),
+    ("cold_keys", "kvguardian_redis_pattern_cold_keys", "no-TTL keys of the pattern idle past the cold threshold"),
+    ("cold_bytes", "kvguardian_redis_pattern_cold_bytes", "bytes of the pattern's cold no-TTL keys"),
+)
+
+
+def _bounded(result: ScanResult, top: int) -> list[dict[str, Any]]:
+    """The ``top`` patterns by bytes, plus one ``{other}`` row summing the rest (and the overflow)."""
+    keep = [p for p in result.patterns if not p.get("overflow")][:top]
+    rest = [p for p in result.patterns if p not in keep]
+    if rest:
+        other: dict[str, Any] = {k: sum(int(p[k]) for p in rest) for k, _, _ in _PATTERN_GAUGES}
+        other["pattern"] = OVERFLOW
+        other["idle_s"] = {"p50": None, "p90": None,
+                           "max": max((p.get("idle_s", {}).get("max") or 0 for p in rest), default=None)}
+        keep = [*keep, other]
+    return keep
+
+
+def sweep_families(result: ScanResult | None, *, top: int = 50, prefix_labels: dict[str, str] | None = None
+                   ) -> Iterator[Any]:
+    """Metric families of one sweep (nothing when there is none yet)."""
+    from prometheus_client.core import GaugeMetricFamily
+
+    if result is None:
+        return
+    for field, name, doc in _PATTERN_GAUGES:
+        g = GaugeMetricFamily(name, doc, labels=["pattern"])
+        for p in _bounded(result, top):
+            g.add_metric([p["pattern"]], float(p[field]))
+        yield g
+    if result.idle_metric == "idletime":
+        g = GaugeMetricFamily("kvguardian_redis_pattern_idle_seconds",
+                              "idle time of the pattern's keys at the last sweep (stat: p50, p90, max)",
+                              labels=["pattern", "stat"])
+        for p in _bounded(result, top):
+            for k in ("p50", "p90", "max"):
+                v = (p.get("idle_s") or {}).get(k)
+                if v is not None:
+                    g.add_metric([p["pattern"], k], float(v))
+        yield g
+    for name, doc, value in (
+        ("kvguardian_redis_sweep_duration_seconds", "how long the last completed sweep took", result.duration_s),
+        ("kvguardian_redis_sweep_timestamp_seconds", "Unix time the last completed sweep finished", result.finished),
+        ("kvguardian_redis_sweep_keys", "keys probed by the last completed sweep", result.keys_scanned),
+        ("kvguardian_redis_sweep_patterns", "patterns found by the last completed sweep", len(result.patterns)),
+        ("kvguardian_redis_sweep_complete", "1 if the last sweep covered the whole key space", int(result.complete)),
+    ):
+        yield GaugeMetricFamily(name, doc, value=float(value))
+    g = GaugeMetricFamily("kvguardian_redis_findings", "findings of the last completed sweep by id",
+                          labels=["id", "severity"])
+    counts: dict[tuple[str, str], int] = {}
+    for f in result.findings:
+        counts[(f.id, f.severity.value)] = counts.get((f.id, f.severity.value), 0) + 1
+    for (fid, sev), n in sorted(counts.items()):
+        g.add_metric([fid, sev], float(n))
+    yield g
+
+
+def info_families(info: dict[str, Any], up: bool, scrape_s: float) -> Iterator[Any]:
+    """The O(1) gauges from one ``INFO keyspace`` + ``INFO memory`` (merged into ``info``)."""
+    from prometheus_client.core import GaugeMetricFamily
+
+    yield GaugeMetricFamily("kvguardian_redis_up", "1 if the last scrape reached Redis", value=float(up))
+    yield GaugeMetricFamily("kvguardian_redis_scrape_duration_seconds", "time the INFO calls of this scrape took",
+                            value=scrape_s)
+    if not up:
+        return
+    keys = GaugeMetricFamily("kvguardian_redis_keys", "keys per database (INFO keyspace)", labels=["db"])
+    expires = GaugeMetricFamily("kvguardian_redis_keys_with_ttl", "keys with a TTL per database", labels=["db"])
+    nottl = GaugeMetricFamily("kvguardian_redis_keys_without_ttl", "keys without a TTL per database (keys - expires)",
+                              labels=["db"])
+    for db, v in sorted(info.items()):
+        if db.startswith("db") and isinstance(v, dict):
+            k, e = int(v.get("keys", 0)), int(v.get("expires", 0))
+            keys.add_metric([db], float(k))
+            expires.add_metric([db], float(e))
+            nottl.add_metric([db], float(k - e))
+    yield from (keys, expires, nottl)
+    for field, name, doc in (
+        ("used_memory", "kvguardian_redis_used_memory_bytes", "INFO memory used_memory"),
+        ("used_memory_dataset", "kvguardian_redis_used_memory_dataset_bytes", "INFO memory used_memory_dataset"),
+        ("maxmemory", "kvguardian_redis_maxmemory_bytes", "INFO memory maxmemory (0: no limit)"),
+    ):
+        if field in info:
+            yield GaugeMetricFamily(name, doc, value=float(info[field]))
+
+
+class ScanCollector:
+    """A prometheus_client collector over one fixed sweep result (``scan --prometheus``)."""
+
+    def __init__(self, result: ScanResult, *, top: int = 50) -> None:
+        self.result = result
+        self.top = top
+
+    def collect(self) -> Iterator[Any]:
+        yield from sweep_families(self.result, top=self.top)
+
+
+def exposition(result: ScanResult, *, top: int = 50) -> str:
+    """The Prometheus text exposition of one sweep."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ScanCollector(result, top=top))  # type: ignore[arg-type]
+    return generate_latest(registry).decode()

@@ -1,0 +1,326 @@
+"""Pattern mining: key names → a bounded set of patterns such as ``session:{uuid}`` or ``user:{int}:profile``.
+
+The miner is a trie over tokens (see `tokens`). Variable tokens (uuid, timestamps, …) go to a placeholder
+child at once. Literal tokens (words, integers, hash tags) stay literal until one trie node has seen more
+than ``collapse_after`` distinct literals of one class; then those children are merged into one placeholder
+child (``{str}``, ``{int}``, ``{tag}``) — subtrees and pattern ids included — and later tokens of that class
+go there directly. The number of patterns is capped: past ``max_patterns`` new keys go to the overflow
+pattern ``{other}``.
+
+Merging pattern ids is reported to the owner through ``on_merge(src, dst)`` so per-pattern statistics follow.
+The hot path (`pattern_id`) is a dictionary walk; `classify` runs only for tokens a node has not seen.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from kvguardian._errors import UsageError
+from kvguardian.keyspace.tokens import DELIMITERS, MAX_KEY_CHARS, classify, literal_class, tokenize_ex
+
+__all__ = ["OVERFLOW", "OVERFLOW_ID", "PatternMiner"]
+
+OVERFLOW = "{other}"
+OVERFLOW_ID = 0
+
+
+_MASK = bytes.maketrans(b"0123456789abcdefABCDEF", b"0" * 22)
+_CACHE_MAX = 50_000
+
+
+def _checks(toks: list[str], labels: list[str]) -> tuple[tuple[int, int, bytes | str], ...]:
+    """What a cached mask must verify: literal runs (bytes to compare) and, for every placeholder but
+    ``{uuid}``, the class the token must classify as (``"ts_ns"``; ``"~int"`` for a collapsed literal)."""
+    out: list[tuple[int, int, bytes | str]] = []
+    joined = "".join(toks).encode("ascii")
+    pos = 0
+    run_start = -1
+    for tok, label in zip(toks, labels):
+        end = pos + len(tok)
+        if tok == label:  # literal: extend the current literal run
+            if run_start < 0:
+                run_start = pos
+        else:
+            if run_start >= 0:
+                out.append((run_start, pos, joined[run_start:pos]))
+                run_start = -1
+            if label != "{uuid}":
+                cls = label[1:-1]
+                out.append((pos, end, "~" + cls if cls in ("int", "str", "tag") else cls))
+        pos = end
+    if run_start >= 0:
+        out.append((run_start, pos, joined[run_start:pos]))
+    return tuple(out)
+
+
+def _same_class(tok: str, want: str) -> bool:
+    cls = classify(tok)
+    if want[0] == "~":
+        return cls is None and literal_class(tok) == want[1:]
+    return cls == want
+
+
+def _is_literal(label: str) -> bool:
+    """A word/int/tag label (not a delimiter, not the cut marker)."""
+    return label not in DELIMITERS and label != "…"
+
+
+class _Node:
+    """One trie node. ``lit``: literal token → child; ``var``: placeholder → child."""
+
+    __slots__ = ("counts", "lit", "pid", "var", "wild")
+
+    def __init__(self) -> None:
+        self.lit: dict[str, _Node] = {}
+        self.var: dict[str, _Node] = {}
+        self.counts: dict[str, int] = {}  # literal class → distinct literal children of that class
+        self.wild: set[str] = set()  # literal classes collapsed into a placeholder at this node
+        self.pid = -1  # pattern id of keys that end here, -1 if none yet
+
+
+class PatternMiner:
+    """Assigns each key name a pattern id; ids are dense ints, `OVERFLOW_ID` is ``{other}``.
+
+    Args:
+        max_patterns: cap on live patterns (the overflow pattern not included).
+        collapse_after: distinct literals of one class at one position before they become a placeholder.
+        on_merge: called as ``on_merge(src_pid, dst_pid)`` when a collapse merges two patterns.
+    Raises:
+        UsageError: for a cap or threshold below 1.
+    """
+
+    def __init__(self, *, max_patterns: int = 500, collapse_after: int = 20,
+                 on_merge: Callable[[int, int], None] | None = None) -> None:
+        if max_patterns < 1 or collapse_after < 1:
+            raise UsageError(f"max_patterns ({max_patterns}) and collapse_after ({collapse_after}) must be ≥ 1")
+        self.max_patterns = max_patterns
+        self.collapse_after = collapse_after
+        self.on_merge = on_merge
+        self._root = _Node()
+        self._names: list[str] = [OVERFLOW]  # pid → pattern string ('' once merged away)
+        self._alive = 0
+        self._nodes = 1
+        self._max_nodes = 64 * max_patterns + 1024
+        self._classes: dict[str, str | None] = {}  # memo of classify for literal tokens (bounded)
+        self._cache: dict[bytes, tuple[int, tuple[tuple[int, int, bytes | str], ...]]] = {}
+
+    # -- hot path -----------------------------------------------------------------------------------------
+    def pattern_id(self, name: str) -> int:
+        """The pattern id of one key name (creates the pattern on first sight)."""
+        return self._mine(name)[0]
+
+    def pattern_id_bytes(self, raw: bytes) -> int:
+        """The pattern id of a key name as Redis returns it (bytes), through the shape cache.
+
+        Names with equal *masks* (every hex character → ``0``) split into the same tokens, so a cached
+        entry for the mask gives the pattern once its literal parts match (slice compares) and its
+        placeholder tokens classify the same (UUIDs need no check). Anything else takes the full path.
+        The cache is bounded and cleared on every merge.
+        """
+        mask = raw.translate(_MASK)
+        entry = self._cache.get(mask)
+        if entry is not None:
+            for s, e, want in entry[1]:
+                got = raw[s:e]
+                if want.__class__ is bytes:
+                    if got != want:
+                        break
+                elif not _same_class(got.decode("ascii"), str(want)):
+                    break
+            else:
+                return entry[0]
+        name = raw.decode("utf-8", "backslashreplace")
+        pid, toks, labels, content_dependent = self._mine(name)
+        if (pid != OVERFLOW_ID and not content_dependent and raw.isascii() and len(raw) <= MAX_KEY_CHARS
+                and len(labels) == len(toks) and toks[-1:] != ["…"]):
+            if len(self._cache) >= _CACHE_MAX:
+                self._cache.clear()
+            self._cache[mask] = (pid, _checks(toks, labels))
+        return pid
+
+    def pattern_ids_bytes(self, raws: list[bytes]) -> list[int]:
+        """`pattern_id_bytes` for a batch: the cache-hit path inlined (a sweep calls this once per batch)."""
+        cache_get = self._cache.get
+        mask_table = _MASK
+        out: list[int] = []
+        append = out.append
+        for raw in raws:
+            entry = cache_get(raw.translate(mask_table))
+            if entry is not None:
+                for s, e, want in entry[1]:
+                    if want.__class__ is bytes:
+                        if raw[s:e] != want:
+                            break
+                    elif not _same_class(raw[s:e].decode("ascii"), str(want)):
+                        break
+                else:
+                    append(entry[0])
+                    continue
+            append(self.pattern_id_bytes(raw))
+        return out
+
+    def _mine(self, name: str) -> tuple[int, list[str], list[str], bool]:
+        node = self._root
+        labels: list[str] = []
+        toks, content_dependent = tokenize_ex(name)
+        for tok in toks:
+            child = node.lit.get(tok)
+            if child is not None:
+                labels.append(tok)
+                node = child
+                continue
+            child, label = self._step(node, tok)
+            if child is None:
+                return OVERFLOW_ID, toks, labels, content_dependent
+            labels.append(label)
+            node = child
+        pid = node.pid
+        if pid < 0:
+            pid = self._new_pattern(node, labels)
+        return pid, toks, labels, content_dependent
+
+    def _step(self, node: _Node, tok: str) -> tuple[_Node | None, str]:
+        """Follow (or create) the child for a token the node has no literal child for."""
+        if not _is_literal(tok):
+            cls = None
+        else:
+            cls = self._classes.get(tok, "?")
+            if cls == "?":
+                cls = classify(tok)
+                if cls is None and len(self._classes) < 100_000:
+                    self._classes[tok] = None  # only literals repeat; variable tokens are unique
+        if cls is not None:
+            label = "{" + cls + "}"
+            child = node.var.get(label)
+            if child is None:
+                child = self._new_node(node.var, label)
+            return child, label
+        if not _is_literal(tok):
+            return self._new_node(node.lit, tok), tok
+        lcls = literal_class(tok)
+        if lcls in node.wild:
+            label = "{" + lcls + "}"
+            child = node.var.get(label)
+            if child is None:
+                child = self._new_node(node.var, label)
+            return child, label
+        n = node.counts.get(lcls, 0) + 1
+        node.counts[lcls] = n
+        if n > self.collapse_after:
+            self._collapse(node, lcls)
+            label = "{" + lcls + "}"
+            return node.var[label], label
+        return self._new_node(node.lit, tok), tok
+
+    def _new_node(self, table: dict[str, _Node], label: str) -> _Node | None:
+        if self._nodes >= self._max_nodes:
+            return None
+        self._nodes += 1
+        child = table[label] = _Node()
+        return child
+
+    def _new_pattern(self, node: _Node, path: list[str]) -> int:
+        if self._alive >= self.max_patterns:
+            return OVERFLOW_ID
+        node.pid = len(self._names)
+        self._names.append("".join(path))
+        self._alive += 1
+        return node.pid
+
+    # -- collapse -----------------------------------------------------------------------------------------
+    def _collapse(self, node: _Node, lcls: str) -> None:
+        """Merge every literal child of class ``lcls`` into the placeholder child ``{lcls}``; rename patterns."""
+        self._collapse_at(node, lcls)
+        self._rename(self._root, [])
+
+    def _collapse_at(self, node: _Node, lcls: str) -> None:
+        label = "{" + lcls + "}"
+        node.wild.add(lcls)
+        target = node.var.get(label)
+        if target is None:
+            target = node.var[label] = _Node()
+            self._nodes += 1
+        for tok in [t for t in node.lit if _is_literal(t) and literal_class(t) == lcls]:
+            self._merge(node.lit.pop(tok), target)
+
+    def _merge(self, src: _Node, dst: _Node) -> None:
+        """Merge the trie ``src`` into ``dst`` (children, collapsed classes, pattern ids); ``src`` is dropped."""
+        self._nodes -= 1
+        if src.pid >= 0:
+            if dst.pid < 0:
+                dst.pid = src.pid
+            else:
+                self._names[src.pid] = ""
+                self._alive -= 1
+                self._cache.clear()
+                if self.on_merge is not None:
+                    self.on_merge(src.pid, dst.pid)
+        dst.wild |= src.wild
+        for label, child in src.var.items():
+            self._attach(dst.var, label, child)
+        for label, child in src.lit.items():
+            if _is_literal(label) and literal_class(label) in dst.wild:
+                self._attach(dst.var, "{" + literal_class(label) + "}", child)
+            elif label in dst.lit:
+                self._merge(child, dst.lit[label])
+            else:
+                dst.lit[label] = child
+                if _is_literal(label):
+                    lc = literal_class(label)
+                    dst.counts[lc] = dst.counts.get(lc, 0) + 1
+        for lc, n in list(dst.counts.items()):  # the merged node may now exceed the threshold itself
+            if n > self.collapse_after and lc not in dst.wild:
+                self._collapse_at(dst, lc)
+
+    def _attach(self, table: dict[str, _Node], label: str, child: _Node) -> None:
+        if label in table:
+            self._merge(child, table[label])
+        else:
+            table[label] = child
+
+    def _rename(self, node: _Node, path: list[str]) -> None:
+        """Recompute pattern strings after a collapse changed the labels on some paths."""
+        if node.pid >= 0 and self._names[node.pid]:
+            self._names[node.pid] = "".join(path)
+        for table in (node.lit, node.var):
+            for label, child in table.items():
+                path.append(label)
+                self._rename(child, path)
+                path.pop()
+
+    # -- results ------------------------------------------------------------------------------------------
+    def name(self, pid: int) -> str:
+        """The pattern string of a live id (``''`` for an id merged away)."""
+        return self._names[pid]
+
+    def patterns(self) -> dict[int, str]:
+        """Live pattern ids → pattern strings (the overflow pattern included)."""
+        return {pid: n for pid, n in enumerate(self._names) if n}
+
+    @property
+    def size(self) -> int:
+        """Number of pattern ids handed out so far (dead ones included): arrays indexed by pid need this."""
+        return len(self._names)
+
+    @property
+    def live(self) -> int:
+        return self._alive
+
+    def check_invariants(self) -> None:
+        """Every live pid is reachable from exactly one trie leaf; node count matches the trie."""
+        seen: dict[int, int] = {}
+        count = 0
+        stack = [self._root]
+        while stack:
+            node = stack.pop()
+            count += 1
+            if node.pid >= 0:
+                seen[node.pid] = seen.get(node.pid, 0) + 1
+            stack.extend(node.lit.values())
+            stack.extend(node.var.values())
+        live = {pid for pid, n in enumerate(self._names) if n and pid != OVERFLOW_ID}
+        if set(seen) != live or any(v != 1 for v in seen.values()):
+            raise AssertionError(f"pattern trie corrupt: leaves {sorted(seen)} vs live ids {sorted(live)}")
+        if count != self._nodes or self._alive != len(live):
+            raise AssertionError(f"pattern trie counts corrupt: {count} nodes vs {self._nodes}, "
+                                 f"{len(live)} live vs {self._alive}")

@@ -1,0 +1,193 @@
+"""Reading per-key facts without side effects: one read-only Lua call per batch, or a pipeline.
+
+Per key the probe returns the type code, ``MEMORY USAGE``, ``PTTL`` and ``OBJECT IDLETIME`` (or ``OBJECT FREQ``
+under an LFU policy). None of these reset a key's idle time, and none writes. The Lua path runs as
+``EVALSHA_RO`` with ``#!lua flags=no-writes,allow-cross-slot-keys`` (Redis ≥ 7.0; the server itself refuses
+any write from it) and takes the key names as arguments, so it also works on every master of a Cluster.
+When scripting is not available (Redis < 7.0, an ACL without ``+evalsha_ro``/``+eval_ro``, scripting
+disabled) the same four commands go out as one pipeline per batch.
+
+A `Lane` talks to one server and keeps one request in flight: the probe of batch *i* and the ``SCAN`` for
+batch *i+1* leave in one write, so the server works while the caller mines the previous batch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import numpy as np
+
+from kvguardian._errors import EXIT_ENVIRONMENT, UsageError
+from kvguardian.keyspace.stats import TYPE_CODE
+
+__all__ = ["LUA_PROBE", "Lane", "choose_mode"]
+
+LUA_PROBE = """#!lua flags=no-writes,allow-cross-slot-keys
+-- kv-guardian key probe: read-only, keys come as ARGV[2..n]; ARGV[1] is IDLETIME or FREQ
+local call, pcall = redis.call, redis.pcall
+local codes = {string = 0, list = 1, set = 2, zset = 3, hash = 4, stream = 5, none = -1}
+local sub = ARGV[1]
+local out = {}
+local n = 0
+for i = 2, #ARGV do
+  local k = ARGV[i]
+  local code = codes[call('TYPE', k)['ok']] or 6
+  local m, p, idle = -1, -2, -1
+  if code >= 0 then
+    m = call('MEMORY', 'USAGE', k) or -1
+    p = call('PTTL', k)
+    idle = pcall('OBJECT', sub, k)
+    if type(idle) ~= 'number' then idle = -1 end
+  end
+  out[n + 1] = code
+  out[n + 2] = m
+  out[n + 3] = p
+  out[n + 4] = idle
+  n = n + 4
+end
+return out
+"""
+LUA_SHA = hashlib.sha1(LUA_PROBE.encode()).hexdigest()
+
+
+def choose_mode(client: Any, version: tuple[int, ...], sub: str, wanted: str = "auto") -> tuple[str, str]:
+    """``("lua" | "pipeline", why)``: Lua when the server and the ACL allow a read-only script."""
+    import redis
+
+    if wanted == "pipeline":
+        return "pipeline", "asked for with --mode pipeline"
+    if version and version < (7, 0):
+        why = f"Redis {'.'.join(map(str, version))} has no EVALSHA_RO or script flags (they need 7.0)"
+        if wanted == "lua":
+            raise UsageError(f"--mode lua: {why}; use --mode auto", exit_code=EXIT_ENVIRONMENT)
+        return "pipeline", why
+    try:
+        client.execute_command("EVAL_RO", LUA_PROBE, 0, sub)  # loads the script into the script cache
+        client.execute_command("EVALSHA_RO", LUA_SHA, 0, sub)
+        return "lua", "EVALSHA_RO with flags=no-writes"
+    except redis.ResponseError as exc:
+        why = f"scripting is not allowed here ({str(exc).splitlines()[0][:160]})"
+        if wanted == "lua":
+            raise UsageError(f"--mode lua: {why}; use --mode auto", exit_code=EXIT_ENVIRONMENT) from None
+        return "pipeline", why
+
+
+def _resp(args: tuple[Any, ...]) -> bytes:
+    """One command in the Redis protocol (one write per batch; cheaper per key than redis-py's packer)."""
+    out = [b"*%d\r\n" % len(args)]
+    for a in args:
+        b = a if a.__class__ is bytes else str(a).encode()
+        out.append(b"$%d\r\n%s\r\n" % (len(b), b))
+    return b"".join(out)
+
+
+def _permission_error(exc: Exception, where: str) -> UsageError:
+    return UsageError(f"Redis at {where} refused a read-only probe command ({str(exc)[:200]}); the ACL user needs "
+                      "+scan +type +pttl +memory|usage +object|idletime +object|freq (see README)",
+                      exit_code=EXIT_ENVIRONMENT)
+
+
+class Lane:
+    """One server's sweep: SCAN cursor, the batch in flight, the probe mode."""
+
+    def __init__(self, client: Any, where: str, *, mode: str, sub: str, batch: int, match: bytes | None) -> None:
+        self.client = client
+        self.where = where
+        self.mode = mode  # "lua" or "pipeline"
+        self.sub = sub  # "IDLETIME" or "FREQ"
+        self.batch = batch
+        self.match = match
+        self.cursor = 0  # the next SCAN cursor (0 after the last batch)
+        self._conn = client.connection_pool.get_connection()
+        self._sent: tuple[list[bytes], bool] | None = None  # (keys probed, scan sent) of the request in flight
+
+    def close(self, *, broken: bool = False) -> None:
+        """Give the connection back; drop it if replies are still unread or the sweep broke off."""
+        if broken or self._sent is not None:
+            self._conn.disconnect()
+        self.client.connection_pool.release(self._conn)
+
+    def _scan_args(self) -> list[Any]:
+        args: list[Any] = ["SCAN", self.cursor, "COUNT", self.batch]
+        if self.match is not None:
+            args += ["MATCH", self.match]
+        return args
+
+    def send(self, keys: list[bytes], *, scan: bool) -> None:
+        """Send the probe of ``keys`` and, if ``scan``, the next SCAN, in one write."""
+        cmds: list[tuple[Any, ...]] = []
+        if keys:
+            if self.mode == "lua":
+                cmds.append(("EVALSHA_RO", LUA_SHA, 0, self.sub, *keys))
+            else:
+                for k in keys:
+                    cmds += [("TYPE", k), ("MEMORY", "USAGE", k), ("PTTL", k), ("OBJECT", self.sub, k)]
+        if scan:
+            cmds.append(tuple(self._scan_args()))
+        self._conn.send_packed_command([b"".join(_resp(c) for c in cmds)], check_health=False)
+        self._sent = (keys, scan)
+
+    def receive(self) -> tuple[list[bytes], np.ndarray | None, list[bytes]]:
+        """Read what `send` asked for: (probed keys, probe [N, 4] or None, keys of the next SCAN batch)."""
+        import redis
+
+        assert self._sent is not None, "Lane.receive without send"
+        keys, scan = self._sent
+        self._sent = None
+        probe = None
+        failed: Exception | None = None
+        if keys:
+            if self.mode == "lua":
+                try:
+                    probe = np.asarray(self._conn.read_response(), dtype=np.int64).reshape(-1, 4)
+                except redis.exceptions.NoPermissionError as exc:
+                    raise _permission_error(exc, self.where) from None
+                except redis.ResponseError as exc:
+                    failed = exc  # read the SCAN reply first, then redo this batch
+            else:
+                probe = self._read_pipeline(len(keys))
+        next_keys: list[bytes] = []
+        if scan:
+            try:
+                cursor, next_keys = self._conn.read_response()
+            except redis.exceptions.NoPermissionError as exc:
+                raise _permission_error(exc, self.where) from None
+            self.cursor = int(cursor)
+        if failed is not None:
+            probe = self._redo(keys, failed)
+        return keys, probe, list(next_keys)
+
+    def _redo(self, keys: list[bytes], failed: Exception) -> np.ndarray:
+        """The script failed for this batch: reload it (NOSCRIPT after SCRIPT FLUSH or a restart), or probe
+        command by command (a key that moved to another Cluster node answers MOVED and counts as gone)."""
+        if "NOSCRIPT" in str(failed):
+            reply = self.client.execute_command("EVAL_RO", LUA_PROBE, 0, self.sub, *keys)
+            return np.asarray(reply, dtype=np.int64).reshape(-1, 4)
+        cmds = [c for k in keys for c in (("TYPE", k), ("MEMORY", "USAGE", k), ("PTTL", k), ("OBJECT", self.sub, k))]
+        self._conn.send_packed_command([b"".join(_resp(c) for c in cmds)], check_health=False)
+        return self._read_pipeline(len(keys))
+
+    def _read_pipeline(self, n: int) -> np.ndarray:
+        import redis
+
+        out = np.full((n, 4), -1, dtype=np.int64)
+        denied: Exception | None = None
+        for i in range(n):
+            for j in range(4):
+                try:
+                    v = self._conn.read_response()
+                except redis.exceptions.NoPermissionError as exc:
+                    denied = exc
+                    continue
+                except redis.ResponseError:
+                    continue  # e.g. OBJECT on a key that vanished, MOVED: stays -1
+                if j == 0:
+                    out[i, 0] = TYPE_CODE.get(v, 6) if v != b"none" else -1
+                elif v is not None:
+                    out[i, j] = int(v)
+                elif j == 2:
+                    out[i, 2] = -2
+        if denied is not None:
+            raise _permission_error(denied, self.where)
+        return out

@@ -1,0 +1,97 @@
+"""Terminal output of a sweep and of a diff (rich tables); a progress bar with keys/s and an ETA."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from kvguardian.findings import Report
+from kvguardian.keyspace.result import ScanResult
+from kvguardian.keyspace.verdicts import human_bytes, human_seconds
+from kvguardian.report.console import console, print_report, print_table
+
+__all__ = ["print_diff", "print_scan", "progress_bar"]
+
+
+def _ttl_text(ttl: dict[str, int]) -> str:
+    parts = [f"{k.replace('lt_', '<').replace('ge_', '≥')}:{v}" for k, v in ttl.items() if v]
+    return " ".join(parts) or "—"
+
+
+def print_scan(result: ScanResult, *, top: int = 20, out: Any = None) -> None:
+    con = out or console()
+    state = "complete" if result.complete else f"INCOMPLETE ({result.incomplete_reason})"
+    nodes = result.server.get("nodes") or []
+    con.print(
+        f"{result.target}: {result.keys_scanned} of {result.dbsize} keys on {len(nodes)} node(s) in "
+        f"{result.duration_s:.1f} s ({result.keys_per_s:,.0f} keys/s, {result.mode}), {human_bytes(result.bytes)}, "
+        f"{result.keys_vanished} vanished mid-scan — {state}", markup=False)
+    idle_key = "idle_s" if result.idle_metric == "idletime" else "lfu_freq"
+    rows = []
+    for p in result.patterns[:top]:
+        i = p.get(idle_key) or {}
+        idle = (f"{human_seconds(i.get('p50'))}/{human_seconds(i.get('p90'))}/{human_seconds(i.get('max'))}"
+                if idle_key == "idle_s" else f"{i.get('p50')}/{i.get('p90')}/{i.get('max')}")
+        rows.append([
+            p["pattern"], f"{p['keys']:,}", human_bytes(p["bytes"]),
+            f"{human_bytes(p['bytes_p50'])} / {human_bytes(p['bytes_max'])}",
+            f"{p['no_ttl_keys']:,} ({human_bytes(p['no_ttl_bytes'])})",
+            f"{p['cold_keys']:,} ({human_bytes(p['cold_bytes'])})", idle, _ttl_text(p["ttl"]),
+            " ".join(f"{k}:{v}" for k, v in p["types"].items()),
+        ])
+    print_table(
+        f"key patterns by memory (top {min(top, len(result.patterns))} of {len(result.patterns)})",
+        ["pattern", "keys", "bytes", "p50 / max", "no TTL", "cold", "idle p50/p90/max" if idle_key == "idle_s"
+         else "LFU p50/p90/max", "TTL", "types"],
+        rows, out=con)
+    for w in result.warnings:
+        con.print(f"warning: {w}", markup=False)
+    print_report(Report(findings=list(result.findings)), out=con)
+
+
+def print_diff(rows: list[dict[str, Any]], report: Report, warnings: list[str], *, top: int = 20,
+               out: Any = None) -> None:
+    con = out or console()
+    shown = sorted(rows, key=lambda r: -abs(r["bytes_delta"]))[:top]
+    print_table(
+        "key-space growth per pattern",
+        ["pattern", "keys old → new", "Δ keys", "keys/h", "bytes old → new", "bytes/h", "coll. bytes/key"],
+        [[r["pattern"] + (" (new)" if r["new_pattern"] else ""), f"{r['keys_old']:,} → {r['keys_new']:,}",
+          f"{r['keys_delta']:+,}", f"{r['keys_per_hour']:+,.0f}",
+          f"{human_bytes(r['bytes_old'])} → {human_bytes(r['bytes_new'])}", human_bytes(r["bytes_per_hour"]),
+          f"{human_bytes(r['collection_bytes_per_key_old'])} → {human_bytes(r['collection_bytes_per_key_new'])}"]
+         for r in shown], out=con)
+    for w in warnings:
+        con.print(f"warning: {w}", markup=False)
+    print_report(report, out=con)
+
+
+@contextmanager
+def progress_bar(enabled: bool) -> Iterator[Any]:
+    """A rich progress bar on stderr (keys, keys/s, ETA from DBSIZE); yields the sweep's progress callback."""
+    if not enabled:
+        yield None
+        return
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TaskProgressColumn,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    columns = (TextColumn("sweeping"), BarColumn(), MofNCompleteColumn(), TaskProgressColumn(),
+               TextColumn("{task.fields[rate]} keys/s"), TimeElapsedColumn(), TextColumn("ETA"),
+               TimeRemainingColumn())
+    with Progress(*columns, console=console(stderr=True), transient=True) as prog:
+        task = prog.add_task("sweep", total=None, rate="—")
+
+        def update(done: int, total: int) -> None:
+            speed = prog.tasks[0].speed
+            prog.update(task, completed=done, total=max(total, done) or None,
+                        rate=f"{speed:,.0f}" if speed else "—")
+
+        yield update

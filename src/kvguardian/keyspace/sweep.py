@@ -1,0 +1,203 @@
+"""The sweep: SCAN every master, probe each batch read-only, mine patterns, accumulate per-pattern stats.
+
+`sweep` never sends KEYS, a write, or a command that resets idle time (see `probe`). It keeps one request in
+flight per node, so nodes of a Cluster work in parallel and each server probes the next batch while this
+process mines the last one. It ends in one of four ways, always with a `ScanResult`:
+
+- every cursor came back to 0: ``complete`` is true;
+- ``sample`` keys were probed: incomplete, reason ``"sample"``;
+- Ctrl-C (``KeyboardInterrupt``) or ``stop`` was set: incomplete, reason ``"interrupted"``;
+- a server went away or timed out: incomplete, reason ``"connection lost: …"`` (no retry: a restarted
+  server has new idle times and a reshuffled key space, so continuing would mix two different states).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from kvguardian._errors import UsageError
+from kvguardian.keyspace.connect import Topology, connect, discover, display_url
+from kvguardian.keyspace.patterns import OVERFLOW, OVERFLOW_ID, PatternMiner
+from kvguardian.keyspace.probe import Lane, choose_mode
+from kvguardian.keyspace.result import ScanResult, key_text
+from kvguardian.keyspace.stats import PatternStats
+
+__all__ = ["SweepOptions", "mine_and_count", "parse_duration", "sweep"]
+
+Progress = Callable[[int, int], None]  # (keys probed so far, total expected)
+
+
+@dataclass
+class SweepOptions:
+    """How to sweep. Defaults keep a concurrent GET load's p99 near its baseline (see bench/redis_sweep.py)."""
+
+    batch: int = 200  # keys per SCAN COUNT and per probe call (100–300 keeps latency impact small)
+    max_keys_per_sec: float | None = None  # rate limit over the whole sweep
+    sample: int | None = None  # stop after this many keys (a quick look)
+    mode: str = "auto"  # "auto", "lua" or "pipeline"
+    cold_after: float = 7 * 86400.0  # seconds idle (LRU) that make a no-TTL key cold
+    cold_freq: int = 0  # under LFU: a no-TTL key whose counter decayed to this or below is cold
+    max_patterns: int = 500
+    collapse_after: int = 20
+    match: str | None = None  # SCAN MATCH glob
+    timeout: float = 10.0  # socket timeout: a dead server ends the sweep, never hangs it
+
+    def check(self) -> None:
+        if not 1 <= self.batch <= 10_000:
+            raise UsageError(f"--batch {self.batch} is out of range; use 1..10000 (100–300 is the safe default)")
+        if self.max_keys_per_sec is not None and self.max_keys_per_sec <= 0:
+            raise UsageError(f"--max-keys-per-sec {self.max_keys_per_sec} must be > 0")
+        if self.sample is not None and self.sample <= 0:
+            raise UsageError(f"--sample {self.sample} must be > 0")
+        if self.mode not in ("auto", "lua", "pipeline"):
+            raise UsageError(f"--mode {self.mode!r}: use auto, lua or pipeline")
+        if self.cold_after < 0 or self.timeout <= 0:
+            raise UsageError("--cold-after must be ≥ 0 and --timeout > 0")
+
+
+def parse_duration(text: str) -> float:
+    """``"90"``, ``"90s"``, ``"15m"``, ``"6h"``, ``"7d"`` → seconds; `UsageError` otherwise."""
+    t = text.strip().lower()
+    mult = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+    try:
+        if t and t[-1] in mult:
+            return float(t[:-1]) * mult[t[-1]]
+        return float(t)
+    except ValueError:
+        raise UsageError(f"bad duration {text!r}; use seconds or a unit: 90s, 15m, 6h, 7d") from None
+
+
+def mine_and_count(miner: PatternMiner, stats: PatternStats, keys: list[bytes], probe: np.ndarray) -> None:
+    """Mine one batch's key names and add the probe to the per-pattern statistics."""
+    pids = np.array(miner.pattern_ids_bytes(keys), dtype=np.int64)
+    stats.ensure(miner.size)
+    stats.add_batch(pids, keys, probe)
+
+
+def sweep(url: str, options: SweepOptions | None = None, *, progress: Progress | None = None,
+          stop: threading.Event | None = None, client: Any = None) -> ScanResult:
+    """Sweep the Redis (or Redis Cluster) at ``url``; see the module docstring for how it ends.
+
+    Raises:
+        UsageError: bad options or URL, a server that cannot be reached at the start, a missing ACL permission.
+    """
+    opts = options or SweepOptions()
+    opts.check()
+    seed = client if client is not None else connect(url, timeout=opts.timeout)
+    topo = discover(seed, url)
+    sub = "FREQ" if topo.idle_metric == "freq" else "IDLETIME"
+    mode, why = choose_mode(topo.nodes[0].client, topo.version_tuple, sub, opts.mode)
+    cold = float(opts.cold_freq) if topo.idle_metric == "freq" else opts.cold_after
+    stats = PatternStats(cold_after=int(cold), idle_metric=topo.idle_metric)
+    miner = PatternMiner(max_patterns=opts.max_patterns, collapse_after=opts.collapse_after, on_merge=stats.merge)
+    result = ScanResult(target=display_url(url), started=time.time(), mode=mode, mode_reason=why,
+                        idle_metric=topo.idle_metric, cold_after=cold, dbsize=topo.dbsize, sample=opts.sample,
+                        warnings=list(topo.warnings))
+    _warn_uptime(topo, result, opts)
+    match = opts.match.encode() if opts.match else None
+    lanes = [Lane(n.client, n.addr, mode=mode, sub=sub, batch=opts.batch, match=match) for n in topo.nodes]
+    scanned = [0] * len(lanes)
+    total = min(topo.dbsize, opts.sample) if opts.sample else topo.dbsize
+    t0 = time.monotonic()
+    done = 0
+    broken = False
+    try:
+        import redis
+
+        for lane in lanes:
+            lane.send([], scan=True)
+        active = list(range(len(lanes)))
+        while active:
+            for li in list(active):
+                lane = lanes[li]
+                keys, probe, next_keys = lane.receive()
+                more = lane.cursor != 0
+                if opts.sample is not None and done + len(keys) >= opts.sample:
+                    keys = keys[: opts.sample - done]
+                    probe = probe[: len(keys)] if probe is not None else None
+                    next_keys, more = [], False
+                    result.complete, result.incomplete_reason = False, "sample"
+                if next_keys or more:
+                    _throttle(opts.max_keys_per_sec, done + len(keys), t0)
+                    lane.send(next_keys, scan=more)
+                else:
+                    active.remove(li)
+                if keys and probe is not None:
+                    mine_and_count(miner, stats, keys, probe)
+                    done += len(keys)
+                    scanned[li] += len(keys)
+                    if progress is not None:
+                        progress(done, total)
+                if stop is not None and stop.is_set():
+                    raise KeyboardInterrupt
+            if opts.sample is not None and done >= opts.sample:
+                break
+    except KeyboardInterrupt:
+        result.complete, result.incomplete_reason = False, "interrupted"
+        broken = True
+    except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+        result.complete = False
+        result.incomplete_reason = f"connection lost after {done} keys: {type(exc).__name__}: {exc}"
+        broken = True
+    finally:
+        for lane in lanes:
+            lane.close(broken=broken)
+    result.finished = time.time()
+    result.keys_scanned = done
+    result.keys_vanished = stats.keys_vanished
+    result.server = {
+        "version": topo.version, "cluster": topo.cluster, "maxmemory_policy": topo.policy,
+        "nodes": [{"addr": n.addr, "role": n.role, "dbsize": n.dbsize, "uptime_s": n.uptime_s,
+                   "keys_scanned": scanned[i]} for i, n in enumerate(topo.nodes)],
+    }
+    result.patterns = build_patterns(miner, stats)
+    result.bytes = sum(p["bytes"] for p in result.patterns)
+    if any(p["overflow"] and p["keys"] for p in result.patterns):
+        result.warnings.append(f"more than {opts.max_patterns} patterns: the rest are counted under {OVERFLOW}; "
+                               "raise --max-patterns to split them")
+    return result
+
+
+def _warn_uptime(topo: Topology, result: ScanResult, opts: SweepOptions) -> None:
+    if topo.idle_metric == "idletime":
+        young = [n for n in topo.nodes if n.uptime_s < opts.cold_after]
+        if young:
+            result.warnings.append(
+                f"{young[0].addr} has been up {young[0].uptime_s} s, less than --cold-after {opts.cold_after:g} s: "
+                "idle times restart at a restart, so no key there can look cold yet")
+
+
+def _throttle(rate: float | None, done: int, t0: float) -> None:
+    if rate:
+        ahead = done / rate - (time.monotonic() - t0)
+        if ahead > 0:
+            time.sleep(ahead)
+
+
+def build_patterns(miner: PatternMiner, stats: PatternStats) -> list[dict[str, Any]]:
+    """The per-pattern rows of a result, largest bytes first, key names decoded."""
+    rows = []
+    names = miner.patterns()
+    for pid in stats.live_ids():
+        name = names.get(pid, OVERFLOW)
+        row = stats.row(pid)
+        for tk in row["top_keys"]:
+            tk["key"] = key_text(tk["key"])
+        row["example_key"] = key_text(row["example_key"])
+        row["example_cold_key"] = key_text(row["example_cold_key"])
+        placeholders = sorted({part[1:-1] for part in _placeholders(name)})
+        rows.append({"pattern": name, "placeholders": placeholders, "overflow": pid == OVERFLOW_ID, **row})
+    rows.sort(key=lambda r: (-r["bytes"], r["pattern"]))
+    return rows
+
+
+def _placeholders(pattern: str) -> list[str]:
+    import re
+
+    return re.findall(r"\{(?:uuid|ts_s|ts_ms|ts_us|ts_ns|date|ip|hex|b64|rand|int|str|tag)\}", pattern)

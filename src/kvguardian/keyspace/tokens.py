@@ -1,0 +1,193 @@
+"""Split Redis key names into tokens and classify the variable ones.
+
+A key name is a sequence of *delimiters* (``: / . | # , ; = @ _ -`` and space) and *tokens*. Composite values
+that contain delimiters (UUIDs, ISO dates and date-times, IPv4 addresses with an optional port, ``{hash tags}``,
+long base64 runs) are recognised before the split, so ``session:3f2a…-…`` is two tokens, not six.
+
+Token classes:
+
+- always variable (a placeholder at once): ``uuid``, ``ts_s``/``ts_ms``/``ts_us``/``ts_ns`` (digit runs of
+  10/13/16/19 digits inside 2001–2100), ``date``, ``ip``, ``hex`` (≥ 8 hex digits, letters and digits),
+  ``b64`` (≥ 22 base64 characters mixing cases and digits), ``rand`` (the entropy fallback: ≥ 10 characters
+  alternating letters and digits);
+- literal until a position has many distinct values (then ``{int}``, ``{str}``, ``{tag}``): ``int``, words,
+  hash tags.
+
+`classify` is called once per token the pattern trie has not seen; it is written for speed (string methods
+first, one regex only where needed).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+
+__all__ = [
+    "DELIMITERS",
+    "UNIQUE_CLASSES",
+    "VARIABLE_CLASSES",
+    "classify",
+    "literal_class",
+    "tokenize",
+    "tokenize_ex",
+]
+
+DELIMITERS = frozenset(":/.|#,;=@ _-")
+
+#: classes that are a placeholder at first sight (their values are unique by nature)
+VARIABLE_CLASSES = frozenset({"uuid", "ts_s", "ts_ms", "ts_us", "ts_ns", "date", "ip", "hex", "b64", "rand"})
+#: classes whose placeholder in a no-TTL pattern means a new key per write (KVG302)
+UNIQUE_CLASSES = frozenset({"uuid", "ts_s", "ts_ms", "ts_us", "ts_ns", "date", "hex", "b64", "rand"})
+
+_HEX = r"[0-9a-fA-F]"
+_UUID = rf"{_HEX}{{8}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{12}}"
+# The tokenizer's date and IP shapes accept any hex digit where a digit goes, so the split of a name depends
+# only on where its hex characters are (names with equal masks split alike, which the pattern cache relies
+# on); `classify` then checks the values (``_DATE_RE``, ``_IP_RE``).
+_H = "[0-9a-fA-F]"
+_DATE_SHAPE = (rf"{_H}{{4}}-{_H}{{2}}-{_H}{{2}}(?:[T ]{_H}{{2}}:{_H}{{2}}(?::{_H}{{2}}(?:\.{_H}+)?)?"
+               rf"(?:Z|[+-]{_H}{{2}}:?{_H}{{2}})?)?")
+_IP_SHAPE = rf"(?:{_H}{{1,3}}\.){{3}}{_H}{{1,3}}(?::{_H}{{1,5}})?"
+_DATE = r"(?:19|20)\d\d-[01]\d-[0-3]\d(?:[T ][0-2]\d:[0-5]\d(?::[0-5]\d(?:\.\d+)?)?(?:Z|[+-][0-2]\d:?\d\d)?)?"
+_IP = r"(?:\d{1,3}\.){3}\d{1,3}(?::\d{1,5})?"
+_TAG = r"\{[^{}]*\}"
+_WORD = r"[^:/.|#,;=@ _\-{}]+"
+_LONG = r"[A-Za-z0-9+/_-]{22,}={0,2}"
+
+#: one findall gives the tokens in order; delimiters and stray characters come out one character each
+_TOKENS = re.compile(f"{_UUID}|{_DATE_SHAPE}|{_IP_SHAPE}|{_TAG}|{_LONG}|{_WORD}|.", re.S)
+_TOKENS_SHORT = re.compile(f"{_UUID}|{_DATE_SHAPE}|{_IP_SHAPE}|{_TAG}|{_WORD}|.", re.S)
+_UUID_RE = re.compile(_UUID)
+_DATE_RE = re.compile(_DATE)
+_IP_RE = re.compile(_IP)
+_HEXCHARS = frozenset("0123456789abcdefABCDEF")
+_DIGIT_RE = re.compile(r"\d")
+
+#: tokens longer than this many characters are not split further (very long key names)
+MAX_KEY_CHARS = 256
+MAX_TOKENS = 48
+
+# digit-run classes by length: (class, low, high) — the range is 2001-09-09 .. 2100-01-01 in that unit
+_TS = {10: ("ts_s", 10**9, 4102444800), 13: ("ts_ms", 10**12, 4102444800 * 10**3),
+       16: ("ts_us", 10**15, 4102444800 * 10**6), 19: ("ts_ns", 10**18, 4102444800 * 10**9)}
+
+
+def tokenize(name: str) -> list[str]:
+    """The tokens of a key name, delimiters included, in order; ``''.join`` gives the (capped) name back.
+
+    Names longer than `MAX_KEY_CHARS` are cut there and end with the token ``…``; so are names with more
+    than `MAX_TOKENS` tokens, so a pathological name costs a bounded amount of work.
+    """
+    return tokenize_ex(name)[0]
+
+
+def tokenize_ex(name: str) -> tuple[list[str], bool]:
+    """`tokenize`, plus whether the name holds a base64 run (its split depended on the characters' values,
+    not only on where the hex characters are); the pattern cache skips such names. A long run that is *not*
+    base64 (``tmp_1712345678901234567``) is split at its delimiters and stays cacheable: a name with the
+    same mask that would be base64 must then differ in a literal or placeholder check, or share the split."""
+    cut = len(name) > MAX_KEY_CHARS
+    if cut:
+        name = name[:MAX_KEY_CHARS]
+    toks = _TOKENS.findall(name)
+    has_b64 = False
+    if len(name) >= 22:
+        for t in toks:
+            if len(t) >= 22 and not t.isalnum() and not (len(t) == 36 and t[8] == "-"):
+                toks, has_b64 = _resplit(toks)
+                break
+    if len(toks) > MAX_TOKENS:
+        toks = toks[:MAX_TOKENS]
+        cut = True
+    if cut:
+        toks.append("…")
+    return toks, has_b64
+
+
+def _resplit(toks: list[str]) -> tuple[list[str], bool]:
+    """Long base64-alphabet runs that are not random are split again at their delimiters."""
+    out: list[str] = []
+    has_b64 = False
+    for t in toks:
+        if len(t) >= 22 and not t.isalnum():
+            if _is_b64(t):
+                has_b64 = True
+                out.append(t)
+            else:
+                out.extend(_TOKENS_SHORT.findall(t))
+        else:
+            out.append(t)
+    return out, has_b64
+
+
+def _is_b64(t: str) -> bool:
+    body = t.rstrip("=")
+    if len(body) < 22 or body.upper() == body or body.lower() == body or not _DIGIT_RE.search(body):
+        return False  # base64 of random bytes mixes lower case, upper case and digits
+    return _entropy(body) >= 3.5
+
+
+def _entropy(t: str) -> float:
+    n = len(t)
+    return -sum(c / n * math.log2(c / n) for c in Counter(t).values())
+
+
+def literal_class(tok: str) -> str:
+    """The placeholder class a literal token collapses into: ``int``, ``tag`` or ``str``."""
+    if tok.isdigit():
+        return "int"
+    if tok[:1] == "{":
+        return "tag"
+    return "str"
+
+
+def classify(tok: str) -> str | None:
+    """The variable class of a token (``"uuid"``, ``"ts_ms"``, …), or None for a literal (word, int, tag).
+
+    Delimiter tokens must not be passed here (the caller treats them as literals).
+    """
+    n = len(tok)
+    if tok.isdigit():
+        if n in _TS:
+            cls, lo, hi = _TS[n]
+            if lo <= int(tok) < hi:
+                return cls
+        elif n == 8 and tok[:2] in ("19", "20") and "01" <= tok[4:6] <= "12" and "01" <= tok[6:8] <= "31":
+            return "date"
+        return None
+    if n == 36 and tok[8] == "-" and _UUID_RE.fullmatch(tok):
+        return "uuid"
+    first = tok[0]
+    if first == "{":
+        return None
+    if first.isdigit():
+        if "-" in tok and _DATE_RE.fullmatch(tok):
+            return "date"
+        if "." in tok and _IP_RE.fullmatch(tok):
+            return "ip"
+    if n >= 8 and _HEXCHARS.issuperset(tok):  # not all digits (returned above): hex if it has any digit
+        return None if tok.isalpha() else "hex"
+    if n >= 22 and _is_b64(tok):
+        return "b64"
+    if n >= 10 and _is_random(tok):
+        return "rand"
+    return None
+
+
+def _is_random(tok: str) -> bool:
+    """Entropy fallback: letters and digits alternate often (``a9Xk2Pq0…``), unlike words (``page10``)."""
+    switches = 0
+    prev = tok[0].isdigit()
+    digits = 0
+    for c in tok:
+        d = c.isdigit()
+        digits += d
+        if d != prev:
+            switches += 1
+            prev = d
+    if digits == 0:
+        # no digits: random only if the case flips like base62 and the characters rarely repeat
+        upper = sum(c.isupper() for c in tok)
+        return 3 <= upper <= len(tok) - 3 and len(set(tok)) >= 0.7 * len(tok) and _entropy(tok) >= 3.3
+    return switches >= 4 and _entropy(tok) >= 3.0

@@ -1,0 +1,98 @@
+import random
+import uuid
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvguardian.keyspace.patterns import OVERFLOW, OVERFLOW_ID, PatternMiner
+
+
+def _names(miner, keys):
+    """Mine every key, then ask again: the second answer reflects any collapse the first pass caused."""
+    for k in keys:
+        miner.pattern_id(k)
+    return {miner.name(miner.pattern_id(k)) for k in keys}
+
+
+def test_variable_tokens_are_placeholders_at_once():
+    m = PatternMiner()
+    keys = [f"session:{uuid.uuid4()}", "tmp_1712345678123456789", "ev:2024-01-05:x", "c:deadbeef00112233"]
+    assert _names(m, keys) == {"session:{uuid}", "tmp_{ts_ns}", "ev:{date}:x", "c:{hex}"}
+
+
+def test_literals_stay_until_a_position_is_high_cardinality():
+    m = PatternMiner(collapse_after=5)
+    low = [f"cfg:{w}" for w in ("a", "b", "c")]
+    assert _names(m, low) == {"cfg:a", "cfg:b", "cfg:c"}
+    users = [f"user:{i}:profile" for i in range(6)]
+    assert _names(m, users) == {"user:{int}:profile"}
+    assert _names(m, low) == {"cfg:a", "cfg:b", "cfg:c"}  # another prefix is not affected
+    names = [f"name:{w}:x" for w in ("alice", "bob", "carol", "dave", "eve", "frank")]
+    assert _names(m, names) == {"name:{str}:x"}
+    m.check_invariants()
+
+
+def test_collapse_merges_pattern_ids_and_reports_them():
+    merges = []
+    m = PatternMiner(collapse_after=3, on_merge=lambda s, d: merges.append((s, d)))
+    first = [m.pattern_id(f"u:{i}:p") for i in range(3)]
+    assert len(set(first)) == 3
+    after = m.pattern_id("u:99:p")
+    assert m.name(after) == "u:{int}:p" and after in first
+    assert sorted(s for s, _ in merges) == sorted(set(first) - {after}) and all(d == after for _, d in merges)
+    assert all(m.name(pid) == "" for pid in set(first) - {after})
+    m.check_invariants()
+
+
+def test_pattern_cap_sends_the_rest_to_overflow():
+    m = PatternMiner(max_patterns=3, collapse_after=1000)
+    pids = [m.pattern_id(f"k{i}") for i in range(10)]
+    assert pids[3:] == [OVERFLOW_ID] * 7 and m.name(OVERFLOW_ID) == OVERFLOW
+    assert m.live == 3
+
+
+def _key(draw_parts):
+    return ":".join(draw_parts)
+
+
+_part = st.one_of(
+    st.sampled_from(["user", "session", "profile", "cache", "cfg", "x", "deadbeef", "fed", "bad"]),
+    st.integers(0, 10**20).map(str),
+    st.uuids().map(str),
+    st.sampled_from(["2024-01-05", "2024-13-45", "10.0.0.1", "{tag1}", "aZ3kd9Qx7LmN2pR8sT4vW6yB", "a9Xk2Pq0Zz"]),
+    st.text("abcdefXYZ0123456789_-", min_size=1, max_size=30),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(_part, min_size=1, max_size=5).map(_key), min_size=1, max_size=300),
+       st.integers(2, 8))
+def test_shape_cache_gives_the_same_patterns_as_the_full_path(keys, collapse_after):
+    a = PatternMiner(collapse_after=collapse_after)
+    b = PatternMiner(collapse_after=collapse_after)
+    for k in keys:  # the same sequence through both paths: ids and names must agree key by key
+        assert a.pattern_id_bytes(k.encode()) == b.pattern_id(k), k
+    assert a.patterns() == b.patterns()
+    a.check_invariants()
+
+
+def test_shape_cache_on_a_realistic_mix():
+    rnd = random.Random(3)
+    keys = []
+    for i in range(5000):
+        keys += [f"session:{uuid.UUID(int=rnd.getrandbits(128))}", f"user:{i}:profile", f"tmp_{1_712_000_000_000 + i}",
+                 f"cache:{rnd.getrandbits(128):032x}", f"role:{rnd.choice(['bad', 'fed', 'cab', 'dad'])}"]
+    a, b, c = PatternMiner(), PatternMiner(), PatternMiner()
+    full = [b.pattern_id(k) for k in keys]
+    assert [a.pattern_id_bytes(k.encode()) for k in keys] == full
+    raws = [k.encode() for k in keys]
+    assert [pid for i in range(0, len(raws), 200) for pid in c.pattern_ids_bytes(raws[i:i + 200])] == full
+    assert set(a.patterns().values()) == {OVERFLOW, "session:{uuid}", "user:{int}:profile", "tmp_{ts_ms}",
+                                          "cache:{hex}", "role:bad", "role:fed", "role:cab", "role:dad"}
+
+
+def test_hash_tags_collapse_into_tag_placeholders():
+    m = PatternMiner(collapse_after=4)
+    assert _names(m, [f"{{shard{i}}}:queue" for i in range(3)]) == {"{shard0}:queue", "{shard1}:queue",
+                                                                    "{shard2}:queue"}
+    assert _names(m, [f"{{user{i}}}:queue" for i in range(10)]) == {"{tag}:queue"}

@@ -1,0 +1,52 @@
+import numpy as np
+
+from kvguardian.keyspace.stats import TOP_K, PatternStats, bucket_of, quantile
+
+
+def _probe(rows):
+    return np.array(rows, dtype=np.int64).reshape(-1, 4)
+
+
+def test_buckets_are_exact_below_16_and_quantiles_within_ten_percent():
+    assert bucket_of(np.arange(16)).tolist() == list(range(16))
+    values = np.random.default_rng(0).integers(1, 10**7, size=20_000)
+    hist = np.bincount(bucket_of(values), minlength=300)
+    for q in (0.5, 0.9):
+        est = quantile(hist, q, int(values.max()))
+        assert abs(est - np.quantile(values, q)) / np.quantile(values, q) < 0.10
+    assert quantile(np.zeros(10, dtype=np.int64), 0.5, 0) is None
+
+
+def test_add_batch_counts_ttl_cold_types_and_vanished():
+    s = PatternStats(cold_after=100)
+    s.ensure(3)
+    keys = [b"a", b"b", b"c", b"d", b"gone"]
+    probe = _probe([[0, 50, -1, 500],      # string, no TTL, cold
+                    [0, 70, -1, 5],        # string, no TTL, hot
+                    [1, 900, 30_000, 999],  # list with a TTL under a minute
+                    [4, 300, -1, 100],     # hash, no TTL, idle exactly at the threshold: cold
+                    [-1, -1, -2, -1]])     # vanished
+    s.add_batch(np.array([1, 1, 2, 1, 2]), keys, probe)
+    r1, r2 = s.row(1), s.row(2)
+    assert s.keys_vanished == 1
+    assert (r1["keys"], r1["bytes"], r1["no_ttl_keys"], r1["cold_keys"], r1["cold_bytes"]) == (3, 420, 3, 2, 350)
+    assert r1["types"] == {"string": 2, "hash": 1} and r1["collection_keys"] == 1
+    assert r2["ttl"]["lt_1m"] == 1 and r2["no_ttl_keys"] == 0 and r2["keys"] == 1
+    assert r1["idle_s"]["max"] == 500 and r1["example_cold_key"] == b"a"
+    assert [t["key"] for t in r1["top_keys"]] == [b"d", b"b", b"a"]
+
+
+def test_top_keys_keep_the_largest_and_merge_folds_patterns():
+    s = PatternStats(cold_after=10)
+    s.ensure(3)
+    n = 50
+    s.add_batch(np.ones(n, dtype=np.int64), [f"k{i}".encode() for i in range(n)],
+                _probe([[0, i, -1, 0] for i in range(n)]))
+    assert [t["bytes"] for t in s.row(1)["top_keys"]] == list(range(n - 1, n - 1 - TOP_K, -1))
+    s.add_batch(np.full(2, 2), [b"big", b"small"], _probe([[0, 10_000, -1, 0], [0, 1, -1, 0]]))
+    s.merge(2, 1)
+    row = s.row(1)
+    assert row["keys"] == n + 2 and row["bytes_max"] == 10_000 and row["top_keys"][0]["key"] == b"big"
+    assert s.row(2)["keys"] == 0
+    s.add_batch(np.array([2]), [b"late"], _probe([[0, 5, -1, 0]]))  # a batch mined before the merge
+    assert s.row(1)["keys"] == n + 3 and s.row(2)["keys"] == 0
