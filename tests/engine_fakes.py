@@ -22,7 +22,7 @@ import msgspec
 import zmq
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
-from conftest import free_port
+from kvg_testing import free_port
 
 # ---------------------------------------------------------------------------------------------- HTTP
 

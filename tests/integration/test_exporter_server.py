@@ -12,7 +12,7 @@ import urllib.request
 import pytest
 from prometheus_client import CollectorRegistry, make_asgi_app
 
-from conftest import ROOT, free_port
+from kvg_testing import ROOT, free_port
 from kvguardian import Guard
 from kvguardian._errors import EXIT_ENVIRONMENT, UsageError
 from kvguardian.exporters.prometheus import KVGuardianCollector

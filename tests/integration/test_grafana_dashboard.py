@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, require_binary
+from kvg_testing import ROOT, require_binary
 
 SCRIPT = ROOT / "deploy" / "grafana" / "generate_dashboard.py"
 COMMITTED = ROOT / "deploy" / "grafana" / "kvguardian-dashboard.json"

@@ -9,7 +9,7 @@ import subprocess
 import pytest
 import yaml
 
-from conftest import ROOT, require_binary
+from kvg_testing import ROOT, require_binary
 
 RULES = ROOT / "deploy" / "prometheus" / "kvguardian-rules.yml"
 TESTS = sorted((ROOT / "deploy" / "prometheus" / "tests").glob("*.test.yml"))

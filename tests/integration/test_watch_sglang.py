@@ -6,8 +6,8 @@ import sys
 import threading
 import urllib.request
 
-from conftest import ROOT
 from engine_fakes import MetricsServer, SglangMetrics, wait_until
+from kvg_testing import ROOT
 from kvguardian.engines.watch import Watch
 from kvguardian.engines.watch_exporter import WatchCollector
 from kvguardian.exporters.server import start_exporter

@@ -13,8 +13,8 @@ import urllib.request
 import msgpack
 import pytest
 
-from conftest import ROOT, free_port, require_binary
 from engine_fakes import FORMATS, MetricsServer, VllmMetrics, VllmPublisher, removed, stored, wait_until
+from kvg_testing import ROOT, free_port, require_binary
 from kvguardian.engines.watch import Watch
 from kvguardian.engines.watch_exporter import WatchCollector
 from kvguardian.exporters.server import start_exporter

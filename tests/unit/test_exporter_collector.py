@@ -6,7 +6,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import require_binary
+from kvg_testing import require_binary
 from kvguardian._errors import UsageError
 from kvguardian.exporters.catalog import by_name, names
 from kvguardian.exporters.prometheus import POOL_METRIC_KEYS, KVGuardianCollector

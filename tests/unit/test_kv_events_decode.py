@@ -243,7 +243,7 @@ _frames = st.one_of(
 @settings(max_examples=150, deadline=None)
 @given(st.lists(_frames, max_size=25))
 def test_any_frame_sequence_is_counted_never_raised(frames):
-    from conftest import free_port
+    from kvg_testing import free_port
     from kvguardian.engines.kv_subscriber import KVEventSubscriber
 
     board = FindingBoard()

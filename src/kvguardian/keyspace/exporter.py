@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from kvguardian.exporters.prometheus import family
 from kvguardian.keyspace.connect import connect, display_url
 from kvguardian.keyspace.metrics import info_families, sweep_families
 from kvguardian.keyspace.result import ScanResult
@@ -78,8 +79,6 @@ class Exporter:
 
     # -- scrapes ------------------------------------------------------------------------------------------
     def collect(self) -> Iterator[Any]:
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
         t0 = time.perf_counter()
         info: dict[str, Any] = {}
         up = True
@@ -91,12 +90,14 @@ class Exporter:
             log.debug("INFO failed: %s", exc)
         yield from info_families(info, up, time.perf_counter() - t0)
         yield from sweep_families(self.last, top=self.top)
-        yield CounterMetricFamily("kvguardian_redis_sweeps", "sweeps finished (complete or not)",
-                                  value=float(self.sweeps_total))
-        yield CounterMetricFamily("kvguardian_redis_sweep_errors", "sweeps that failed or came back incomplete",
-                                  value=float(self.sweep_errors_total))
-        yield GaugeMetricFamily("kvguardian_redis_sweep_running", "1 while a sweep is running",
-                                value=float(self.sweeping))
+        for name, value in (
+            ("kvguardian_redis_sweeps_total", self.sweeps_total),
+            ("kvguardian_redis_sweep_errors_total", self.sweep_errors_total),
+            ("kvguardian_redis_sweep_running", int(self.sweeping)),
+        ):
+            fam = family(name)
+            fam.add_metric([], float(value))
+            yield fam
 
     def serve(self, port: int, addr: str = "127.0.0.1") -> tuple[str, int]:
         """Serve /metrics on ``addr:port`` (127.0.0.1 unless told otherwise); returns the bound address."""

@@ -9,19 +9,27 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from kvguardian.exporters.prometheus import family
 from kvguardian.keyspace.patterns import OVERFLOW
 from kvguardian.keyspace.result import ScanResult
 
 __all__ = ["ScanCollector", "exposition", "info_families", "sweep_families"]
 
+#: (result field, metric name); names, HELP texts and labels come from kvguardian.exporters.catalog.
 _PATTERN_GAUGES = (
-    ("keys", "kvguardian_redis_pattern_keys", "keys of the pattern at the last completed sweep"),
-    ("bytes", "kvguardian_redis_pattern_bytes", "MEMORY USAGE of the pattern's keys at the last completed sweep"),
-    ("no_ttl_keys", "kvguardian_redis_pattern_no_ttl_keys", "keys of the pattern without a TTL"),
-    ("no_ttl_bytes", "kvguardian_redis_pattern_no_ttl_bytes", "bytes of the pattern's keys without a TTL"),
-    ("cold_keys", "kvguardian_redis_pattern_cold_keys", "no-TTL keys of the pattern idle past the cold threshold"),
-    ("cold_bytes", "kvguardian_redis_pattern_cold_bytes", "bytes of the pattern's cold no-TTL keys"),
+    ("keys", "kvguardian_redis_pattern_keys"),
+    ("bytes", "kvguardian_redis_pattern_bytes"),
+    ("no_ttl_keys", "kvguardian_redis_pattern_no_ttl_keys"),
+    ("no_ttl_bytes", "kvguardian_redis_pattern_no_ttl_bytes"),
+    ("cold_keys", "kvguardian_redis_pattern_cold_keys"),
+    ("cold_bytes", "kvguardian_redis_pattern_cold_bytes"),
 )
+
+
+def _value(name: str, value: float) -> Any:
+    fam = family(name)
+    fam.add_metric([], float(value))
+    return fam
 
 
 def _bounded(result: ScanResult, top: int) -> list[dict[str, Any]]:
@@ -29,7 +37,7 @@ def _bounded(result: ScanResult, top: int) -> list[dict[str, Any]]:
     keep = [p for p in result.patterns if not p.get("overflow")][:top]
     rest = [p for p in result.patterns if p not in keep]
     if rest:
-        other: dict[str, Any] = {k: sum(int(p[k]) for p in rest) for k, _, _ in _PATTERN_GAUGES}
+        other: dict[str, Any] = {k: sum(int(p[k]) for p in rest) for k, _ in _PATTERN_GAUGES}
         other["pattern"] = OVERFLOW
         other["idle_s"] = {"p50": None, "p90": None,
                            "max": max((p.get("idle_s", {}).get("max") or 0 for p in rest), default=None)}
@@ -40,35 +48,31 @@ def _bounded(result: ScanResult, top: int) -> list[dict[str, Any]]:
 def sweep_families(result: ScanResult | None, *, top: int = 50, prefix_labels: dict[str, str] | None = None
                    ) -> Iterator[Any]:
     """Metric families of one sweep (nothing when there is none yet)."""
-    from prometheus_client.core import GaugeMetricFamily
-
     if result is None:
         return
-    for field, name, doc in _PATTERN_GAUGES:
-        g = GaugeMetricFamily(name, doc, labels=["pattern"])
-        for p in _bounded(result, top):
+    rows = _bounded(result, top)
+    for field, name in _PATTERN_GAUGES:
+        g = family(name)
+        for p in rows:
             g.add_metric([p["pattern"]], float(p[field]))
         yield g
     if result.idle_metric == "idletime":
-        g = GaugeMetricFamily("kvguardian_redis_pattern_idle_seconds",
-                              "idle time of the pattern's keys at the last sweep (stat: p50, p90, max)",
-                              labels=["pattern", "stat"])
-        for p in _bounded(result, top):
+        g = family("kvguardian_redis_pattern_idle_seconds")
+        for p in rows:
             for k in ("p50", "p90", "max"):
                 v = (p.get("idle_s") or {}).get(k)
                 if v is not None:
                     g.add_metric([p["pattern"], k], float(v))
         yield g
-    for name, doc, value in (
-        ("kvguardian_redis_sweep_duration_seconds", "how long the last completed sweep took", result.duration_s),
-        ("kvguardian_redis_sweep_timestamp_seconds", "Unix time the last completed sweep finished", result.finished),
-        ("kvguardian_redis_sweep_keys", "keys probed by the last completed sweep", result.keys_scanned),
-        ("kvguardian_redis_sweep_patterns", "patterns found by the last completed sweep", len(result.patterns)),
-        ("kvguardian_redis_sweep_complete", "1 if the last sweep covered the whole key space", int(result.complete)),
+    for name, value in (
+        ("kvguardian_redis_sweep_duration_seconds", result.duration_s),
+        ("kvguardian_redis_sweep_timestamp_seconds", result.finished),
+        ("kvguardian_redis_sweep_keys", result.keys_scanned),
+        ("kvguardian_redis_sweep_patterns", len(result.patterns)),
+        ("kvguardian_redis_sweep_complete", int(result.complete)),
     ):
-        yield GaugeMetricFamily(name, doc, value=float(value))
-    g = GaugeMetricFamily("kvguardian_redis_findings", "findings of the last completed sweep by id",
-                          labels=["id", "severity"])
+        yield _value(name, value)
+    g = family("kvguardian_redis_findings")
     counts: dict[tuple[str, str], int] = {}
     for f in result.findings:
         counts[(f.id, f.severity.value)] = counts.get((f.id, f.severity.value), 0) + 1
@@ -79,17 +83,13 @@ def sweep_families(result: ScanResult | None, *, top: int = 50, prefix_labels: d
 
 def info_families(info: dict[str, Any], up: bool, scrape_s: float) -> Iterator[Any]:
     """The O(1) gauges from one ``INFO keyspace`` + ``INFO memory`` (merged into ``info``)."""
-    from prometheus_client.core import GaugeMetricFamily
-
-    yield GaugeMetricFamily("kvguardian_redis_up", "1 if the last scrape reached Redis", value=float(up))
-    yield GaugeMetricFamily("kvguardian_redis_scrape_duration_seconds", "time the INFO calls of this scrape took",
-                            value=scrape_s)
+    yield _value("kvguardian_redis_up", float(up))
+    yield _value("kvguardian_redis_scrape_duration_seconds", scrape_s)
     if not up:
         return
-    keys = GaugeMetricFamily("kvguardian_redis_keys", "keys per database (INFO keyspace)", labels=["db"])
-    expires = GaugeMetricFamily("kvguardian_redis_keys_with_ttl", "keys with a TTL per database", labels=["db"])
-    nottl = GaugeMetricFamily("kvguardian_redis_keys_without_ttl", "keys without a TTL per database (keys - expires)",
-                              labels=["db"])
+    keys = family("kvguardian_redis_keys")
+    expires = family("kvguardian_redis_keys_with_ttl")
+    nottl = family("kvguardian_redis_keys_without_ttl")
     for db, v in sorted(info.items()):
         if db.startswith("db") and isinstance(v, dict):
             k, e = int(v.get("keys", 0)), int(v.get("expires", 0))
@@ -97,13 +97,13 @@ def info_families(info: dict[str, Any], up: bool, scrape_s: float) -> Iterator[A
             expires.add_metric([db], float(e))
             nottl.add_metric([db], float(k - e))
     yield from (keys, expires, nottl)
-    for field, name, doc in (
-        ("used_memory", "kvguardian_redis_used_memory_bytes", "INFO memory used_memory"),
-        ("used_memory_dataset", "kvguardian_redis_used_memory_dataset_bytes", "INFO memory used_memory_dataset"),
-        ("maxmemory", "kvguardian_redis_maxmemory_bytes", "INFO memory maxmemory (0: no limit)"),
+    for field, name in (
+        ("used_memory", "kvguardian_redis_used_memory_bytes"),
+        ("used_memory_dataset", "kvguardian_redis_used_memory_dataset_bytes"),
+        ("maxmemory", "kvguardian_redis_maxmemory_bytes"),
     ):
         if field in info:
-            yield GaugeMetricFamily(name, doc, value=float(info[field]))
+            yield _value(name, info[field])
 
 
 class ScanCollector:

@@ -7,7 +7,6 @@ use them are in this folder's conftest.py.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import random
 import subprocess
 import threading
@@ -21,20 +20,7 @@ import pytest
 redis = pytest.importorskip("redis")
 
 
-def _root_conftest():  # type: ignore[no-untyped-def]
-    """tests/conftest.py, loaded by path (its module name 'conftest' is shared by every conftest file)."""
-    path = Path(__file__).resolve().parents[2] / "conftest.py"
-    spec = importlib.util.spec_from_file_location("kvg_tests_root_conftest", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-_root = _root_conftest()
-free_port = _root.free_port
-require_binary = _root.require_binary
-IN_CI = _root.IN_CI
+from kvg_testing import IN_CI, free_port, require_binary  # noqa: E402,F401 - re-exported to the tests
 
 
 class RedisProc:

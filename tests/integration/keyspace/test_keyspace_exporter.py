@@ -97,3 +97,31 @@ def test_exporter_cli_binds_loopback_and_stops_on_sigterm(redis_proc):
     finally:
         proc.terminate()
         assert proc.wait(30) == 0
+
+
+def test_every_exported_family_is_in_the_catalog_with_its_labels(redis_proc):
+    """The catalog is the one list of metrics (the Grafana --check and the README read it)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from kvguardian.exporters.catalog import by_name, names
+
+    r = redis_proc.client()
+    seed(r)
+    exporter = Exporter(redis_proc.url, SweepOptions(cold_after=3600), interval=3600)
+    _, port = exporter.serve(free_port())
+    try:
+        exporter.start()
+        deadline = time.monotonic() + 30
+        while exporter.last is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        text = _scrape(port)
+    finally:
+        exporter.close()
+    families = set()
+    for fam in text_string_to_metric_families(text):
+        families.add(fam.name)
+        for s in fam.samples:
+            spec = by_name(s.name)
+            assert spec.owner == "redis"
+            assert set(s.labels) == set(spec.labels), s
+    assert families == {by_name(n).family_name for n in names("redis")}
