@@ -32,9 +32,9 @@ Detector = Callable[[LedgerSnapshot, DetectContext], list[Finding]]
 
 
 def _registry() -> list[Detector]:
-    from kvguardian.detectors import grad_tracked, growth, orphaned
+    from kvguardian.detectors import grad_tracked, growth, orphaned, stale_generation
 
-    return [grad_tracked.detect, orphaned.detect, growth.detect]
+    return [grad_tracked.detect, orphaned.detect, growth.detect, stale_generation.detect]
 
 
 DETECTORS: list[Detector] = []

@@ -19,6 +19,7 @@ __all__ = ["REPROS", "DemoRow", "ReproResult", "load"]
 REPROS: dict[str, str] = {
     "grad-tracking": "kvguardian.repro.grad_tracking",
     "orphaned": "kvguardian.repro.orphaned",
+    "nonpow2": "kvguardian.repro.nonpow2",
 }
 
 

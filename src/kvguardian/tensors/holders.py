@@ -5,6 +5,7 @@ target storages, one ``gc.get_referrers`` pass per level (breadth first, so the 
 one), until it reaches a root:
 
 * a module's globals (``module app: SESSIONS``),
+* a class's attributes (``class app.Service: encode_prefix``: a ``functools.lru_cache`` on a method),
 * a frame that is executing now, in any thread (their locals are not visible to the garbage collector in
   CPython 3.11+, so they are read with ``f_locals`` up front),
 
@@ -40,7 +41,7 @@ class HolderChain:
     """A rendered path from a root to a KV storage."""
 
     steps: list[str]  # root first, the KV tensor last
-    root: str  # "module", "frame", "autograd", "none"
+    root: str  # "module", "class", "frame", "autograd", "none"
     complete: bool  # True when it starts at a root
     depth: int = 0
     notes: list[str] = field(default_factory=list)
@@ -211,6 +212,9 @@ def find_holder_chains(
     parent: dict[int, int] = {}
     root_label: dict[int, str] = {}
     holder_tensor: dict[int, int] = {}  # storage key -> id(tensor that holds it)
+    # every Python tensor on a target storage (a view and its base are two): the chain starts from whichever
+    # reaches a root (a base tensor kept alive only by its view's C++ link has no Python holder of its own)
+    all_holders: dict[int, list[int]] = {}
     grad_edge: dict[int, int] = {}  # id(tensor whose graph saves the storage) -> storage key
     internal: set[int] = set()
 
@@ -224,10 +228,13 @@ def find_holder_chains(
                 key = obj.untyped_storage().data_ptr()
             except Exception:
                 continue
-            if key in targets and key not in holder_tensor:
-                holder_tensor[key] = id(obj)
-                objs[id(obj)] = obj
-                frontier.append(obj)
+            if key in targets:
+                same = all_holders.setdefault(key, [])
+                if len(same) < 16:
+                    same.append(id(obj))
+                    holder_tensor.setdefault(key, id(obj))
+                    objs[id(obj)] = obj
+                    frontier.append(obj)
             elif obj.grad_fn is not None:
                 grad_tensors.append(obj)
     # 1b. storages no Python tensor holds: look for autograd graphs that saved them
@@ -242,6 +249,7 @@ def find_holder_chains(
             hit = stats.storage_keys & missing
             for key in hit:
                 holder_tensor[key] = id(t)
+                all_holders[key] = [id(t)]
                 grad_edge[id(t)] = key
                 missing.discard(key)
             if hit and id(t) not in objs:
@@ -260,12 +268,13 @@ def find_holder_chains(
         for name, value in items:
             live_locals.setdefault(id(value), f"{label} local {name}")
     module_dicts = {id(m.__dict__): name for name, m in list(sys.modules.items()) if hasattr(m, "__dict__")}
+    class_dicts = _class_dicts()
     own_frame = sys._getframe()
     internal.update({id(objs), id(parent), id(frontier), id(own_frame), id(targets), id(live_locals)})
 
     # 3. breadth-first, backwards, until every holder tensor reaches a root
-    pending = set(holder_tensor.values())  # ids of holder tensors whose chain is open
-    reached: dict[int, int] = {}  # id(tensor) -> id(object directly under the root)
+    pending = set(holder_tensor)  # storage keys whose chain is open
+    reached: dict[int, int] = {}  # storage key -> id(the holder tensor whose chain reached a root)
     depth = 0
     truncated = ""
 
@@ -299,6 +308,11 @@ def find_holder_chains(
                     if id(v) in frontier_ids and id(v) not in root_label:
                         root_label[id(v)] = f"module {module_dicts[rid]}: {k}"
                 continue
+            if rid in class_dicts:  # a class attribute (a cached method, a class-level registry): as global
+                for k, v in r.items():
+                    if id(v) in frontier_ids and id(v) not in root_label:
+                        root_label[id(v)] = f"class {class_dicts[rid]}: {k}"
+                continue
             if _is_noise(r):
                 continue
             children = [c for c in gc.get_referents(r) if id(c) in frontier_ids]
@@ -310,14 +324,18 @@ def find_holder_chains(
             if len(next_frontier) < max_frontier:
                 next_frontier.append(r)
         del referrers
-        # stop early when every pending tensor has an ancestor under a root
-        for tid in list(pending):
-            node = tid
-            while node not in root_label and node in parent:
-                node = parent[node]
-            if node in root_label:
-                reached[tid] = node
-                pending.discard(tid)
+        # stop early when every pending storage has a holder tensor with an ancestor under a root
+        for key in list(pending):
+            for tid in all_holders[key]:
+                node = tid
+                seen_up = {tid}
+                while node not in root_label and node in parent and parent[node] not in seen_up:
+                    node = parent[node]
+                    seen_up.add(node)
+                if node in root_label:
+                    reached[key] = tid
+                    pending.discard(key)
+                    break
         frontier = next_frontier
 
     # 4. render
@@ -330,7 +348,7 @@ def find_holder_chains(
                 notes=["held from C/C++ (an extension, torch.compile, a C++ autograd node) or freed meanwhile"],
             )
             continue
-        tid = found
+        tid = reached.get(key, found)
         path = [tid]
         node = tid
         seen_path = {tid}
@@ -345,7 +363,7 @@ def find_holder_chains(
         if complete:
             label = root_label[path[0]]
             steps.append(label)
-            root = "frame" if label.startswith("frame ") else "module"
+            root = "frame" if label.startswith("frame ") else ("class" if label.startswith("class ") else "module")
         else:
             steps.append(f"<unknown holder of {type(objs[path[0]]).__name__}>")
         i = 0
@@ -375,6 +393,31 @@ def find_holder_chains(
     objs.clear()
     parent.clear()
     return chains
+
+
+def _class_dicts() -> dict[int, str]:
+    """id(the dict behind a class's ``__dict__``) -> ``module.Qualname``, for every class alive now.
+
+    Class attributes are as global as module globals (a ``functools.lru_cache`` on a method lives in its
+    class's dict), so the search treats them as roots. ``vars(cls)`` is a read-only proxy; its one referent
+    is the real dict, which is what ``gc.get_referrers`` returns.
+    """
+    out: dict[int, str] = {}
+    stack = list(object.__subclasses__())
+    seen: set[int] = set()
+    while stack:
+        cls = stack.pop()
+        if id(cls) in seen:
+            continue
+        seen.add(id(cls))
+        try:
+            stack.extend(type.__subclasses__(cls))
+            inner = gc.get_referents(vars(cls))
+        except Exception:  # pragma: no cover - exotic metaclasses
+            continue
+        if inner and isinstance(inner[0], dict):
+            out[id(inner[0])] = f"{getattr(cls, '__module__', '?')}.{getattr(cls, '__qualname__', cls.__name__)}"
+    return out
 
 
 def _is_noise(obj: object) -> bool:
