@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from kvguardian.detectors import DetectContext
+from kvguardian.detectors import DetectContext, best_chain, chain_evidence
 from kvguardian.findings import Finding, Severity
 from kvguardian.ledger import EntryState, LedgerSnapshot, Record
 
@@ -43,13 +43,8 @@ def detect(snapshot: LedgerSnapshot, ctx: DetectContext) -> list[Finding]:
         recs = sorted(groups[gen], key=lambda r: r.entry_id)
         nbytes = sum(r.storage_bytes for r in recs)
         retained = sum(r.storage_bytes for r in recs if r.state is EntryState.RETAINED)
-        chain = None
-        for rec in recs:
-            c = ctx.holder_chains.get(rec.key)
-            if c is not None and (chain is None or (c.complete and not chain.complete)):
-                chain = c
-                if c.complete:
-                    break
+        chain = best_chain(recs, ctx)
+        chain_ev, held_by = chain_evidence(chain)
         owners = sorted({r.request_id for r in recs if r.request_id is not None})
         reasons = sorted({r.retained_reason for r in recs if r.retained_reason})
         evidence = {
@@ -65,12 +60,8 @@ def detect(snapshot: LedgerSnapshot, ctx: DetectContext) -> list[Finding]:
             "layers": sorted({r.layer for r in recs if r.layer is not None}),
             "sources": sorted({r.source for r in recs}),
             "declared_reasons": reasons,
-            "holder_root": chain.root if chain is not None else None,
-            "holder_complete": chain.complete if chain is not None else False,
+            **chain_ev,
         }
-        if chain is not None and chain.notes:
-            evidence["holder_notes"] = chain.notes
-        held_by = f", held by {chain.steps[0]}" if chain is not None and chain.complete else ""
         declared = f" ({retained} bytes of it declared retained: {', '.join(reasons)})" if retained else ""
         findings.append(
             Finding(
