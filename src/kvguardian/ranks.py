@@ -40,10 +40,11 @@ def _dist() -> Any:
     return dist
 
 
-def gather_summaries(guard: Any, *, group: Any = None) -> list[dict[str, Any]]:
+def gather_summaries(guard: Any, *, group: Any = None, settle: bool = True) -> list[dict[str, Any]]:
     """Every rank's summary, in rank order (a collective over ``group``)."""
     dist = _dist()
-    guard.settle()
+    if settle:
+        guard.settle()
     rank = dist.get_rank(group)
     world = dist.get_world_size(group)
     mine = sequence_summary(guard.snapshot(), rank=rank, world_size=world)
@@ -52,7 +53,7 @@ def gather_summaries(guard: Any, *, group: Any = None) -> list[dict[str, Any]]:
     return sorted(gathered, key=lambda s: s["rank"])
 
 
-def check_ranks(guard: Any, *, group: Any = None, exact_bytes: bool = False) -> Report:
+def check_ranks(guard: Any, *, group: Any = None, exact_bytes: bool = False, settle: bool = True) -> Report:
     """Gather and compare; the same `Report` on every rank (KVG106 findings, one per divergent sequence).
 
     Args:
@@ -60,12 +61,13 @@ def check_ranks(guard: Any, *, group: Any = None, exact_bytes: bool = False) -> 
         group: the process group (default: the world).
         exact_bytes: ranks are replicas, so each sequence's KV bytes must match exactly, not only its
             presence (with tensor-parallel shards of unequal size leave it False).
+        settle: run ``gc.collect()`` first (skip it only right after a ``guard.check()``, which settles).
 
     Raises:
         UsageError: torch.distributed is not initialized.
     """
     t0 = time.perf_counter()
-    summaries = gather_summaries(guard, group=group)
+    summaries = gather_summaries(guard, group=group, settle=settle)
     findings = compare(summaries, exact_bytes=exact_bytes)
     return Report(
         findings=findings,

@@ -20,6 +20,8 @@ REPROS: dict[str, str] = {
     "grad-tracking": "kvguardian.repro.grad_tracking",
     "orphaned": "kvguardian.repro.orphaned",
     "nonpow2": "kvguardian.repro.nonpow2",
+    "multimodal-ranks": "kvguardian.repro.multimodal",
+    "hot-reload": "kvguardian.repro.hot_reload",
 }
 
 
