@@ -133,7 +133,8 @@ def render(data: dict[str, Any]) -> list[str]:
         f"server: FastAPI + uvicorn on 127.0.0.1 (tiny random-weight Llama), {b['reloads']} reloads, "
         f"{b['requests']} /generate requests over HTTP per variant",
         "",
-        f"buggy (functools.lru_cache on the prefix method): KV bytes after each reload {b['kv_bytes_after_each_reload']}",
+        "buggy (functools.lru_cache on the prefix method): KV bytes after each reload "
+        f"{b['kv_bytes_after_each_reload']}",
         f"  slope {b['slope_bytes_per_reload']:,.0f} bytes/reload, R² {b['r2']:.4f}; models alive at the end: "
         f"{b['models_alive_end']}; generations with live KV: {b['generations_with_kv_end']}",
         f"  guard: {b['findings']}; {b['stale_bytes']:,} bytes of stale-generation KV",
@@ -180,8 +181,8 @@ def demo_row() -> DemoRow:
     measured = (
         f"HTTP, {b['reloads']} reloads: buggy KV {b['kv_bytes_after_each_reload'][0]:,}→"
         f"{b['kv_bytes_after_each_reload'][-1]:,} B (+{b['slope_bytes_per_reload']:,.0f} B/reload, R² "
-        f"{b['r2']:.3f}; {b['models_alive_end']} models alive); fixed flat at {f['kv_bytes_after_each_reload'][-1]:,} B; "
-        "Ray's get_kv() does not exist"
+        f"{b['r2']:.3f}; {b['models_alive_end']} models alive); fixed flat at "
+        f"{f['kv_bytes_after_each_reload'][-1]:,} B; Ray's get_kv() does not exist"
     )
     verdict = (
         f"KVG105 ×{b['findings'].get('KVG105', 0)} held by {' → '.join(chain[:2])} …; "

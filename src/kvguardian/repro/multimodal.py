@@ -158,7 +158,7 @@ class RankServer:
                 self._broadcast(k)
                 self._broadcast(v)
                 cache.update(k, v, i)
-                layer = cache.layers[i]
+                layer: Any = cache.layers[i]
                 self.guard.track(layer.keys, layer.values, layer=i, source="broadcast")
             return cache
         # buggy and refcount: rank 0 encodes the image and broadcasts the visual tokens; every rank prefills
@@ -294,7 +294,7 @@ def launch(*, variants: tuple[str, ...] = VARIANTS, spec: VlmSpec = VLM_TINY, se
     if method == "fork":  # import once here, so the two ranks share it instead of importing it side by side
         import torch.distributed  # noqa: F401
         import transformers.models.llava.modeling_llava  # noqa: F401
-    ctx = mp.get_context(method)
+    ctx: Any = mp.get_context(method)
     out = ctx.Queue()
     port = _free_port()
     procs = [ctx.Process(target=_worker, args=(r, port, variants, spec, sequences, new_tokens, out), daemon=True)

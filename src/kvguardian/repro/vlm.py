@@ -60,7 +60,8 @@ def build_vlm(spec: VlmSpec = VLM_TINY, *, seed: int = 0) -> Any:
         num_hidden_layers=spec.layers, num_attention_heads=spec.heads, num_key_value_heads=spec.kv_heads,
         max_position_embeddings=4096,
     )
-    cfg = LlavaConfig(vision_config=vision, text_config=text, image_token_id=spec.vocab - 1)
+    cfg = LlavaConfig(vision_config=vision, text_config=text, image_token_index=spec.vocab - 1,
+                      image_seq_length=spec.visual_tokens)
     torch.manual_seed(seed)
     model = LlavaForConditionalGeneration(cfg).eval()
     model.generation_config.pad_token_id = 0
