@@ -158,8 +158,8 @@ class RankServer:
                 self._broadcast(k)
                 self._broadcast(v)
                 cache.update(k, v, i)
-                layer: Any = cache.layers[i]
-                self.guard.track(layer.keys, layer.values, layer=i, source="broadcast")
+                got: Any = cache.layers[i]
+                self.guard.track(got.keys, got.values, layer=i, source="broadcast")
             return cache
         # buggy and refcount: rank 0 encodes the image and broadcasts the visual tokens; every rank prefills
         if self.rank == 0:
