@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 from kvguardian._errors import EXIT_FINDINGS, EXIT_OK, UsageError
-from kvguardian.repro import REPROS, DemoRow, load
+from kvguardian.repro import REPROS, DemoRow, load, not_built_rows, section_order
 
 NAME = "demo"
 HELP = "reproduce the KV-leak anti-patterns on a built-in tiny model and print one table (no services)"
@@ -39,6 +39,8 @@ def run(args: argparse.Namespace) -> int:
         except Exception as exc:  # one broken row must not hide the others
             rows.append(DemoRow(name, getattr(module, "SECTION", ""), "", f"failed: {type(exc).__name__}: {exc}",
                                 "n/a", None, ok=False))
+    if not args.only:  # the article's five always show, built or not
+        rows = sorted(rows + not_built_rows(), key=section_order)
     total = time.perf_counter() - t0
     if args.json:
         payload: dict[str, Any] = {"rows": [r.to_dict() for r in rows], "seconds": round(total, 2)}

@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
 
     err = console(stderr=True)
     result = run_sweep(targets, lengths, config, notes=notes,
-                       progress=None if args.json else (lambda text: err.print(text, markup=False)))
+                       progress=None if args.json else (lambda text: err.print(text, markup=False, soft_wrap=True)))
     if args.json:
         json.dump(result.to_dict(), sys.stdout, indent=2, default=str)
         sys.stdout.write("\n")
@@ -127,10 +127,10 @@ def render(result: Any, *, show: str = "pow2", out: Any = None) -> None:
         markup=False,
     )
     probes = ", ".join(f"{k}: {v}" for k, v in result.probes.items())
-    con.print(f"probes: {probes}", markup=False)
+    con.print(f"probes: {probes}", markup=False, soft_wrap=True)
     con.print("columns: alive B = bytes of the storages the call received or returned still alive after it (ledger), "
               "one value per call; malloc/CUDA Δ B = allocated bytes above the baseline after each call; err = max "
-              "|out - float64 reference| over the last 128 rows", markup=False)
+              "|out - float64 reference| over the last 128 rows", markup=False, soft_wrap=True)
     cuda = any(r.cuda_allocated_delta is not None for r in result.rows)
     for target in result.targets:
         rows = [r for r in result.rows if r.target == target]
@@ -154,9 +154,9 @@ def render(result: Any, *, show: str = "pow2", out: Any = None) -> None:
         print_table(f"{target}: {len(rows)} of {sum(1 for r in result.rows if r.target == target)} lengths shown",
                     cols, table, out=con)
         for r in [r for r in result.rows if r.target == target and r.verdict in ("LEAK", "WRONG")][:3]:
-            con.print(f"  length {r.length}: " + "; ".join(r.reasons), markup=False)
+            con.print(f"  length {r.length}: " + "; ".join(r.reasons), markup=False, soft_wrap=True)
             if r.holder_chain:
-                con.print("    held by: " + " → ".join(r.holder_chain), markup=False)
+                con.print("    held by: " + " → ".join(r.holder_chain), markup=False, soft_wrap=True)
     for note in result.notes:
-        con.print(f"note: {note}", markup=False)
-    con.print(f"verdict: {result.verdict()} ({result.seconds:.1f} s)", markup=False)
+        con.print(f"note: {note}", markup=False, soft_wrap=True)
+    con.print(f"verdict: {result.verdict()} ({result.seconds:.1f} s)", markup=False, soft_wrap=True)

@@ -191,56 +191,18 @@ def run_sweep(
     def read() -> tuple[int | None, dict[str, int] | None]:
         return malloc.read(), cuda.read()
 
+    gc.collect()  # unrelated garbage collected now, not in the middle of a measurement
+    gc_was_enabled = gc.isenabled()
     for target in targets:
         if progress is not None:
             progress(f"sweeping {target.name} over {len(lengths)} lengths")
         for n in lengths:
-            q, k, v = make(n)
-            out, received = target(q, k, v)  # warm-up
-            del q, k, v, out, received
-            base_m, base_c = read()
-            alive: list[int] = []
-            m_delta: list[int] = []
-            c_alloc: list[int] = []
-            c_res: list[int] = []
-            c_drv: list[int] = []
-            times: list[float] = []
-            err: float | None = None
-            tracked: dict[int, int] = {}  # storage key -> bytes
-            cuda.reset_peak()
-            for r in range(config.repeats):
-                q, k, v = make(n)
-                with guard.request(f"{target.name}/len={n}/call={r}"):
-                    t0 = time.perf_counter()
-                    out, received = target(q, k, v)
-                    if cuda.available:
-                        torch.cuda.synchronize(device)
-                    times.append(time.perf_counter() - t0)
-                    _track(guard, target.name, [*received, out], tracked)
-                if config.check_output and r == 0:
-                    err = _tail_error(q, k, v, out)
-                del q, k, v, out, received
-                alive.append(_alive_bytes(guard, tracked))
-                mm, cc = read()
-                if mm is not None and base_m is not None:
-                    m_delta.append(mm - base_m)
-                if cc is not None and base_c is not None:
-                    c_alloc.append(cc["allocated"] - base_c["allocated"])
-                    c_res.append(cc["reserved"] - base_c["reserved"])
-                    c_drv.append(cc["driver_used"] - base_c["driver_used"])
-            row = Row(
-                target=target.name, length=n, kind=length_kind(n), ms=sorted(times)[len(times) // 2] * 1e3,
-                kv_bytes=2 * config.batch * config.heads * n * config.head_dim * elem,
-                alive_bytes=alive,
-                malloc_delta=m_delta if base_m is not None else None,
-                cuda_allocated_delta=c_alloc if base_c is not None else None,
-                cuda_reserved_delta=c_res if base_c is not None else None,
-                cuda_driver_delta=c_drv if base_c is not None else None,
-                cuda_peak_bytes=cuda.peak(),
-                max_abs_err=err,
-            )
-            _judge(row, config, guard, tracked, malloc, cuda, base_m, base_c)
-            rows.append(row)
+            gc.disable()  # no automatic collection of unrelated garbage between baseline and readings (timeit does so)
+            try:
+                rows.append(_measure_length(target, n, config, guard, make, read, malloc, cuda, elem, device))
+            finally:
+                if gc_was_enabled:
+                    gc.enable()
     report = Report()
     if any(r.verdict == "LEAK" and any(r.alive_bytes) for r in rows):
         report = guard.check()
@@ -257,6 +219,60 @@ def run_sweep(
     }
     return SweepResult(config, [t.name for t in targets], list(lengths), rows, list(notes or []), report, probes,
                        time.perf_counter() - t_start)
+
+
+
+def _measure_length(target: Target, n: int, config: SweepConfig, guard: Any, make: Any, read: Any,
+                    malloc: MallocProbe, cuda: CudaProbe, elem: int, device: Any) -> Row:
+    """Warm up, read the baseline, run ``config.repeats`` calls and read after each; judge the row."""
+    import torch
+
+    q, k, v = make(n)
+    out, received = target(q, k, v)  # warm-up
+    del q, k, v, out, received
+    base_m, base_c = read()
+    alive: list[int] = []
+    m_delta: list[int] = []
+    c_alloc: list[int] = []
+    c_res: list[int] = []
+    c_drv: list[int] = []
+    times: list[float] = []
+    err: float | None = None
+    tracked: dict[int, int] = {}  # storage key -> bytes
+    cuda.reset_peak()
+    for r in range(config.repeats):
+        q, k, v = make(n)
+        with guard.request(f"{target.name}/len={n}/call={r}"):
+            t0 = time.perf_counter()
+            out, received = target(q, k, v)
+            if cuda.available:
+                torch.cuda.synchronize(device)
+            times.append(time.perf_counter() - t0)
+            _track(guard, target.name, [*received, out], tracked)
+        if config.check_output and r == 0:
+            err = _tail_error(q, k, v, out)
+        del q, k, v, out, received
+        alive.append(_alive_bytes(guard, tracked))
+        mm, cc = read()
+        if mm is not None and base_m is not None:
+            m_delta.append(mm - base_m)
+        if cc is not None and base_c is not None:
+            c_alloc.append(cc["allocated"] - base_c["allocated"])
+            c_res.append(cc["reserved"] - base_c["reserved"])
+            c_drv.append(cc["driver_used"] - base_c["driver_used"])
+    row = Row(
+        target=target.name, length=n, kind=length_kind(n), ms=sorted(times)[len(times) // 2] * 1e3,
+        kv_bytes=2 * config.batch * config.heads * n * config.head_dim * elem,
+        alive_bytes=alive,
+        malloc_delta=m_delta if base_m is not None else None,
+        cuda_allocated_delta=c_alloc if base_c is not None else None,
+        cuda_reserved_delta=c_res if base_c is not None else None,
+        cuda_driver_delta=c_drv if base_c is not None else None,
+        cuda_peak_bytes=cuda.peak(),
+        max_abs_err=err,
+    )
+    _judge(row, config, guard, tracked, malloc, cuda, base_m, base_c)
+    return row
 
 
 def _track(guard: Any, source: str, tensors: list[Any], tracked: dict[int, int]) -> None:
