@@ -48,6 +48,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--dtype", default=None, choices=DTYPES, help="default: float32 on cpu, float16 on cuda")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default: %(default)s)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch intra-op threads for the sweep (default: torch's own choice)")
     p.add_argument("--repeats", type=int, default=3, help="measured calls per length after a warm-up (default: 3)")
     p.add_argument("--tolerance", type=int, default=64 * 1024,
                    help="allocator bytes allowed above the baseline (default: %(default)s)")
@@ -58,8 +60,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _validate(args: argparse.Namespace) -> None:
-    for name, lo, hi in (("batch", 1, 64), ("heads", 1, 256), ("head_dim", 1, 512), ("repeats", 1, 100)):
+    for name, lo, hi in (("batch", 1, 64), ("heads", 1, 256), ("head_dim", 1, 512), ("repeats", 1, 100),
+                         ("threads", 1, 1024)):
         value = getattr(args, name)
+        if value is None:
+            continue
         if not lo <= value <= hi:
             flag = "--" + name.replace("_", "-")
             raise UsageError(f"{flag} {value} is out of range; fix: use {lo}..{hi}")
@@ -95,10 +100,12 @@ def run(args: argparse.Namespace) -> int:
     if not targets:
         raise UsageError(f"no attention target runs on {device}: " + "; ".join(notes), exit_code=EXIT_ENVIRONMENT)
     from kvguardian.report.console import console
+    from kvguardian.repro.threads import torch_threads
 
     err = console(stderr=True)
-    result = run_sweep(targets, lengths, config, notes=notes,
-                       progress=None if args.json else (lambda text: err.print(text, markup=False, soft_wrap=True)))
+    with torch_threads(args.threads or torch.get_num_threads()):
+        result = run_sweep(targets, lengths, config, notes=notes, progress=None if args.json else (
+            lambda text: err.print(text, markup=False, soft_wrap=True)))
     if args.json:
         json.dump(result.to_dict(), sys.stdout, indent=2, default=str)
         sys.stdout.write("\n")

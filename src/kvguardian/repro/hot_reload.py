@@ -99,9 +99,12 @@ def drive(variant: str, *, reloads: int, requests_per_reload: int) -> dict[str, 
 
 
 def measure(*, reloads: int, requests_per_reload: int) -> dict[str, Any]:
+    from kvguardian.repro.threads import torch_threads
+
     t0 = time.perf_counter()
-    buggy = drive("buggy", reloads=reloads, requests_per_reload=requests_per_reload)
-    fixed = drive("fixed", reloads=reloads, requests_per_reload=requests_per_reload)
+    with torch_threads(1):
+        buggy = drive("buggy", reloads=reloads, requests_per_reload=requests_per_reload)
+        fixed = drive("fixed", reloads=reloads, requests_per_reload=requests_per_reload)
     per_reload = buggy["kv_bytes_after_each_reload"][1] - buggy["kv_bytes_after_each_reload"][0]
     first = buggy["kvg105_first"] or {}
     chain = first.get("holder_chain") or []

@@ -74,21 +74,23 @@ def fixed_blockwise_attention(q: Any, k: Any, v: Any, is_causal: bool = False) -
 def measure(*, max_length: int, heads: int, repeats: int) -> dict[str, Any]:
     import torch
 
+    from kvguardian.repro.threads import torch_threads
     from kvguardian.sweep import SweepConfig, Target, parse_lengths, resolve_targets, run_sweep
 
     lengths = parse_lengths("pow2", max_length=max_length)
     cfg = SweepConfig(heads=heads, repeats=repeats)
     t0 = time.perf_counter()
-    sdpa, notes = resolve_targets(["sdpa"], device=torch.device("cpu"), dtype=torch.float32)
-    real = run_sweep(sdpa, lengths, cfg, notes=notes)
-    try:
-        controls = run_sweep(
-            [Target("control-floor", leaky_blockwise_attention, "bhsd", "is_causal"),
-             Target("control-ceil", fixed_blockwise_attention, "bhsd", "is_causal")],
-            lengths, cfg,
-        )
-    finally:
-        _STAGED.clear()
+    with torch_threads(1):  # stable timings on a shared machine; memory behaviour does not depend on it
+        sdpa, notes = resolve_targets(["sdpa"], device=torch.device("cpu"), dtype=torch.float32)
+        real = run_sweep(sdpa, lengths, cfg, notes=notes)
+        try:
+            controls = run_sweep(
+                [Target("control-floor", leaky_blockwise_attention, "bhsd", "is_causal"),
+                 Target("control-ceil", fixed_blockwise_attention, "bhsd", "is_causal")],
+                lengths, cfg,
+            )
+        finally:
+            _STAGED.clear()
     floor_rows = [r for r in controls.rows if r.target == "control-floor"]
     ceil_rows = [r for r in controls.rows if r.target == "control-ceil"]
     expected = sorted(n for n in lengths if n % BLOCK_M)
@@ -150,7 +152,7 @@ def render(data: dict[str, Any]) -> list[str]:
         f"{SECTION} {TITLE}",
         f"article: FlashAttention-2 leaks ≈{a['leak_mb']} MB per call at length {a['length']} "
         f"({a['blocks_freed']} of {a['blocks_needed']} blocks freed: floor division), none at {a['clean_length']}",
-        f"here: CPU, batch 1, {cfg['heads']} heads, head dim {cfg['head_dim']}, {cfg['dtype']}, causal; "
+        f"here: CPU (1 thread), batch 1, {cfg['heads']} heads, head dim {cfg['head_dim']}, {cfg['dtype']}, causal; "
         f"{len(cfg['lengths'])} lengths (2^k-1, 2^k, 2^k+1 up to {cfg['lengths'][-1]}), {cfg['repeats']} calls each",
         "",
         f"PyTorch SDPA ({', '.join(s['targets'])}): {s['verdict']}",
