@@ -87,6 +87,20 @@ def test_flash_attn_layouts_are_adapted(fn, layout):
     assert all(r.max_abs_err < 1e-5 for r in res.rows)
 
 
+def test_cyclic_garbage_holding_kv_is_not_a_leak():
+    class Node:
+        pass
+
+    def cyclic(q, k, v, is_causal=False):
+        a, b = Node(), Node()
+        a.other, b.other, a.kv = b, a, (k, v)  # unreachable after return, freed only by the cycle collector
+        return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
+
+    res = run_sweep([Target("cyclic", cyclic, "bhsd", "is_causal")], [32, 33], CFG)
+    assert [r.verdict for r in res.rows] == ["ok", "ok"]
+    assert all(r.alive_bytes[-1] == 0 for r in res.rows)
+
+
 def test_wrong_results_are_reported():
     def off_by_one_block(q, k, v, is_causal=False):
         out = F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
