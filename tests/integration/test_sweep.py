@@ -111,15 +111,24 @@ def test_wrong_results_are_reported():
     assert [r.verdict for r in res.rows] == ["WRONG", "WRONG"]
 
 
-def test_cli_json_and_exit_codes(kv_cli):
+def test_cli_json(kv_cli):
     code, out, err = kv_cli("sweep", "--attn", "sdpa-flash", "--lengths", "31-33", "--heads", "1", "--repeats", "2",
                             "--json")
     assert code == 0, err
     data = json.loads(out)
     assert data["ok"] and [r["length"] for r in data["rows"]] == [31, 32, 33]
     assert data["rows"][0]["kind"] == "2^5-1" and data["targets"] == ["sdpa-flash"]
-    code, out, err = kv_cli("sweep", "--attn", "kvguardian.repro.nonpow2:leaky_blockwise_attention",
-                            "--lengths", "64,65", "--repeats", "2")
+
+
+def test_cli_table_and_exit_code_on_a_leak(capsys):
+    from kvguardian.cli import main
+
+    try:
+        code = main(["sweep", "--attn", "kvguardian.repro.nonpow2:leaky_blockwise_attention", "--lengths", "64,65",
+                     "--repeats", "2", "--threads", "1"])
+    finally:
+        nonpow2._STAGED.clear()
+    out = capsys.readouterr().out
     assert code == 1
     assert "verdict: FAIL: kvguardian.repro.nonpow2:leaky_blockwise_attention: LEAK at 1 of 2 lengths (65)" in out
     assert "held by: module kvguardian.repro.nonpow2: _STAGED" in out

@@ -169,7 +169,9 @@ def create_app(variant: str, *, spec: TinySpec = TINY, guard: Any = None) -> Any
 
     from kvguardian.guard import Guard
 
-    state = ServerState(variant, spec, guard if guard is not None else Guard())
+    # /check is a diagnostic endpoint: give the holder-chain search more time than the 3 s default, since the
+    # process holds torch, transformers and the web stack (every search level scans every object)
+    state = ServerState(variant, spec, guard if guard is not None else Guard(holder_search_seconds=20.0))
 
     class GenerateIn(BaseModel):
         system: str = Field(min_length=1, max_length=512)
