@@ -153,3 +153,12 @@ def test_cli_errors_are_one_line(capsys, args, code, needle):
     err = capsys.readouterr().err
     assert needle in err and "fix:" in err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_paged_pool_target_when_the_pool_is_installed():
+    pytest.importorskip("kvguardian.paged", reason="the paged KV pool (issue 4) is not on this branch")
+    targets, _ = resolve_targets(["paged"], device=CPU, dtype=torch.float32)
+    res = run_sweep(targets, [1, 15, 16, 17, 63, 64, 65], SweepConfig(batch=2, heads=2, head_dim=16, repeats=2))
+    assert [t.name for t in targets] == ["paged"]
+    assert res.ok, res.verdict()
+    assert all(r.max_abs_err < 1e-5 for r in res.rows)

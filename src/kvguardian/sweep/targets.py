@@ -17,8 +17,8 @@ Specs (``--attn``, repeatable):
 * ``sdpa`` — PyTorch's ``scaled_dot_product_attention`` once per backend available on the device
   (CPU: math and flash; CUDA: also efficient and cuDNN), each pinned with ``torch.nn.attention.sdpa_kernel``;
   ``sdpa-math``, ``sdpa-flash``, ``sdpa-efficient``, ``sdpa-cudnn`` for one;
-* ``paged`` — ``kvguardian.paged.sweep_attention`` (the paged KV pool's attention, ``bhsd`` signature) when
-  that module is installed;
+* ``paged`` — attention through the paged KV pool when ``kvguardian.paged`` is installed: its own
+  ``sweep_attention`` (``bhsd`` signature) if it defines one, else `kvguardian.sweep.paged.paged_attention`;
 * ``flash-attn`` — ``flash_attn:flash_attn_varlen_func`` with the ``varlen`` layout (needs a CUDA GPU and
   the ``flash-attn`` package);
 * ``module:function`` — any importable callable (``pkg.mod:Class.method`` works too), called per
@@ -136,13 +136,18 @@ def _import_spec(spec: str) -> Callable[..., Any]:
 
 
 def paged_attention() -> Callable[..., Any] | None:
-    """``kvguardian.paged.sweep_attention`` when the paged pool is installed, else None."""
+    """The paged pool's attention when `kvguardian.paged` is installed: its own ``sweep_attention`` if it has
+    one, else this package's adapter (`kvguardian.sweep.paged`); None without the pool."""
     try:
         mod = importlib.import_module("kvguardian.paged")
     except ImportError:
         return None
     fn = getattr(mod, "sweep_attention", None)
-    return fn if callable(fn) else None
+    if callable(fn):
+        return fn  # type: ignore[no-any-return]
+    from kvguardian.sweep import paged
+
+    return paged.paged_attention if paged.available() else None
 
 
 def resolve_targets(
@@ -173,7 +178,7 @@ def resolve_targets(
             if paged is not None:
                 targets.append(Target("paged", paged, "bhsd", "is_causal"))
             else:
-                notes.append("paged skipped: kvguardian.paged.sweep_attention is not installed")
+                notes.append("paged skipped: kvguardian.paged (the paged KV pool) is not installed")
             continue
         if spec.startswith("sdpa-") and spec[5:] in SDPA_BACKENDS:
             t = _sdpa(spec[5:])
@@ -181,7 +186,7 @@ def resolve_targets(
             fn = paged_attention()
             if fn is None:
                 raise UsageError(
-                    "--attn paged: kvguardian.paged.sweep_attention is not installed in this kv-guardian; "
+                    "--attn paged: kvguardian.paged (the paged KV pool) is not installed in this kv-guardian; "
                     "fix: install a kv-guardian with the paged pool, or pass --attn module:function",
                     exit_code=EXIT_ENVIRONMENT,
                 )
