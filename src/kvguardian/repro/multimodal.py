@@ -452,10 +452,11 @@ def demo_row() -> DemoRow:
     n = data["sequences"]
     measured = (
         f"2 gloo ranks, {n} image+text sequences: rank 0 holds {b['held_bytes_by_rank']['0'][-1]:,} B of finished "
-        f"sequences' visual KV, rank 1 holds {b['held_bytes_by_rank']['1'][-1]:,} B; per sequence: broadcast fix "
-        f"{bc['comm_bytes_per_sequence']:,.0f} B / {bc['comm_ms_per_sequence']:.2f} ms, refcount fix "
-        f"{rc['comm_bytes_per_sequence']:,.0f} B / {rc['comm_ms_per_sequence']:.2f} ms (both incl. the image "
-        "broadcast where used)"
+        f"sequences' visual KV, rank 1 holds {b['held_bytes_by_rank']['1'][-1]:,} B. Comm per sequence: buggy "
+        f"{b['comm_bytes_per_sequence']:,.0f} B (visual tokens) in {b['comm_ms_per_sequence']:.2f} ms; broadcast "
+        f"fix {bc['comm_bytes_per_sequence']:,.0f} B (K/V of {bc['collectives_per_sequence'] // 2} layers) in "
+        f"{bc['comm_ms_per_sequence']:.2f} ms; refcount fix {rc['comm_bytes_per_sequence']:,.0f} B (visual tokens "
+        f"+ 8 B all-reduce) in {rc['comm_ms_per_sequence']:.2f} ms"
     )
     chain = b["holder_chain"] or ["(no chain)"]
     verdict = (
