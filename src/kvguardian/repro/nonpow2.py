@@ -172,7 +172,7 @@ def render(data: dict[str, Any]) -> list[str]:
         "",
         f"control (floor-division release, the article's mechanism): caught at {len(f['caught_lengths'])} lengths, "
         f"exactly the {len(f['expected_leak_lengths'])} that are not multiples of {cfg['block_m']}: {f['exact']}; "
-        f"{f['alive_bytes_per_call_at_1023']} bytes per call still alive at 1023, none at 1024",
+        f"{f['alive_bytes_per_call_at_1023']:,} bytes per call still alive at 1023, none at 1024",
         "  held by: " + (" → ".join(f["holder_chain"]) if f["holder_chain"] else "(no chain)"),
         f"fix (ceil-division release): clean at every length: {c['clean']}"
         + (f" (bad at {c['bad_lengths']})" if c["bad_lengths"] else ""),

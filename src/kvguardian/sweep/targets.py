@@ -108,7 +108,8 @@ def _works(target: Target, device: Any, dtype: Any) -> str | None:
     try:
         target(q, q.clone(), q.clone())
     except Exception as exc:
-        return f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+        text = str(exc).splitlines()[0] if str(exc) else ""
+        return f"{type(exc).__name__}: {text.split('. ')[0][:160]}"
     return None
 
 
