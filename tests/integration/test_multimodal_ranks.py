@@ -41,7 +41,7 @@ def test_the_holding_rank_names_the_holder(data):
     assert b["local_findings_by_rank"]["0"] == {"KVG102": SEQUENCES}
     assert b["local_findings_by_rank"]["1"] == {}
     assert b["holder_chain"][:3] == [
-        "module kvguardian.repro.multimodal: RANK_SERVER", "RankServer.store", "VisualKVStore.image_cache",
+        "module kvguardian.repro.rank_server: RANK_SERVER", "RankServer.store", "VisualKVStore.image_cache",
     ]
 
 
