@@ -25,6 +25,7 @@ from typing import Any
 from kvguardian import _faults
 from kvguardian._errors import UsageError
 from kvguardian.detectors import DetectContext, run_all
+from kvguardian.detectors.stale_generation import stale_records
 from kvguardian.findings import Finding, Report, Severity
 from kvguardian.ledger import EntryState, Event, Ledger, LedgerSnapshot, RequestInfo
 
@@ -288,8 +289,6 @@ class Guard:
             del obj
         snap = self.ledger.snapshot()
         chains = {}
-        from kvguardian.detectors.stale_generation import stale_records
-
         orphan_keys = [r.key for r in snap.records if r.state is EntryState.ORPHANED]
         orphan_keys += [r.key for r in stale_records(snap) if r.state is not EntryState.ORPHANED]
         if holder_chains and orphan_keys and "torch" in sys.modules:

@@ -31,7 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--attn", action="append", metavar="SPEC",
         help="what to sweep (repeatable): sdpa (every backend available; default), sdpa-math, sdpa-flash, "
-             "sdpa-efficient, sdpa-cudnn, paged (kvguardian.paged.sweep_attention), flash-attn "
+             "sdpa-efficient, sdpa-cudnn, paged (through the paged KV pool, when installed), flash-attn "
              "(flash_attn_varlen_func), or module:function",
     )
     p.add_argument("--layout", default="bhsd", choices=("bhsd", "bshd", "varlen"),
