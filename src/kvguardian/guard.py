@@ -25,6 +25,7 @@ from typing import Any
 from kvguardian import _faults
 from kvguardian._errors import UsageError
 from kvguardian.detectors import DetectContext, run_all
+from kvguardian.detectors.stale_generation import stale_records
 from kvguardian.findings import Finding, Report, Severity
 from kvguardian.ledger import EntryState, Event, Ledger, LedgerSnapshot, RequestInfo
 
@@ -272,7 +273,8 @@ class Guard:
     def check(self, *, holder_chains: bool = True) -> Report:
         """Settle, then run every detector over the ledger and return a `Report`.
 
-        Holder chains are searched for orphaned entries only (bounded by ``holder_search_seconds``).
+        Holder chains are searched for orphaned entries and for KV of retired model generations (bounded by
+        ``holder_search_seconds``).
         """
         self.settle()
         with self._lock:
@@ -288,6 +290,7 @@ class Guard:
         snap = self.ledger.snapshot()
         chains = {}
         orphan_keys = [r.key for r in snap.records if r.state is EntryState.ORPHANED]
+        orphan_keys += [r.key for r in stale_records(snap) if r.state is not EntryState.ORPHANED]
         if holder_chains and orphan_keys and "torch" in sys.modules:
             from kvguardian.tensors.holders import find_holder_chains
 

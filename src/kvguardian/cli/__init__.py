@@ -26,6 +26,7 @@ COMMANDS: dict[str, str] = {
     "exporter": "kvguardian.cli.exporter",
     "watch": "kvguardian.cli.watch",
     "redis": "kvguardian.cli.redis",
+    "sweep": "kvguardian.cli.sweep",
 }
 
 

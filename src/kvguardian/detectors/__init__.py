@@ -7,15 +7,15 @@ computes them before calling the detectors and passes them in `DetectContext`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from kvguardian.findings import Finding
-from kvguardian.ledger import LedgerSnapshot
+from kvguardian.ledger import LedgerSnapshot, Record
 from kvguardian.tensors.holders import HolderChain
 
-__all__ = ["DETECTORS", "DetectContext", "Detector", "run_all"]
+__all__ = ["DETECTORS", "DetectContext", "Detector", "best_chain", "chain_evidence", "run_all"]
 
 
 @dataclass(frozen=True)
@@ -31,10 +31,33 @@ class DetectContext:
 Detector = Callable[[LedgerSnapshot, DetectContext], list[Finding]]
 
 
-def _registry() -> list[Detector]:
-    from kvguardian.detectors import grad_tracked, growth, orphaned
+def best_chain(records: Iterable[Record], ctx: DetectContext) -> HolderChain | None:
+    """The first complete holder chain among ``records`` (in order), else the first incomplete one."""
+    chain = None
+    for rec in records:
+        c = ctx.holder_chains.get(rec.key)
+        if c is not None and (chain is None or (c.complete and not chain.complete)):
+            chain = c
+            if c.complete:
+                break
+    return chain
 
-    return [grad_tracked.detect, orphaned.detect, growth.detect]
+
+def chain_evidence(chain: HolderChain | None) -> tuple[dict[str, Any], str]:
+    """The evidence fields every holder-chain finding carries, and the ", held by ..." clause of its message."""
+    ev: dict[str, Any] = {
+        "holder_root": chain.root if chain is not None else None,
+        "holder_complete": chain.complete if chain is not None else False,
+    }
+    if chain is not None and chain.notes:
+        ev["holder_notes"] = chain.notes
+    return ev, (f", held by {chain.steps[0]}" if chain is not None and chain.complete else "")
+
+
+def _registry() -> list[Detector]:
+    from kvguardian.detectors import grad_tracked, growth, orphaned, stale_generation
+
+    return [grad_tracked.detect, orphaned.detect, growth.detect, stale_generation.detect]
 
 
 DETECTORS: list[Detector] = []

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from kvguardian.detectors import DetectContext
+from kvguardian.detectors import DetectContext, best_chain, chain_evidence
 from kvguardian.findings import Finding, Severity
 from kvguardian.ledger import EntryState, LedgerSnapshot, Record
 
@@ -25,16 +25,8 @@ def detect(snapshot: LedgerSnapshot, ctx: DetectContext) -> list[Finding]:
         recs.sort(key=lambda r: (r.layer if r.layer is not None else -1, r.kind, r.entry_id))
         nbytes = sum(r.storage_bytes for r in recs)
         layers = sorted({r.layer for r in recs if r.layer is not None})
-        chain = None
-        chain_notes: list[str] = []
-        for rec in recs:
-            c = ctx.holder_chains.get(rec.key)
-            if c is not None and (chain is None or (c.complete and not chain.complete)):
-                chain = c
-                if c.complete:
-                    break
-        if chain is not None:
-            chain_notes = chain.notes
+        chain = best_chain(recs, ctx)
+        chain_ev, held_by = chain_evidence(chain)
         info = snapshot.requests.get(rid) if rid is not None else None
         ended_ago = (snapshot.taken - info.ended) if info is not None and info.ended is not None else None
         evidence = {
@@ -47,12 +39,8 @@ def detect(snapshot: LedgerSnapshot, ctx: DetectContext) -> list[Finding]:
             "kinds": sorted({r.kind for r in recs}),
             "sources": sorted({r.source for r in recs}),
             "seconds_since_owner_ended": round(ended_ago, 3) if ended_ago is not None else None,
-            "holder_root": chain.root if chain is not None else None,
-            "holder_complete": chain.complete if chain is not None else False,
+            **chain_ev,
         }
-        if chain_notes:
-            evidence["holder_notes"] = chain_notes
-        held_by = f", held by {chain.steps[0]}" if chain is not None and chain.complete else ""
         findings.append(
             Finding(
                 id="KVG102",

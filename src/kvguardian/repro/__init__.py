@@ -13,18 +13,47 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-__all__ = ["REPROS", "DemoRow", "ReproResult", "load"]
+__all__ = ["ARTICLE_SECTIONS", "REPROS", "DemoRow", "ReproResult", "load", "not_built_rows", "section_order"]
 
 #: reproduction name -> module, in the order of the article's sections.
 REPROS: dict[str, str] = {
     "grad-tracking": "kvguardian.repro.grad_tracking",
     "orphaned": "kvguardian.repro.orphaned",
     "cross-request": "kvguardian.repro.cross_request",
+    "nonpow2": "kvguardian.repro.nonpow2",
+    "multimodal-ranks": "kvguardian.repro.multimodal",
+    "hot-reload": "kvguardian.repro.hot_reload",
+}
+
+
+#: The article's five anti-patterns: section -> (reproduction name, the article's claim). `kv-guardian demo`
+#: shows a "not built yet" row for a section whose reproduction is not in REPROS, instead of dropping it.
+ARTICLE_SECTIONS: dict[str, tuple[str, str]] = {
+    "§2.1": ("grad-tracking", "1,024 ctx → 2.1 GiB, 8,192 → 18.7 GiB; O(n²) graph retention"),
+    "§2.2": ("cross-request", "dynamic batching hands one request's KV blocks to another; isolation costs "
+                              "128 → 116 QPS, 42 → 47 ms"),
+    "§2.3": ("nonpow2", "FlashAttention-2 leaks ≈151 MB at length 1023, none at 1024"),
+    "§2.4": ("multimodal-ranks", "Rank 0 holds 128 visual-KV refs, Rank 1 holds 0"),
+    "§2.5": ("hot-reload", "hot reload leaves the old generation's KV handles alive"),
 }
 
 
 def load(name: str) -> ModuleType:
     return importlib.import_module(REPROS[name])
+
+
+def not_built_rows() -> list[DemoRow]:
+    """A placeholder row for each article section whose reproduction is not registered."""
+    return [
+        DemoRow(name, section, claim, "not built yet", "—", None, ok=True, details={"not_built": True})
+        for section, (name, claim) in ARTICLE_SECTIONS.items()
+        if name not in REPROS
+    ]
+
+
+def section_order(row: DemoRow) -> tuple[int, str]:
+    """Demo order: the article's sections in order, then our own reproductions."""
+    return (0, row.section) if row.section.startswith("§") else (1, row.name)
 
 
 @dataclass

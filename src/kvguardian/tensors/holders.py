@@ -5,6 +5,7 @@ target storages, one ``gc.get_referrers`` pass per level (breadth first, so the 
 one), until it reaches a root:
 
 * a module's globals (``module app: SESSIONS``),
+* a class's attributes (``class app.Service: encode_prefix``: a ``functools.lru_cache`` on a method),
 * a frame that is executing now, in any thread (their locals are not visible to the garbage collector in
   CPython 3.11+, so they are read with ``f_locals`` up front),
 
@@ -42,7 +43,7 @@ class HolderChain:
     """A rendered path from a root to a KV storage."""
 
     steps: list[str]  # root first, the KV tensor last
-    root: str  # "module", "frame", "autograd", "none"
+    root: str  # "module", "class", "frame", "autograd", "none"
     complete: bool  # True when it starts at a root
     depth: int = 0
     notes: list[str] = field(default_factory=list)
@@ -296,12 +297,17 @@ def find_holder_chains(
                 key = obj.untyped_storage().data_ptr()
             except Exception:
                 continue
-            if key in targets and key not in holder_tensor:
-                holder_tensor[key] = id(obj)
-                candidates.setdefault(key, []).append(id(obj))
-                objs[id(obj)] = obj
-                frontier.append(obj)
-            if obj.grad_fn is not None:
+            if key in targets:
+                # every Python tensor on the storage (a view and its base are two; a base kept alive only by
+                # its view's C++ link has no Python holder of its own): the chain starts from whichever
+                # reaches a root first
+                same = candidates.setdefault(key, [])
+                if len(same) < 16:
+                    same.append(id(obj))
+                    holder_tensor.setdefault(key, id(obj))
+                    objs[id(obj)] = obj
+                    frontier.append(obj)
+            elif obj.grad_fn is not None:
                 grad_tensors.append(obj)
     # 1b. autograd graphs that saved a target for backward also hold it (the Python tensor on a saved
     # storage may exist only because PyTorch preserves it, with nothing in Python pointing at it)
@@ -333,6 +339,7 @@ def find_holder_chains(
         for name, value in items:
             live_locals.setdefault(id(value), f"{label} local {name}")
     module_dicts = {id(m.__dict__): name for name, m in list(sys.modules.items()) if hasattr(m, "__dict__")}
+    class_dicts = _class_dicts()
     own_frame = sys._getframe()
     internal.update({id(objs), id(parent), id(frontier), id(own_frame), id(targets), id(live_locals)})
 
@@ -372,6 +379,11 @@ def find_holder_chains(
                     if id(v) in frontier_ids and id(v) not in root_label:
                         root_label[id(v)] = f"module {module_dicts[rid]}: {k}"
                 continue
+            if rid in class_dicts:  # a class attribute (a cached method, a class-level registry): as global
+                for k, v in r.items():
+                    if id(v) in frontier_ids and id(v) not in root_label:
+                        root_label[id(v)] = f"class {class_dicts[rid]}: {k}"
+                continue
             children = [c for c in gc.get_referents(r) if id(c) in frontier_ids]
             if not children:
                 continue
@@ -384,8 +396,10 @@ def find_holder_chains(
         # stop early when every target has a holder with an ancestor under a root
         for tid in list(pending):
             node = tid
-            while node not in root_label and node in parent:
+            seen_up = {tid}
+            while node not in root_label and node in parent and parent[node] not in seen_up:
                 node = parent[node]
+                seen_up.add(node)
             if node in root_label:
                 reached[tid] = node
                 pending.discard(tid)
@@ -421,7 +435,7 @@ def find_holder_chains(
         if complete:
             label = root_label[path[0]]
             steps.append(label)
-            root = "frame" if label.startswith("frame ") else "module"
+            root = "frame" if label.startswith("frame ") else ("class" if label.startswith("class ") else "module")
         else:
             steps.append(f"<unknown holder of {type(objs[path[0]]).__name__}>")
         i = 0
@@ -452,3 +466,28 @@ def find_holder_chains(
     parent.clear()
     return chains
 
+
+def _class_dicts() -> dict[int, str]:
+    """id(the dict behind a class's ``__dict__``) -> ``module.Class``, for every class alive now.
+
+    Class attributes are as global as module globals (a ``functools.lru_cache`` on a method lives in its
+    class's dict), so the search treats them as roots. ``vars(cls)`` is a read-only proxy; its one referent
+    is the real dict, which is what ``gc.get_referrers`` returns.
+    """
+    out: dict[int, str] = {}
+    stack = list(object.__subclasses__())
+    seen: set[int] = set()
+    while stack:
+        cls = stack.pop()
+        if id(cls) in seen:
+            continue
+        seen.add(id(cls))
+        try:
+            stack.extend(type.__subclasses__(cls))
+            inner = gc.get_referents(vars(cls))
+        except Exception:  # pragma: no cover - exotic metaclasses
+            continue
+        if inner and isinstance(inner[0], dict):
+            name = _short(getattr(cls, "__qualname__", cls.__name__))
+            out[id(inner[0])] = f"{getattr(cls, '__module__', '?')}.{name}"
+    return out

@@ -1,0 +1,91 @@
+"""Memory probes for the sweep: the C allocator's in-use bytes (glibc) and CUDA's allocator and driver.
+
+The ledger answers "is any K/V storage the callable received still alive?" exactly. These probes answer
+the wider question "did the call leave memory allocated?", which also covers workspaces the callable
+allocated itself and never freed:
+
+* **glibc malloc** (`mallinfo2`): bytes in use by the process's C allocator (``uordblks + hblkhd``, i.e.
+  small chunks plus mmapped chunks). PyTorch's CPU tensors are allocated through it. Python's own small
+  objects live in arenas mmapped outside it, so the number barely moves when Python allocates objects.
+  Not available with musl, macOS, or a replaced allocator (jemalloc, tcmalloc): then the probe says so.
+* **CUDA** (only when a CUDA device is used): ``torch.cuda.memory_allocated`` (tensors alive in PyTorch's
+  caching allocator: the one that shows a leak), ``memory_reserved`` (cached by the allocator: grows and
+  plateaus, not a leak by itself) and the driver's used bytes from ``cudaMemGetInfo`` (everything on the
+  device, including allocations made outside PyTorch, e.g. ``cudaMallocAsync`` in an extension).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+from typing import Any
+
+__all__ = ["CudaProbe", "MallocProbe"]
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost",
+    )]
+
+
+class MallocProbe:
+    """In-use bytes of glibc's malloc, or unavailable (``available`` False, ``why`` says why)."""
+
+    name = "malloc"
+
+    def __init__(self) -> None:
+        self.available = False
+        self.why = ""
+        self._fn: Any = None
+        try:
+            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+            fn = libc.mallinfo2
+        except (OSError, AttributeError) as exc:
+            self.why = f"glibc mallinfo2 not available ({exc}); the C allocator is not glibc >= 2.33"
+            return
+        fn.restype = _MallInfo2
+        fn.argtypes = []
+        self._fn = fn
+        self.available = True
+
+    def read(self) -> int | None:
+        if not self.available:
+            return None
+        info = self._fn()
+        return int(info.uordblks + info.hblkhd)
+
+
+class CudaProbe:
+    """PyTorch CUDA allocator and driver bytes for one device; unavailable without CUDA."""
+
+    name = "cuda"
+
+    def __init__(self, device: Any) -> None:
+        import torch
+
+        self.torch = torch
+        self.device = device
+        self.available = bool(torch.cuda.is_available() and getattr(device, "type", str(device)) == "cuda")
+        self.why = "" if self.available else "no CUDA device in use"
+
+    def read(self) -> dict[str, int] | None:
+        if not self.available:
+            return None
+        cuda = self.torch.cuda
+        cuda.synchronize(self.device)
+        free, total = cuda.mem_get_info(self.device)
+        return {
+            "allocated": int(cuda.memory_allocated(self.device)),
+            "reserved": int(cuda.memory_reserved(self.device)),
+            "driver_used": int(total - free),
+        }
+
+    def reset_peak(self) -> None:
+        if self.available:
+            self.torch.cuda.reset_peak_memory_stats(self.device)
+
+    def peak(self) -> int | None:
+        if not self.available:
+            return None
+        return int(self.torch.cuda.max_memory_allocated(self.device))
