@@ -31,7 +31,7 @@ def test_reload_without_dropping_the_lru_cache_is_stale_generation_with_class_ro
     assert f.evidence["generation"] == 0 and f.evidence["current_generation"] == 1
     assert f.evidence["bytes"] == 2 * 2 * 6 * 4 * 4 and f.evidence["retained_bytes"] == f.evidence["bytes"]
     assert f.holder_chain[0] == f"class {__name__}.PrefixService: prefix"
-    assert f.holder_chain[1] == "lru_cache PrefixService.prefix()"
+    assert f.holder_chain[1] == "lru_cache PrefixService.prefix() cached result"
     assert "declared retained: prefix cache" in f.message
     assert not report.by_id("KVG102")  # declared: only the generation check can see it
     PrefixService.prefix.cache_clear()
