@@ -53,13 +53,23 @@ def detect(snapshot: LedgerSnapshot, ctx: DetectContext) -> list[Finding]:
         if chain_notes:
             evidence["holder_notes"] = chain_notes
         held_by = f", held by {chain.steps[0]}" if chain is not None and chain.complete else ""
+        verdict = (ctx.options.get("retention") or {}).get(rid) if rid is not None else None
+        severity = Severity.ERROR
+        tail = ""
+        if verdict is not None:
+            evidence["retention"] = verdict.to_dict()
+            if verdict.bounded:
+                severity = Severity.INFO
+                tail = f"; retained but bounded: {verdict.detail}"
+            else:
+                tail = f"; {verdict.detail} ({verdict.collection})"
         findings.append(
             Finding(
                 id="KVG102",
-                severity=Severity.ERROR,
+                severity=severity,
                 message=(
                     f"{nbytes} bytes of KV ({len(recs)} storages, layers {layers}) of request {rid!r} "
-                    f"are alive after the request ended{held_by}"
+                    f"are alive after the request ended{held_by}{tail}"
                 ),
                 evidence=evidence,
                 holder_chain=list(chain.steps) if chain is not None else None,

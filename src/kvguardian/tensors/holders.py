@@ -44,6 +44,11 @@ class HolderChain:
     complete: bool  # True when it starts at a root
     depth: int = 0
     notes: list[str] = field(default_factory=list)
+    # additive (issue 3): what `retention` needs to judge whether the holder is bounded
+    nodes: list[int] = field(default_factory=list)  # id() of each object on the path, root-most first
+    node_steps: list[str] = field(default_factory=list)  # a short label per node (its type, or the step)
+    bounds: dict[int, str] = field(default_factory=dict)  # node id -> a declared size bound on that node
+    containers: list[int] = field(default_factory=list)  # node ids that are collections (dict, list, set, ...)
 
     def render(self) -> str:
         return " → ".join(self.steps)
@@ -371,10 +376,73 @@ def find_holder_chains(
             steps.append(_describe_tensor(tensor))
         why = truncated or "no root reached: held from C/C++ or by an object the GC does not track"
         notes = [] if complete else [why]
-        chains[key] = HolderChain(steps=steps, root=root, complete=complete, depth=len(path), notes=notes)
+        bounds = {}
+        for nid in path:
+            b = declared_bound(objs[nid])
+            if b is not None:
+                bounds[nid] = b
+        chains[key] = HolderChain(steps=steps, root=root, complete=complete, depth=len(path), notes=notes,
+                                  nodes=list(path), node_steps=[_node_label(objs[n]) for n in path],
+                                  bounds=bounds, containers=[n for n in path if _is_collection(objs[n])])
     objs.clear()
     parent.clear()
     return chains
+
+
+_BOUND_ATTRS = ("maxsize", "maxlen", "max_size", "capacity", "max_entries")
+
+
+def declared_bound(obj: Any) -> str | None:
+    """A size bound declared by a container on a holder path: ``functools.lru_cache(maxsize=N)``,
+    ``deque(maxlen=N)``, or an instance attribute ``maxsize``/``maxlen``/``max_size``/``capacity`` (cachetools,
+    hand-written LRUs). None when unbounded or unknown."""
+    import collections
+    from collections.abc import MutableMapping
+
+    try:
+        if type(obj).__name__ == "_lru_cache_wrapper":
+            size = obj.cache_info().maxsize
+            return f"lru_cache maxsize={size}" if size is not None else None
+        if isinstance(obj, collections.deque):
+            return f"deque maxlen={obj.maxlen}" if obj.maxlen is not None else None
+        d = getattr(obj, "__dict__", None)
+        if isinstance(d, dict) and not isinstance(obj, (type, types.ModuleType, types.FunctionType)):
+            for name in _BOUND_ATTRS:
+                v = d.get(name)
+                if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+                    return f"{type(obj).__name__}.{name}={v}"
+        if isinstance(obj, MutableMapping) and not isinstance(obj, dict):
+            v = getattr(obj, "maxsize", None)
+            if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+                return f"{type(obj).__name__}.maxsize={v}"
+    except Exception:
+        return None
+    return None
+
+
+def _is_collection(obj: Any) -> bool:
+    import collections
+    from collections.abc import Mapping, MutableSequence, MutableSet
+
+    if isinstance(obj, (str, bytes)) or is_tensor_like(obj):
+        return False
+    return isinstance(obj, (dict, list, set, frozenset, tuple, collections.deque, Mapping, MutableSequence,
+                            MutableSet)) or type(obj).__name__ == "_lru_cache_wrapper"
+
+
+def is_tensor_like(obj: Any) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(obj, torch.Tensor)
+
+
+def _node_label(obj: Any) -> str:
+    if isinstance(obj, types.FrameType):
+        return _frame_name(obj)
+    if isinstance(obj, types.FunctionType):
+        return f"function {_func_name(obj)}()"
+    if type(obj).__name__ == "_lru_cache_wrapper":
+        return f"lru_cache {_func_name(obj)}()"
+    return type(obj).__name__
 
 
 def _is_noise(obj: object) -> bool:
