@@ -190,9 +190,11 @@ class Guard:
             from kvguardian.hf.tracker import HFTracker
 
             self._hf = HFTracker(self)
+            # the Cache.update wrapper calls the tracker directly: one Python frame less per layer per step
+            self._on_cache_update = self._hf.on_update  # type: ignore[method-assign]
         return self._hf
 
-    def audit_process(self) -> Guard:
+    def audit_process(self, *, generate: bool = True) -> Guard:
         """See every transformers cache of this process, attached model or not (what ``kv-guardian run`` and
         the pytest plugin do): top-level ``generate()`` calls and manually driven caches become implicit
         requests. Undo with `stop_auditing_process`.
@@ -204,11 +206,10 @@ class Guard:
 
         if process_guard() is self:
             return self
-        self.hf_tracker()
-        previous = set_process_guard(self)
-        if previous is not None:
-            set_process_guard(previous)
+        if process_guard() is not None:
             raise UsageError("another guard already audits this process; fix: stop_auditing_process() on it first")
+        self.hf_tracker()
+        set_process_guard(self, generate=generate)
         return self
 
     def stop_auditing_process(self) -> None:

@@ -71,13 +71,13 @@ def representative_chains(records: list[Record], chains: Mapping[Any, HolderChai
     return out
 
 
-def group_owners(chains: Mapping[str, HolderChain]) -> dict[str, int | None]:
+def group_owners(chains: Mapping[Any, HolderChain]) -> dict[Any, int | None]:
     """Owner -> id of its collection: the deepest collection on its chain shared with another owner."""
     count: Counter[int] = Counter()
     for ch in chains.values():
         for nid in set(ch.containers):
             count[nid] += 1
-    out: dict[str, int | None] = {}
+    out: dict[Any, int | None] = {}
     for rid, ch in chains.items():
         gid = None
         for nid in reversed(ch.containers):
@@ -123,7 +123,7 @@ class RetentionMonitor:
         self._next_threshold = max(owners + 1, math.ceil(owners * 1.5))
         t0 = time.monotonic()
         try:
-            self._sample(guard, min(0.5, budget - self.sample_seconds))
+            self._sample(guard, min(1.0, budget - self.sample_seconds))
         finally:
             self.samples += 1
             self.sample_seconds += time.monotonic() - t0
@@ -136,31 +136,33 @@ class RetentionMonitor:
         from kvguardian.tensors.holders import find_holder_chains
 
         led = guard.ledger
+        hf = guard._hf
+        if hf is None:
+            return
+        refs: dict[str, Any] = {}
         with led._lock:
             led._settle()
-            reps: dict[str, Record] = {}
             for rec in led._by_id.values():
-                if rec.state is EntryState.ORPHANED and rec.request_id is not None and isinstance(rec.key, int):
-                    reps.setdefault(rec.request_id, rec)
-        if len(reps) < 2:
+                rid = rec.request_id
+                if rec.state is EntryState.ORPHANED and rid is not None and rid not in refs:
+                    slot = rec.slot
+                    if isinstance(slot, tuple) and slot and isinstance(slot[0], int):
+                        st = hf.caches.get(slot[0])
+                        if st is not None:
+                            refs[rid] = st.ref
+        recent = list(refs.items())[-self.max_owners:]
+        seeds = {rid: obj for rid, ref in recent if (obj := ref()) is not None}
+        if len(seeds) < 2:
             return
-        recent = list(reps.items())[-self.max_owners:]
-        chains = find_holder_chains([int(r.key) for _, r in recent],  # type: ignore[arg-type]
-                                    exclude=(guard, led, self),
-                                    max_seconds=seconds, redact=True, collect=False)
-        by_owner = {rid: chains[r.key] for rid, r in recent if r.key in chains and chains[r.key].complete}
+        chains = find_holder_chains((), seeds=seeds, exclude=(guard, led, self, hf), max_seconds=seconds,
+                                    redact=True, collect=False)
+        seeds.clear()
+        by_owner = {rid: ch for rid, ch in chains.items() if ch.complete}
         groups = group_owners(by_owner)
-        hf = guard._hf
         for rid, gid in groups.items():
             if gid is None:
                 continue
-            rec = reps[rid]
-            cref = None
-            slot = rec.slot
-            if hf is not None and isinstance(slot, tuple) and slot and isinstance(slot[0], int):
-                st = hf.caches.get(slot[0])
-                cref = st.ref if st is not None else None
-            self._sampled[rid] = (gid, cref)
+            self._sampled[rid] = (gid, refs[rid])
             self._sampled.move_to_end(rid)
         while len(self._sampled) > 4_096:
             self._sampled.popitem(last=False)

@@ -23,6 +23,7 @@ __all__ = ["COMMANDS", "build_parser", "main"]
 COMMANDS: dict[str, str] = {
     "demo": "kvguardian.cli.demo",
     "repro": "kvguardian.cli.repro",
+    "run": "kvguardian.cli.run",
 }
 
 

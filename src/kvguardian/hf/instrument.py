@@ -39,6 +39,7 @@ __all__ = [
     "cache_role",
     "check_transformers_version",
     "install_cache_patch",
+    "install_generate_patch",
     "process_guard",
     "set_process_guard",
     "uninstall_cache_patch",
@@ -60,13 +61,14 @@ def process_guard() -> Guard | None:
     return _PROCESS[0]
 
 
-def set_process_guard(guard: Guard | None) -> Guard | None:
+def set_process_guard(guard: Guard | None, *, generate: bool = True) -> Guard | None:
     """Make ``guard`` see every cache update of the process not claimed by an attached model (None: stop).
-    Installs the patches (generate included) on first use. Returns the previous process guard."""
+    Installs the cache patch (and, with ``generate``, the class-level generate patch, which imports
+    ``transformers.generation.utils``). Returns the previous process guard."""
     previous = _PROCESS[0]
-    if guard is not None:
+    if guard is not None and previous is None:
         check_transformers_version()
-        install_cache_patch(generate=True)
+        install_cache_patch(generate=generate)
     _PROCESS[0] = guard
     if guard is None and previous is not None:
         uninstall_cache_patch()
@@ -197,11 +199,18 @@ def install_cache_patch(*, generate: bool = False) -> None:
 
             _set(cache_cls, "__init_subclass__", classmethod(__init_subclass__))
         if generate:
-            from transformers.generation.utils import GenerationMixin
-
-            if (GenerationMixin, "generate") not in _originals:
-                _set(GenerationMixin, "generate", _wrap_class_generate(GenerationMixin.generate))
+            install_generate_patch()
         _patch_users += 1
+
+
+def install_generate_patch() -> None:
+    """Wrap ``GenerationMixin.generate`` at class level (for the process guard; idempotent; undone with the
+    cache patch)."""
+    with _patch_lock:
+        from transformers.generation.utils import GenerationMixin
+
+        if (GenerationMixin, "generate") not in _originals:
+            _set(GenerationMixin, "generate", _wrap_class_generate(GenerationMixin.generate))
 
 
 def uninstall_cache_patch() -> None:

@@ -14,6 +14,7 @@ import weakref
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
+from kvguardian import _faults
 from kvguardian.hf.layers import LayerPlan, generic_tensors, iter_plain_tensors, plan_for, static_filled
 from kvguardian.ledger import RequestInfo
 from kvguardian.reuse import ReuseWindow
@@ -114,6 +115,8 @@ class HFTracker:
     def on_update(self, cache: Any, layer_idx: int, key_states: Any, args: tuple[Any, ...],
                   kwargs: dict[str, Any], out: Any) -> None:
         """After ``cache.update(key_states, value_states, layer_idx, *args, **kwargs)`` returned ``out``."""
+        if _faults.FAULTS:
+            _faults.maybe_fail("cache.update")
         self.updates += 1
         if self._dead:
             self._process_dead()

@@ -189,8 +189,9 @@ def _thread_name(frame: types.FrameType) -> str:
 
 
 def find_holder_chains(
-    target_keys: Iterable[int],
+    target_keys: Iterable[Any],
     *,
+    seeds: dict[Any, Any] | None = None,
     exclude: Iterable[object] = (),
     max_depth: int = 40,
     max_seconds: float = 3.0,
@@ -201,11 +202,13 @@ def find_holder_chains(
     """Find, for each storage key in ``target_keys``, a shortest chain of references from a root.
 
     Returns a chain for every target; a target with no chain found has ``complete=False`` and a note that
-    says why (held only from C/C++, or a bound was hit).
+    says why (held only from C/C++, or a bound was hit). With ``seeds`` (key -> object), the search starts
+    from those objects (e.g. the cache objects that hold the KV) instead of scanning for the tensors: much
+    cheaper, used for sampling at request ends.
     """
     import torch
 
-    targets = set(target_keys)
+    targets = set(target_keys) | set(seeds or ())
     if not targets:
         return {}
     if collect:
@@ -223,7 +226,13 @@ def find_holder_chains(
     frontier: list[Any] = []
     grad_tensors: list[Any] = []
     tensor_type = torch.Tensor
-    for obj in gc.get_objects():
+    if seeds:
+        internal.add(id(seeds))
+        for key, obj in seeds.items():
+            holder_tensor[key] = id(obj)
+            objs[id(obj)] = obj
+            frontier.append(obj)
+    for obj in (() if seeds else gc.get_objects()):
         if issubclass(type(obj), tensor_type):  # type(), not isinstance(): no __class__ lookups
             try:
                 key = obj.untyped_storage().data_ptr()
@@ -236,7 +245,7 @@ def find_holder_chains(
             elif obj.grad_fn is not None:
                 grad_tensors.append(obj)
     # 1b. storages no Python tensor holds: look for autograd graphs that saved them
-    missing = targets - set(holder_tensor)
+    missing = targets - set(holder_tensor) if not seeds else set()
     if missing and grad_tensors:
         from kvguardian.tensors.autograd import walk_graph
 
@@ -264,7 +273,11 @@ def find_holder_chains(
         label = _frame_name(frame) + _thread_name(frame)
         for name, value in items:
             live_locals.setdefault(id(value), f"{label} local {name}")
-    module_dicts = {id(m.__dict__): name for name, m in list(sys.modules.items()) if hasattr(m, "__dict__")}
+    module_dicts: dict[int, str] = {}
+    # canonical names first: "__main__" rather than its "__mp_main__" alias
+    for name, m in sorted(list(sys.modules.items()), key=lambda kv: (kv[0].startswith("__mp_"), kv[0])):
+        if hasattr(m, "__dict__"):
+            module_dicts.setdefault(id(m.__dict__), name)
     own_frame = sys._getframe()
     internal.update({id(objs), id(parent), id(frontier), id(own_frame), id(targets), id(live_locals)})
 
@@ -372,8 +385,10 @@ def find_holder_chains(
             steps.append("KV storage")
             if root == "none":
                 root = "autograd"
-        else:
+        elif isinstance(tensor, torch.Tensor):
             steps.append(_describe_tensor(tensor))
+        else:
+            steps.append(type(tensor).__name__)
         why = truncated or "no root reached: held from C/C++ or by an object the GC does not track"
         notes = [] if complete else [why]
         bounds = {}
