@@ -348,7 +348,15 @@ class Guard:
 
     # ------------------------------------------------------------------ reading
     def snapshot(self) -> LedgerSnapshot:
+        self._refresh_sources()
         return self.ledger.snapshot()
+
+    def _refresh_sources(self) -> None:
+        if self._hf is not None:
+            try:
+                self._hf.refresh()
+            except Exception as exc:
+                self._fail("cache.update", exc)
 
     def events(self) -> list[Event]:
         return self.ledger.events()
@@ -385,6 +393,7 @@ class Guard:
                     self._retained_keys.pop(id(ref), None)
             self._retained = live
             del obj
+        self._refresh_sources()
         snap = self.ledger.snapshot()
         chains = {}
         orphan_keys = [r.key for r in snap.records if r.state is EntryState.ORPHANED]
@@ -429,7 +438,7 @@ class Guard:
         """The ledger summary plus accounting, lifecycle, reuse rates and the sources' notes (JSON-ready)."""
         from kvguardian.accounting import kv_accounting
 
-        snap = snap if snap is not None else self.ledger.snapshot()
+        snap = snap if snap is not None else self.snapshot()
         out = snap.summary()
         out["kv"] = kv_accounting(snap)
         out["reuse"] = self.reuse_rates()

@@ -116,6 +116,7 @@ class Record:
     wref: Any = None  # the weakref whose callback reports the storage's release (never a strong ref)
     role: str | None = None  # write-once: "self" / "cross" attention for encoder-decoder caches, else None
     cache: str | None = None  # write-once: label of the cache object the storage belongs to, when known
+    incarnation: int = 0  # storages this entry has tracked before the current one (slot recycling), see _recycle
 
     def __repr__(self) -> str:  # id-only: records are compared and logged by id
         return f"<Record #{self.entry_id} {self.kind} layer={self.layer} {self.state.value}>"
@@ -257,8 +258,8 @@ class Ledger:
         self._slots: dict[Hashable, Record] = {}  # slot -> the entry currently filling it
         self._vacated: dict[Hashable, tuple[Record, float, str | None]] = {}  # freed, not yet replaced
         self._vacated_limit = 4_096
-        self._wrefs: dict[int, int] = {}  # id(weakref held by a live record) -> entry id
-        self._freed: deque[tuple[int, float]] = deque()  # (entry id, time) appended by weakref callbacks
+        self._wrefs: dict[int, tuple[int, int]] = {}  # id(weakref of a live record) -> (entry id, incarnation)
+        self._freed: deque[tuple[int, int, float]] = deque()  # (entry id, incarnation, time) from callbacks
         self._requests: OrderedDict[str, RequestInfo] = OrderedDict()
         self._request_history = request_history
         self._events: deque[Event] = deque(maxlen=event_capacity)
@@ -348,10 +349,11 @@ class Ledger:
         if ptr == 0:
             return None
         with self._lock:
+            rec = self._observe(tensor, storage, ptr, kind, layer, request, source, slot, filled_tokens,
+                                capacity_tokens, holder, role, cache, self._clock())
             if self._freed:
                 self._drain()
-            return self._observe(tensor, storage, ptr, kind, layer, request, source, slot, filled_tokens,
-                                 capacity_tokens, holder, role, cache, self._clock())
+            return rec
 
     def observe_pair(
         self,
@@ -378,8 +380,6 @@ class Ledger:
             vp = 0
         sk, sv = slots if slots is not None else (None, None)
         with self._lock:
-            if self._freed:
-                self._drain()
             now = self._clock()
             rk = rv = None
             if kp:
@@ -388,7 +388,39 @@ class Ledger:
             if vp:
                 rv = self._observe(values, vs, vp, "v", layer, request, source, sv, filled_tokens,
                                    capacity_tokens, None, role, cache, now)
+            if self._freed:
+                self._drain()
             return rk, rv
+
+    def observe_kv(
+        self, keys: Any, values: Any, layer: int | None, request: RequestInfo | None, source: str,
+        slots: tuple[Hashable, Hashable], filled_tokens: int | None, capacity_tokens: int | None,
+        role: str | None, cache: str | None,
+    ) -> bool:
+        """`observe_pair` with positional arguments (the per-layer hot path of cache instrumentation); returns
+        whether either tensor requires grad."""
+        ks = keys.untyped_storage()
+        kp = ks.data_ptr()
+        if values is not None:
+            vs = values.untyped_storage()
+            vp = vs.data_ptr()
+        else:
+            vs = None
+            vp = 0
+        grad = False
+        with self._lock:
+            now = self._clock()
+            # releases are applied after, not before: a slot whose storage was just freed (DynamicLayer's cat)
+            # then continues with the new storage (_recycle) instead of a release plus a new record
+            if kp:
+                grad = self._observe(keys, ks, kp, "k", layer, request, source, slots[0], filled_tokens,
+                                     capacity_tokens, None, role, cache, now).grad
+            if vp:
+                grad = self._observe(values, vs, vp, "v", layer, request, source, slots[1], filled_tokens,
+                                     capacity_tokens, None, role, cache, now).grad or grad
+            if self._freed:
+                self._drain()
+        return grad
 
     def _observe(
         self, tensor: Any, storage: Any, ptr: int, kind: str, layer: int | None, request: RequestInfo | None,
@@ -397,6 +429,12 @@ class Ledger:
     ) -> Record:
         # lock held, releases drained
         rec = self._by_key.get(ptr)
+        if rec is not None and rec.wref is not None and rec.wref() is None:
+            # the entry's storage was freed and this new storage got its address (release not applied yet)
+            if slot is not None and rec.slot == slot:
+                return self._recycle(rec, tensor, storage, ptr, request, now)
+            self._drain()
+            rec = self._by_key.get(ptr)
         if rec is not None:
             rec.last_access = now
             rec.shape = tuple(tensor.shape)
@@ -407,6 +445,12 @@ class Ledger:
                 rec.grad = True
             self._touch(rec, request, now)
             return rec
+        if slot is not None:
+            prev = self._slots.get(slot)
+            if prev is not None and prev.wref is not None and prev.wref() is None:
+                # DynamicLayer's torch.cat: the slot's previous storage has just been freed and this one takes
+                # its place. The entry continues with the new storage (see _recycle): no new record.
+                return self._recycle(prev, tensor, storage, ptr, request, now)
         eid = self._next_id
         self._next_id += 1
         names = self._names
@@ -428,8 +472,42 @@ class Ledger:
             bool(tensor.requires_grad), None, None, holder, None, role, cache,
         )
         wref = rec.wref = weakref.ref(storage, self._on_freed_cb)
-        self._wrefs[id(wref)] = eid
+        self._wrefs[id(wref)] = (eid, 0)
         self._insert(rec, request, now)
+        return rec
+
+    def _recycle(self, rec: Record, tensor: Any, storage: Any, ptr: int, request: RequestInfo | None,
+                 now: float) -> Record:
+        """The entry of a slot whose storage was freed continues with the storage that replaced it.
+
+        Equivalent to releasing the old storage and recording the new one in the same slot - the same
+        counters (released entries and bytes), the same "append" (or "hit") event - without creating and
+        dropping a record every decode step. The old storage's pending release is skipped by incarnation.
+        """
+        old_bytes = rec.storage_bytes
+        self.released_entries += 1
+        self.released_bytes += old_bytes
+        if self._by_key.get(rec.key) is rec:
+            del self._by_key[rec.key]
+        if rec.wref is not None:
+            self._wrefs.pop(id(rec.wref), None)
+        rec.incarnation += 1
+        rec.key = ptr
+        self._by_key[ptr] = rec
+        new_bytes = storage.nbytes()
+        if rec.state is not EntryState.LIVE and rec.request_id is not None:
+            info = self._requests.get(rec.request_id)
+            if info is not None and info.ended is not None:
+                self._ended_bytes += new_bytes - old_bytes
+        rec.storage_bytes = new_bytes
+        rec.shape = tuple(tensor.shape)
+        rec.logical_bytes = tensor.nbytes
+        rec.last_access = now
+        rec.superseded = False
+        rec.grad = bool(tensor.requires_grad)
+        wref = rec.wref = weakref.ref(storage, self._on_freed_cb)
+        self._wrefs[id(wref)] = (rec.entry_id, rec.incarnation)
+        self._touch(rec, request, now)
         return rec
 
     def add_entry(
@@ -467,7 +545,7 @@ class Ledger:
             )
             if watch is not None:
                 rec.wref = weakref.ref(watch, self._on_freed_cb)
-                self._wrefs[id(rec.wref)] = eid
+                self._wrefs[id(rec.wref)] = (eid, 0)
             self._insert(rec, request, now)
             return rec
 
@@ -648,13 +726,13 @@ class Ledger:
         old = self._requests.get(previous) if previous is not None else None
         if old is not None:
             old.entry_ids.discard(rec.entry_id)
-            if not old.active:
+            if old.ended is not None:
                 self._ended_bytes -= rec.storage_bytes
         rec.request_id = request.request_id
         rec.tenant = request.tenant
         rec.state = EntryState.LIVE
         request.entry_ids.add(rec.entry_id)
-        if not request.active:
+        if request.ended is not None:
             self._end_owner(rec)
         self._emit(now, "hit", rec, previous)
 
@@ -668,9 +746,9 @@ class Ledger:
         try:
             if _faults.FAULTS:
                 _faults.maybe_fail("release")
-            eid = self._wrefs.get(id(wref))
-            if eid is not None:
-                self._freed.append((eid, self._clock()))
+            found = self._wrefs.get(id(wref))
+            if found is not None:
+                self._freed.append((found[0], found[1], self._clock()))
         except Exception as exc:  # a weakref callback must never raise into a deallocation
             handler = self._on_release_error
             if handler is not None:
@@ -686,22 +764,20 @@ class Ledger:
 
     def _drain(self) -> None:
         while self._freed:
-            eid, ts = self._freed.popleft()
+            eid, inc, ts = self._freed.popleft()
             rec = self._by_id.get(eid)
-            if rec is not None and rec.state is not EntryState.RELEASED:
+            if rec is not None and rec.incarnation == inc and rec.state is not EntryState.RELEASED:
                 self._release(rec, ts, "superseded" if rec.superseded else None)
 
     def _release(self, rec: Record, ts: float, detail: str | None) -> None:
         del self._by_id[rec.entry_id]
         if self._by_key.get(rec.key) is rec:
             del self._by_key[rec.key]
-        if rec.state is not EntryState.LIVE and rec.request_id is not None:
-            info = self._requests.get(rec.request_id)
-            if info is not None and not info.active:
-                self._ended_bytes -= rec.storage_bytes
         if rec.request_id is not None:
             info = self._requests.get(rec.request_id)
             if info is not None:
+                if rec.state is not EntryState.LIVE and info.ended is not None:
+                    self._ended_bytes -= rec.storage_bytes
                 info.entry_ids.discard(rec.entry_id)
         rec.state = EntryState.RELEASED
         rec.released_at = ts
@@ -718,7 +794,8 @@ class Ledger:
                 self._flush_vacated()
         elif not rec.superseded:
             self._emit(ts, "release", rec, detail)
-        self._prune_requests()
+        if len(self._requests) > self._request_history:
+            self._prune_requests()
 
     def _emit(self, ts: float, kind: str, rec: Record, detail: str | None) -> None:
         events = self._events

@@ -56,7 +56,7 @@ class CacheState:
         self.label = label  # "DynamicCache#3", "EncoderDecoderCache#1.cross"
         self.role = role  # "self" / "cross" for encoder-decoder sub-caches
         self.plans: list[LayerPlan | None] = []  # by layer index, filled lazily
-        self.slots: list[tuple[tuple[Any, ...], tuple[Any, ...]] | None] = []
+        self.slots: list[tuple[Any, Any]] = []
         self.qids: dict[int, int] = {}  # layer -> id() of the quantized state last observed
         self.owner: str | None = None  # request id of the last request that updated it
         self.owner_req: RequestInfo | None = None
@@ -123,8 +123,7 @@ class HFTracker:
         st = self.caches.get(id(cache))
         if st is None or st.ref() is not cache:
             st = self._new_cache(cache)
-        guard = self.guard
-        req = guard._current.get()
+        req = self.guard._current.get()
         if req is None:
             req = st.manual
             if req is None or req.ended is not None:
@@ -133,6 +132,7 @@ class HFTracker:
             self._enter(st, req, cache, layer_idx, key_states, args, kwargs, out)
         rs = st.rs
         if rs is not None and rs.ttft is None:
+            guard = self.guard
             if rs.first_st is None:
                 rs.first_st, rs.first_layer = st, layer_idx
             elif rs.first_st is st and rs.first_layer == layer_idx:
@@ -149,22 +149,29 @@ class HFTracker:
         if plan is None or type(layer).__name__ != plan.cls_name:
             plan = self._plan_layer(st, layer_idx, layer)
         kind = plan.kind
-        ledger = self.ledger
+        guard = self.guard
         if kind == "dynamic" or kind == "sliding" or kind == "hybrid":
             keys = layer.keys
             if keys is None:
                 return
             values = layer.values
-            ledger.observe_pair(keys, values, layer=layer_idx, request=req, source=plan.cls_name,
-                                slots=st.slots[layer_idx], role=st.role, cache=st.label)
+            grad = self.ledger.observe_kv(keys, values, layer_idx, req, plan.cls_name, st.slots[layer_idx], None,
+                                          None, st.role, st.label)
         elif plan.static:
             keys = layer.keys
             if keys is None:
                 return
             values = layer.values
-            ledger.observe_pair(keys, values, layer=layer_idx, request=req, source=plan.cls_name,
-                                slots=st.slots[layer_idx], filled_tokens=static_filled(layer, args, kwargs),
-                                capacity_tokens=int(layer.max_cache_len), role=st.role, cache=st.label)
+            # filled tokens only where it is free (a Python int counter); tensor counters are read at refresh
+            n = getattr(layer, "cumulative_length_int", None)
+            if n is None and plan.kind != "static_sliding" and not hasattr(layer, "cumulative_length"):
+                n = static_filled(layer, args, kwargs)  # 5.0–5.4: from cache_position
+            elif n is None:
+                c = layer.cumulative_length
+                n = c if type(c) is int else None
+            cap = layer.max_cache_len
+            grad = self.ledger.observe_kv(keys, values, layer_idx, req, plan.cls_name, st.slots[layer_idx],
+                                          min(n, cap) if n is not None else None, cap, st.role, st.label)
         elif kind == "fp8":
             qk = getattr(layer, "_quantized_keys", None)
             qv = getattr(layer, "_quantized_values", None)
@@ -172,18 +179,49 @@ class HFTracker:
                 return
             keys = qk[0]
             values = qv[0] if qv is not None else None
-            ledger.observe_pair(keys, values, layer=layer_idx, request=req, source=plan.cls_name,
-                                slots=st.slots[layer_idx], role=st.role, cache=st.label)
+            grad = self.ledger.observe_kv(keys, values, layer_idx, req, plan.cls_name, st.slots[layer_idx], None,
+                                          None, st.role, st.label)
         elif kind == "quantized":
             keys = self._observe_quantized(st, layer, layer_idx, req, plan)
             values = None
+            grad = keys is not None and keys.requires_grad
         elif kind == "generic":
             keys = self._observe_generic(st, layer, layer_idx, req, plan)
             values = None
+            grad = keys is not None and keys.requires_grad
         else:  # linear / dummy: no per-token KV
             return
-        if keys is not None and (keys.requires_grad or (values is not None and values.requires_grad)):
-            guard._note_grad(keys if keys.requires_grad else values, layer_idx)
+        if grad:
+            if keys is not None and keys.requires_grad:
+                guard._note_grad(keys, layer_idx)
+            elif values is not None and values.requires_grad:
+                guard._note_grad(values, layer_idx)
+
+    def refresh(self) -> None:
+        """Bring the filled-token counts of static layers up to date (O(layers) per live cache): done before
+        a snapshot, not on every step, because reading a tensor counter costs more than the rest of a step's
+        bookkeeping."""
+        if self._dead:
+            self._process_dead()
+        for st in list(self.caches.values()):
+            cache = st.ref()
+            if cache is None or st.generic or st.owner_req is None:
+                continue
+            layers = cache.layers
+            for idx, plan in enumerate(st.plans[: len(layers)]):
+                if plan is None or not plan.static:
+                    continue
+                layer = layers[idx]
+                if getattr(layer, "keys", None) is None:
+                    continue
+                n = static_filled(layer, (), {})
+                if n is None:
+                    continue
+                slots = self.ledger._slots
+                for s in st.slots[idx] or ():
+                    rec = slots.get(s)
+                    if rec is not None:
+                        rec.filled_tokens = n
 
     # ------------------------------------------------------------------ cache states
     def _new_cache(self, cache: Any) -> CacheState:
