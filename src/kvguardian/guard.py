@@ -400,13 +400,20 @@ class Guard:
         if holder_chains and orphan_keys and "torch" in sys.modules:
             from kvguardian.tensors.holders import find_holder_chains
 
+            seeds, suffixes = self._hf.chain_seeds(snap.records) if self._hf is not None else ({}, {})
             chains = find_holder_chains(
-                [k for k in orphan_keys if isinstance(k, int)],
+                [k for k in orphan_keys if isinstance(k, int) and k not in seeds],
+                seeds=seeds,
                 exclude=(self, self.ledger, self.retention, self._hf),
                 max_seconds=self.holder_search_seconds,
                 redact=self.redact,
                 collect=False,
             )
+            seeds.clear()
+            for key, suffix in suffixes.items():
+                ch = chains.get(key)
+                if ch is not None and ch.steps:
+                    ch.steps[-1:] = suffix
         verdicts = self.retention.classify(snap, chains) if chains else {}
         ctx = DetectContext(holder_chains=chains, growth_alpha=self.growth_alpha,
                             options={"retention": verdicts})

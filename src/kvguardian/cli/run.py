@@ -162,9 +162,9 @@ def _load(folder: str) -> tuple[list[dict[str, Any]], list[int]]:
 
 
 def _print_summary(report: Any, procs: list[dict[str, Any]]) -> None:
-    from kvguardian.report.console import console, print_report
+    from rich.console import Console
 
-    con = console(stderr=True)
+    con = Console(file=sys.stderr, soft_wrap=True, highlight=False)
     con.print("[bold]kv-guardian run[/] — KV audit of " + " ".join(report.summary["program"]["argv"])[:200],
               markup=True, highlight=False)
     for p in procs:
@@ -186,4 +186,26 @@ def _print_summary(report: Any, procs: list[dict[str, Any]]) -> None:
         )
         if hf.get("skipped_layers"):
             con.print(f"    layers without KV (skipped): {hf['skipped_layers']}", markup=False)
-    print_report(report, out=con)
+    _print_findings(report, con)
+
+
+def _print_findings(report: Any, con: Any, per_group: int = 2) -> None:
+    """Findings worst first; of several findings with the same id, severity and holder root, the first
+    ``per_group`` in full and a count of the rest (the JSON report has them all)."""
+    from kvguardian.report.console import _STYLE
+
+    groups: dict[tuple[str, str, str], list[Any]] = {}
+    for f in sorted(report.findings, key=lambda f: -f.severity.rank):
+        root = f.holder_chain[0] if f.holder_chain else ""
+        groups.setdefault((f.id, f.severity.value, root), []).append(f)
+    for items in groups.values():
+        for f in items[:per_group]:
+            con.print(f"[{_STYLE[f.severity]}]{f.id} {f.name} ({f.severity.value})[/] {f.message}", markup=True)
+            if f.holder_chain:
+                con.print("  held by: " + f.render_chain(), markup=False)
+        if len(items) > per_group:
+            con.print(f"  … and {len(items) - per_group} more like this (see --report)", markup=False)
+        con.print(f"  fix: {items[0].fix}", markup=False)
+    counts = report.counts()
+    con.print(f"{len(report.findings)} finding(s): {counts['error']} error, {counts['warning']} warning, "
+              f"{counts['info']} info", markup=False)

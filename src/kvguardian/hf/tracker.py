@@ -497,6 +497,46 @@ class HFTracker:
                                      capacity_tokens=int(layer.max_cache_len) if plan.static else None,
                                      role=st.role, cache=st.label)
 
+    def chain_seeds(self, records: Any) -> tuple[dict[Any, Any], dict[Any, list[str]]]:
+        """For orphaned entries still held by a live cache this tracker knows: storage key -> the cache object
+        (where the holder-chain search can start, four levels and a heap scan cheaper), and the rendered
+        steps from the cache down to the tensor."""
+        from kvguardian.ledger import EntryState
+
+        seeds: dict[Any, Any] = {}
+        suffixes: dict[Any, list[str]] = {}
+        for rec in records:
+            slot = rec.slot
+            if rec.state is not EntryState.ORPHANED or not isinstance(slot, tuple) or len(slot) != 3:
+                continue
+            st = self.caches.get(slot[0])
+            cache = st.ref() if st is not None else None
+            if cache is None or st is None or st.generic:
+                continue
+            idx = slot[1]
+            try:
+                layer = cache.layers[idx]
+                plan = st.plans[idx]
+                if plan is None:
+                    continue
+                if plan.kind == "fp8":
+                    attr = "_quantized_keys" if rec.kind == "k" else "_quantized_values"
+                    t = getattr(layer, attr)[0]
+                    tail = [f"{type(layer).__name__}.{attr}", "tuple[0]"]
+                else:
+                    attr = "keys" if rec.kind == "k" else "values"
+                    t = getattr(layer, attr)
+                    tail = [f"{type(layer).__name__}.{attr}"]
+                if t is None or t.untyped_storage().data_ptr() != rec.key:
+                    continue
+            except Exception:
+                continue
+            seeds[rec.key] = cache
+            shape = "×".join(str(x) for x in rec.shape)
+            suffixes[rec.key] = [f"{type(cache).__name__}.layers", f"list[{idx}]", *tail,
+                                 f"Tensor[{shape}] {rec.dtype.replace('torch.', '')}"]
+        return seeds, suffixes
+
     def summary(self) -> dict[str, Any]:
         if self._dead:
             self._process_dead()

@@ -230,9 +230,11 @@ def find_holder_chains(
         internal.add(id(seeds))
         for key, obj in seeds.items():
             holder_tensor[key] = id(obj)
-            objs[id(obj)] = obj
-            frontier.append(obj)
-    for obj in (() if seeds else gc.get_objects()):
+            if id(obj) not in objs:
+                objs[id(obj)] = obj
+                frontier.append(obj)
+    unseeded = targets - set(seeds or ())
+    for obj in (gc.get_objects() if unseeded else ()):
         if issubclass(type(obj), tensor_type):  # type(), not isinstance(): no __class__ lookups
             try:
                 key = obj.untyped_storage().data_ptr()
@@ -245,7 +247,7 @@ def find_holder_chains(
             elif obj.grad_fn is not None:
                 grad_tensors.append(obj)
     # 1b. storages no Python tensor holds: look for autograd graphs that saved them
-    missing = targets - set(holder_tensor) if not seeds else set()
+    missing = unseeded - set(holder_tensor)
     if missing and grad_tensors:
         from kvguardian.tensors.autograd import walk_graph
 
