@@ -81,6 +81,15 @@ class ModuleTracker:
         self._guard = weakref.ref(guard)
         self._model = weakref.ref(model)
         self.positions = positions
+        self._pos_index: int | None = positions if isinstance(positions, int) else None
+        if isinstance(positions, str):  # also find it when passed positionally: model(idx, input_pos)
+            import inspect
+
+            try:
+                names = [p for p in inspect.signature(model.forward).parameters if p != "self"]
+                self._pos_index = names.index(positions) if positions in names else None
+            except (TypeError, ValueError):
+                self._pos_index = None
         self.label = f"{type(model).__name__}#{next(_ids)}"
         self._buffers = find_kv_buffers(model, self.pattern)
         if not self._buffers:
@@ -112,11 +121,9 @@ class ModuleTracker:
             guard._fail("track", exc)
 
     def _observe(self, guard: Guard, args: Any, kwargs: Any) -> None:
-        pos = None
-        if isinstance(self.positions, str):
-            pos = kwargs.get(self.positions)
-        elif isinstance(self.positions, int) and self.positions < len(args):
-            pos = args[self.positions]
+        pos = kwargs.get(self.positions) if isinstance(self.positions, str) else None
+        if pos is None and self._pos_index is not None and self._pos_index < len(args):
+            pos = args[self._pos_index]
         if pos is not None and hasattr(pos, "numel") and pos.numel():
             if int(pos.min()) == 0:  # a prefill: the model may have re-created its caches since (once a request)
                 self.refresh()
