@@ -359,9 +359,11 @@ class Guard:
                 self._fail("cache.update", exc)
 
     def events(self) -> list[Event]:
+        self._refresh_sources()
         return self.ledger.events()
 
     def take_events(self) -> list[Event]:
+        self._refresh_sources()
         return self.ledger.take_events()
 
     def settle(self) -> None:

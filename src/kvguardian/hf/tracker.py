@@ -242,6 +242,11 @@ class HFTracker:
         st = CacheState(cache, label, role, self._on_dead)
         self.caches[st.cid] = st
         self._by_ref[id(st.ref)] = st
+        layers = getattr(cache, "layers", None)
+        if isinstance(layers, list):  # classify every layer once (O(layers)): skipped ones get their reason now
+            self._extend(st, len(layers))
+            for i, layer in enumerate(layers):
+                self._plan_layer(st, i, layer)
         if st.generic:
             cls = f"{type(cache).__module__}.{type(cache).__qualname__}"
             self.unknown.setdefault(cls, "the cache has no `layers` list: the tensors returned by update() are "
