@@ -51,7 +51,7 @@ def test_track_for_tensors_and_bad_input():
     with g.request("t1"):
         g.track(k, v, layer=0)
     assert {r.kind for r in g.snapshot().records} == {"k", "v"}
-    with pytest.raises(UsageError, match="track_module\\(\\) needs a torch.nn.Module, got str"):
+    with pytest.raises(UsageError, match=r"track_module\(\) needs a torch\.nn\.Module, got str"):
         g.track_module("model")
     with pytest.raises(UsageError, match="no KV buffer in Linear matches"):
         g.track_module(torch.nn.Linear(2, 2))

@@ -4,7 +4,7 @@ import pytest
 import torch  # noqa: F401  - imported before the inline runs, which restore sys.modules after each run
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: F401
 
-import kvguardian.guard  # noqa: F401
+import kvguardian.guard
 import kvguardian.repro.models  # noqa: F401
 
 pytest_plugins = ["pytester"]
