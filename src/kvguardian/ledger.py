@@ -127,7 +127,7 @@ class Record:
             self.source, self.shape, self.dtype, self.device, self.logical_bytes, self.storage_bytes,
             self.created, self.last_access, self.state, self.slot, self.superseded, self.filled_tokens,
             self.capacity_tokens, self.grad, self.retained_reason, self.released_at, None, None,
-            self.role, self.cache,
+            self.role, self.cache, self.incarnation,
         )
 
     @property
