@@ -11,7 +11,7 @@ def test_recycled_slot_counts_like_release_plus_new():
     req = led.begin_request("r")
     k = torch.zeros(1, 2, 1, 4)
     led.observe_kv(k, None, 0, req, "DynamicLayer", (("c", 0, "k"), ("c", 0, "v")), None, None, None, None)
-    for i in range(3):
+    for _ in range(3):
         k = torch.cat([k, torch.zeros(1, 2, 1, 4)], dim=2)  # the old storage is freed here
         led.observe_kv(k, None, 0, req, "DynamicLayer", (("c", 0, "k"), ("c", 0, "v")), None, None, None, None)
     snap = led.snapshot()
