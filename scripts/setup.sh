@@ -5,6 +5,9 @@
 #   scripts/setup.sh             # what `kv-guardian demo` needs
 #   scripts/setup.sh --dev       # plus test and lint tools
 #   scripts/setup.sh --dev --services
+#
+# With --dev it also makes .venv-tf50: the oldest supported transformers (5.0.0) for the HF tests. It reuses
+# .venv's packages (torch included) through a .pth file and holds only transformers 5.0 and what differs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -53,6 +56,22 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$HASH" ] || ! "$VPY" -c 'import 
   say "installing kv-guardian[$EXTRAS] (editable)"
   "${PIP[@]}" -e ".[$EXTRAS]"
   echo "$HASH" > "$STAMP"
+fi
+
+TF_OLDEST=${KVG_TF_OLDEST:-5.0.0}
+if [ "$DEV" = 1 ]; then
+  OLD="$ROOT/.venv-tf50"
+  if [ ! -x "$OLD/bin/python" ]; then
+    say "creating virtualenv $OLD (transformers $TF_OLDEST over .venv's packages)"
+    "$PY" -m venv "$OLD"
+  fi
+  BASE_SP=$("$VPY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  OLD_SP=$("$OLD/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  echo "import site; site.addsitedir('$BASE_SP')" > "$OLD_SP/_kvg_base.pth"
+  if [ "$("$OLD/bin/python" -c 'import transformers; print(transformers.__version__)' 2>/dev/null)" != "$TF_OLDEST" ]; then
+    say "installing transformers==$TF_OLDEST into $OLD"
+    "$OLD/bin/python" -m pip install --disable-pip-version-check -q "transformers==$TF_OLDEST"
+  fi
 fi
 
 if [ "$SERVICES" = 1 ]; then

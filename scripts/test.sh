@@ -1,7 +1,15 @@
 #!/usr/bin/env bash
 # README command 2: set up everything the tests need (idempotent: virtualenv, packages, system services),
 # then run the whole test suite. In CI (CI=true) a missing service fails its tests instead of skipping them.
+# A second job runs the Hugging Face tests against the oldest supported transformers (.venv-tf50); set
+# KVG_SKIP_OLDEST=1 to skip it locally.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh --dev --services
-exec .venv/bin/python -m pytest -n 2 --dist loadfile "$@"
+status=0
+.venv/bin/python -m pytest -n 2 --dist loadfile "$@" || status=$?
+if [ "${KVG_SKIP_OLDEST:-0}" != 1 ] && [ "$#" = 0 ]; then
+  echo "== Hugging Face tests on transformers $(.venv-tf50/bin/python -c 'import transformers; print(transformers.__version__)') (.venv-tf50)"
+  .venv-tf50/bin/python -m pytest -n 2 --dist loadfile -p no:cacheprovider tests/integration/hf || status=$?
+fi
+exit "$status"

@@ -42,6 +42,12 @@ class Guard:
         event_capacity: lifecycle events kept in the bounded buffer.
         holder_search_seconds: time bound of one holder-chain search in `check`.
         redact: hide dictionary keys in holder chains.
+        growth_alpha: significance level of the KVG103 trend test.
+        reuse_window: requests in the count-based window of the cross-request reuse rate.
+        reuse_seconds: seconds in its time-based window.
+        retention_sampling: at request ends, sample (bounded, rate-limited) which containers hold ended
+            requests' KV, so that a container seen evicting (an LRU) is judged bounded; ``kv-guardian run``
+            and the pytest plugin turn it on.
     """
 
     def __init__(
@@ -52,7 +58,15 @@ class Guard:
         holder_search_seconds: float = 3.0,
         redact: bool = False,
         growth_alpha: float = 1e-5,
+        reuse_window: int = 100,
+        reuse_seconds: float = 60.0,
+        retention_sampling: bool = False,
     ) -> None:
+        if reuse_window < 1 or reuse_seconds <= 0:
+            raise UsageError(
+                f"reuse_window={reuse_window} and reuse_seconds={reuse_seconds} must be positive; "
+                "fix: e.g. Guard(reuse_window=100, reuse_seconds=60)"
+            )
         self.ledger = Ledger(event_capacity=event_capacity)
         self.strict = strict
         self.redact = redact
@@ -69,6 +83,14 @@ class Guard:
         self._grad_obs: dict[str | None, dict[str, Any]] = {}  # request -> live evidence (bounded)
         self._lock = threading.RLock()
         self.ledger._on_release_error = self._fail  # the weakref callback fails open too
+        self.reuse_window = reuse_window
+        self.reuse_seconds = reuse_seconds
+        self._hf: Any = None  # hf.tracker.HFTracker, created on first use
+        self._modules: list[Any] = []  # custom.ModuleTracker objects (guard.track_module)
+        self._retained_keys: dict[int, set[Any]] = {}  # id(weakref of a retain() target) -> keys it retained
+        from kvguardian.retention import RetentionMonitor
+
+        self.retention = RetentionMonitor(self, sampling=retention_sampling)
 
     def __repr__(self) -> str:
         return f"<Guard #{self._id} entries={len(self.ledger)} strict={self.strict}>"
@@ -89,6 +111,7 @@ class Guard:
                 f"guard.request({request_id!r}) inside request {outer.request_id!r}; fix: end the outer "
                 "request first (requests do not nest)"
             )
+        self._request_starting()
         info = self.ledger.begin_request(request_id, tenant)
         token = self._current.set(info)
         try:
@@ -103,17 +126,47 @@ class Guard:
                 raise
             except Exception as exc:
                 self._fail("request.exit", exc)
+            else:
+                self._after_request_end(info)
 
     def current_request(self) -> RequestInfo | None:
         return self._current.get()
 
     def _begin_implicit(self, prefix: str) -> tuple[RequestInfo, contextvars.Token[RequestInfo | None]]:
+        self._request_starting()
         info = self.ledger.begin_request(f"{prefix}-{next(self._implicit)}", None, implicit=True)
         return info, self._current.set(info)
 
     def _end_implicit(self, info: RequestInfo, token: contextvars.Token[RequestInfo | None]) -> None:
         self._current.reset(token)
         self.ledger.end_request(info.request_id)
+        self._after_request_end(info)
+
+    def _request_starting(self) -> None:
+        """A request begins: requests of manually driven caches (and custom models) still open end here."""
+        try:
+            if self._hf is not None:
+                self._hf.end_manual()
+            for mt in self._modules:
+                mt.end_manual()
+        except Exception as exc:
+            self._fail("request.enter", exc)
+
+    def _after_request_end(self, info: RequestInfo) -> None:
+        """After the ledger ended ``info``: lifecycle events, the reuse sample, retention sampling."""
+        try:
+            if self._hf is not None:
+                self._hf.request_ended(info)
+            self.retention.after_request_end(info)
+        except Exception as exc:
+            self._fail("request.exit", exc)
+
+    def end_implicit_requests(self) -> None:
+        """End every open request of a manually driven cache or custom model (the program is done with them)."""
+        if self._hf is not None:
+            self._hf.end_manual()
+        for mt in self._modules:
+            mt.end_manual()
 
     def new_generation(self) -> int:
         """Declare a model reload: KV created from now on belongs to the next generation."""
@@ -129,12 +182,60 @@ class Guard:
         from kvguardian.hf.instrument import attach_model
 
         self._attached.append(attach_model(self, model))
+        self.hf_tracker()
         return self
+
+    def hf_tracker(self) -> Any:
+        """The transformers source of this guard (`hf.tracker.HFTracker`), created on first use."""
+        if self._hf is None:
+            from kvguardian.hf.tracker import HFTracker
+
+            self._hf = HFTracker(self)
+            # the Cache.update wrapper calls the tracker directly: one Python frame less per layer per step
+            self._on_cache_update = self._hf.on_update  # type: ignore[method-assign]
+        return self._hf
+
+    def audit_process(self, *, generate: bool = True) -> Guard:
+        """See every transformers cache of this process, attached model or not (what ``kv-guardian run`` and
+        the pytest plugin do): top-level ``generate()`` calls and manually driven caches become implicit
+        requests. Undo with `stop_auditing_process`.
+
+        Raises:
+            UsageError: transformers is missing or older than 5.0.
+        """
+        from kvguardian.hf.instrument import process_guard, set_process_guard
+
+        if process_guard() is self:
+            return self
+        if process_guard() is not None:
+            raise UsageError("another guard already audits this process; fix: stop_auditing_process() on it first")
+        self.hf_tracker()
+        set_process_guard(self, generate=generate)
+        return self
+
+    def stop_auditing_process(self) -> None:
+        from kvguardian.hf.instrument import process_guard, set_process_guard
+
+        if process_guard() is self:
+            set_process_guard(None)
+
+    def track_module(self, model: Any, **kwargs: Any) -> Any:
+        """Audit a custom torch model that keeps preallocated KV buffers on its modules (gpt-fast style): the
+        buffers are found once through ``model.modules()`` and observed after every forward (O(layers)).
+        Keyword arguments go to `kvguardian.custom.ModuleTracker`. Returns the tracker (``.remove()``)."""
+        from kvguardian.custom import ModuleTracker
+
+        mt = ModuleTracker(self, model, **kwargs)
+        self._modules.append(mt)
+        return mt
 
     def detach(self) -> None:
         """Remove every hook this guard installed. The ledger and its findings stay readable."""
         while self._attached:
             self._attached.pop().remove()
+        while self._modules:
+            self._modules.pop().remove()
+        self.stop_auditing_process()
 
     def track(self, keys: Any, values: Any = None, *, layer: int | None = None, source: str = "track") -> None:
         """Record K (and V) tensors of a custom model's cache for the current request.
@@ -173,39 +274,32 @@ class Guard:
         if ref is not None:
             with self._lock:
                 self._retained.append((ref, reason))
-        return self._apply_retention(obj, reason)
+        return self._apply_retention(obj, reason, ref)
 
-    def _apply_retention(self, obj: Any, reason: str) -> int:
+    def _apply_retention(self, obj: Any, reason: str, ref: Any = None) -> int:
+        """Mark what ``obj`` holds now; what it held before and no longer holds is not retained any more."""
         from kvguardian.tensors.storage import reachable_tensors
 
-        keys = [t.untyped_storage().data_ptr() for t in reachable_tensors(obj)]
+        keys = {t.untyped_storage().data_ptr() for t in reachable_tensors(obj)}
+        if ref is not None:
+            before = self._retained_keys.get(id(ref), set())
+            stale = before - keys
+            if stale:
+                self.ledger.clear_retention(stale)
+            self._retained_keys[id(ref)] = keys
         return self.ledger.retain_keys(keys, reason)
 
     # ------------------------------------------------------------------ hooks (called by sources)
-    def _on_cache_update(self, cache: Any, layer_idx: int) -> None:
-        """After `Cache.update(k, v, layer_idx, ...)`: observe the layer's stored K/V storages."""
-        _faults.maybe_fail("cache.update")
-        layer = cache.layers[layer_idx]
-        keys = getattr(layer, "keys", None)
-        if keys is None:
-            return
-        values = getattr(layer, "values", None)
-        req = self._current.get()
-        source = type(layer).__name__
-        capacity = getattr(layer, "max_cache_len", None)
-        filled = None
-        if capacity is not None:
-            seq = layer.get_seq_length()
-            filled = int(seq)
-        cid = id(cache)
-        observe = self.ledger.observe_tensor
-        observe(keys, kind="k", layer=layer_idx, request=req, source=source, slot=(cid, layer_idx, "k"),
-                filled_tokens=filled, capacity_tokens=capacity)
-        if values is not None:
-            observe(values, kind="v", layer=layer_idx, request=req, source=source, slot=(cid, layer_idx, "v"),
-                    filled_tokens=filled, capacity_tokens=capacity)
-        if keys.requires_grad or (values is not None and values.requires_grad):
-            self._note_grad(keys if keys.requires_grad else values, layer_idx)  # off the no-grad hot path
+    def _on_cache_update(self, cache: Any, layer_idx: int, key_states: Any = None, args: tuple[Any, ...] = (),
+                         kwargs: dict[str, Any] | None = None, out: Any = None) -> None:
+        """After `Cache.update(k, v, layer_idx, ...)`: observe the layer's stored K/V storages (O(1) per layer)."""
+        if _faults.FAULTS:
+            _faults.maybe_fail("cache.update")
+        self.hf_tracker().on_update(cache, layer_idx, key_states, args, kwargs or {}, out)
+
+    def _on_cache_evict(self, cache: Any, detail: str) -> None:
+        if self._hf is not None:
+            self._hf.on_evict(cache, detail)
 
     def _note_grad(self, tensor: Any, layer: int | None) -> None:
         """A grad-tracked KV tensor was stored. The first one of a request is walked (bounded) for evidence;
@@ -255,12 +349,22 @@ class Guard:
 
     # ------------------------------------------------------------------ reading
     def snapshot(self) -> LedgerSnapshot:
+        self._refresh_sources()
         return self.ledger.snapshot()
 
+    def _refresh_sources(self) -> None:
+        if self._hf is not None:
+            try:
+                self._hf.refresh()
+            except Exception as exc:
+                self._fail("cache.update", exc)
+
     def events(self) -> list[Event]:
+        self._refresh_sources()
         return self.ledger.events()
 
     def take_events(self) -> list[Event]:
+        self._refresh_sources()
         return self.ledger.take_events()
 
     def settle(self) -> None:
@@ -270,12 +374,16 @@ class Guard:
         if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
             torch.cuda.synchronize()
 
-    def check(self, *, holder_chains: bool = True) -> Report:
+    def check(self, *, holder_chains: bool = True, end_implicit: bool = False) -> Report:
         """Settle, then run every detector over the ledger and return a `Report`.
 
         Holder chains are searched for orphaned entries and for KV of retired model generations (bounded by
-        ``holder_search_seconds``).
+        ``holder_search_seconds``); they also decide whether retained KV is bounded (`kvguardian.retention`).
+        ``end_implicit`` first ends the open requests of manually driven caches (what ``kv-guardian run`` does
+        when the program is done).
         """
+        if end_implicit:
+            self.end_implicit_requests()
         self.settle()
         with self._lock:
             live = []
@@ -283,10 +391,13 @@ class Guard:
             for ref, reason in self._retained:
                 obj = ref()
                 if obj is not None:
-                    self._apply_retention(obj, reason)
+                    self._apply_retention(obj, reason, ref)
                     live.append((ref, reason))
+                else:
+                    self._retained_keys.pop(id(ref), None)
             self._retained = live
             del obj
+        self._refresh_sources()
         snap = self.ledger.snapshot()
         chains = {}
         orphan_keys = [r.key for r in snap.records if r.state is EntryState.ORPHANED]
@@ -294,14 +405,23 @@ class Guard:
         if holder_chains and orphan_keys and "torch" in sys.modules:
             from kvguardian.tensors.holders import find_holder_chains
 
+            seeds, suffixes = self._hf.chain_seeds(snap.records) if self._hf is not None else ({}, {})
             chains = find_holder_chains(
-                [k for k in orphan_keys if isinstance(k, int)],
-                exclude=(self, self.ledger),
+                [k for k in orphan_keys if isinstance(k, int) and k not in seeds],
+                seeds=seeds,
+                exclude=(self, self.ledger, self.retention, self._hf),
                 max_seconds=self.holder_search_seconds,
                 redact=self.redact,
                 collect=False,
             )
-        ctx = DetectContext(holder_chains=chains, growth_alpha=self.growth_alpha)
+            seeds.clear()
+            for key, suffix in suffixes.items():
+                ch = chains.get(key)
+                if ch is not None and ch.steps:
+                    ch.steps[-1:] = suffix
+        verdicts = self.retention.classify(snap, chains) if chains else {}
+        ctx = DetectContext(holder_chains=chains, growth_alpha=self.growth_alpha,
+                            options={"retention": verdicts})
         findings: list[Finding] = run_all(snap, ctx)
         errors = sum(snap.instrumentation_errors.values())
         if errors:
@@ -316,4 +436,40 @@ class Guard:
                     evidence={"errors_by_site": dict(snap.instrumentation_errors)},
                 )
             )
-        return Report(findings=findings, summary=snap.summary())
+        if self._hf is not None:
+            for cls, why in sorted(self._hf.unknown.items()):
+                findings.append(Finding(
+                    id="KVG107", severity=Severity.WARNING,
+                    message=f"cache class {cls} is not one kv-guardian knows; audited through the generic path "
+                            f"({why})",
+                    evidence={"class": cls, "reason": why},
+                ))
+        return Report(findings=findings, summary=self.summary(snap))
+
+    def summary(self, snap: LedgerSnapshot | None = None) -> dict[str, Any]:
+        """The ledger summary plus accounting, lifecycle, reuse rates and the sources' notes (JSON-ready)."""
+        from kvguardian.accounting import kv_accounting
+
+        snap = snap if snap is not None else self.snapshot()
+        out = snap.summary()
+        out["kv"] = kv_accounting(snap)
+        out["reuse"] = self.reuse_rates()
+        if self._hf is not None:
+            out["hf"] = self._hf.summary()
+        if self._modules:
+            out["custom_models"] = [mt.describe() for mt in self._modules]
+        out["retention"] = self.retention.summary()
+        return out
+
+    def reuse_rate(self, *, last: int | None = None, seconds: float | None = None) -> dict[str, Any]:
+        """Cross-request KV reuse over the last ``last`` requests or ``seconds`` (exactly one of them):
+        requests, hits, hit_rate, reused_tokens, token_reuse_rate."""
+        from kvguardian.reuse import ReuseWindow
+
+        window: ReuseWindow = self.hf_tracker().reuse
+        return window.rate(last=last, seconds=seconds)
+
+    def reuse_rates(self) -> dict[str, Any]:
+        """Both windows (count- and time-based) as configured on the guard."""
+        return {"by_count": self.reuse_rate(last=self.reuse_window),
+                "by_time": self.reuse_rate(seconds=self.reuse_seconds)}

@@ -30,6 +30,8 @@ from typing import Any, NamedTuple
 from kvguardian import _faults
 from kvguardian._errors import InternalError, UsageError
 
+_new_tuple = tuple.__new__
+
 __all__ = [
     "EVENT_KINDS",
     "EntryState",
@@ -66,6 +68,19 @@ class Event(NamedTuple):
     layer: int | None
     nbytes: int  # storage bytes of the entry at the time
     detail: str | None = None  # e.g. "superseded", "crop", the hit's previous owner
+    # --- additive fields (issue 3): the article's lifecycle fields; None where they do not apply
+    scope: str = "entry"  # "entry": one KV storage; "cache": a whole cache object (HF Cache, custom model)
+    cache: str | None = None  # cache label ("DynamicCache#3", "EncoderDecoderCache#1.cross"), when known
+    shape: tuple[int, ...] | None = None  # init: [B, H_kv, S, D] of the first layer's keys
+    dtype: str | None = None  # init
+    device: str | None = None  # init
+    hit_ratio: float | None = None  # hit: reused tokens / (reused + newly prefilled tokens)
+    latency_delta: float | None = None  # hit: first-token latency minus the cold baseline, seconds
+    first_token_s: float | None = None  # init/hit (cache scope): the request's first-token latency, seconds
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready, without the fields that do not apply (None)."""
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self._asdict().items() if v is not None}
 
 
 @dataclass(slots=True, eq=False)
@@ -100,6 +115,9 @@ class Record:
     released_at: float | None = None  # when the storage was freed
     holder: Any = None  # optional weakref to the owning Python object (cache layer), never a strong ref
     wref: Any = None  # the weakref whose callback reports the storage's release (never a strong ref)
+    role: str | None = None  # write-once: "self" / "cross" attention for encoder-decoder caches, else None
+    cache: str | None = None  # write-once: label of the cache object the storage belongs to, when known
+    incarnation: int = 0  # storages this entry has tracked before the current one (slot recycling), see _recycle
 
     def __repr__(self) -> str:  # id-only: records are compared and logged by id
         return f"<Record #{self.entry_id} {self.kind} layer={self.layer} {self.state.value}>"
@@ -109,7 +127,8 @@ class Record:
             self.entry_id, self.key, self.kind, self.layer, self.request_id, self.tenant, self.generation,
             self.source, self.shape, self.dtype, self.device, self.logical_bytes, self.storage_bytes,
             self.created, self.last_access, self.state, self.slot, self.superseded, self.filled_tokens,
-            self.capacity_tokens, self.grad, self.retained_reason, self.released_at, None,
+            self.capacity_tokens, self.grad, self.retained_reason, self.released_at, None, None,
+            self.role, self.cache, self.incarnation,
         )
 
     @property
@@ -259,8 +278,8 @@ class Ledger:
         self._slots: dict[Hashable, Record] = {}  # slot -> the entry currently filling it
         self._vacated: dict[Hashable, tuple[Record, float, str | None]] = {}  # freed, not yet replaced
         self._vacated_limit = 4_096
-        self._wrefs: dict[int, int] = {}  # id(weakref held by a live record) -> entry id
-        self._freed: deque[tuple[int, float]] = deque()  # (entry id, time) appended by weakref callbacks
+        self._wrefs: dict[int, tuple[int, int]] = {}  # id(weakref of a live record) -> (entry id, incarnation)
+        self._freed: deque[tuple[int, int, float]] = deque()  # (entry id, incarnation, time) from callbacks
         self._requests: OrderedDict[str, RequestInfo] = OrderedDict()
         self._request_history = request_history
         self._events: deque[Event] = deque(maxlen=event_capacity)
@@ -273,6 +292,8 @@ class Ledger:
         self.released_entries = 0
         self.released_bytes = 0
         self._on_freed_cb = self._on_freed  # one bound method, reused by every weakref
+        self._names: dict[Any, str] = {}  # torch dtype/device -> its name (str() is slow on the hot path)
+        self._event_cap = event_capacity
         self._on_release_error: Callable[[str, BaseException], None] | None = None
 
     # ------------------------------------------------------------------ requests
@@ -336,6 +357,8 @@ class Ledger:
         filled_tokens: int | None = None,
         capacity_tokens: int | None = None,
         holder: Any = None,
+        role: str | None = None,
+        cache: str | None = None,
     ) -> Record | None:
         """Record that ``tensor`` (a KV tensor or a view of one) is in use by ``request``. The hot path.
 
@@ -346,35 +369,166 @@ class Ledger:
         if ptr == 0:
             return None
         with self._lock:
+            rec = self._observe(tensor, storage, ptr, kind, layer, request, source, slot, filled_tokens,
+                                capacity_tokens, holder, role, cache, self._clock())
             if self._freed:
                 self._drain()
-            now = self._clock()
-            rec = self._by_key.get(ptr)
-            if rec is not None:
-                rec.last_access = now
-                rec.shape = tuple(tensor.shape)
-                rec.logical_bytes = tensor.numel() * tensor.element_size()
-                if filled_tokens is not None:
-                    rec.filled_tokens = filled_tokens
-                if tensor.requires_grad:
-                    rec.grad = True
-                self._touch(rec, request, now)
-                return rec
-            eid = self._next_id
-            self._next_id += 1
-            rec = Record(
-                eid, ptr, kind, layer,
-                request.request_id if request is not None else None,
-                request.tenant if request is not None else None,
-                self.generation, source, tuple(tensor.shape), str(tensor.dtype), str(tensor.device),
-                tensor.numel() * tensor.element_size(), storage.nbytes(), now, now,
-                slot=slot, filled_tokens=filled_tokens, capacity_tokens=capacity_tokens,
-                grad=bool(tensor.requires_grad), holder=holder,
-            )
-            rec.wref = weakref.ref(storage, self._on_freed_cb)
-            self._wrefs[id(rec.wref)] = eid
-            self._insert(rec, request, now)
             return rec
+
+    def observe_pair(
+        self,
+        keys: Any,
+        values: Any,
+        *,
+        layer: int | None,
+        request: RequestInfo | None,
+        source: str,
+        slots: tuple[Hashable, Hashable] | None = None,
+        filled_tokens: int | None = None,
+        capacity_tokens: int | None = None,
+        role: str | None = None,
+        cache: str | None = None,
+    ) -> tuple[Record | None, Record | None]:
+        """`observe_tensor` for one layer's keys and values (kinds "k" and "v") under one lock: the per-layer,
+        per-decode-step hot path of cache instrumentation. ``values`` may be None."""
+        ks = keys.untyped_storage()
+        kp = ks.data_ptr()
+        if values is not None:
+            vs = values.untyped_storage()
+            vp = vs.data_ptr()
+        else:
+            vp = 0
+        sk, sv = slots if slots is not None else (None, None)
+        with self._lock:
+            now = self._clock()
+            rk = rv = None
+            if kp:
+                rk = self._observe(keys, ks, kp, "k", layer, request, source, sk, filled_tokens, capacity_tokens,
+                                   None, role, cache, now)
+            if vp:
+                rv = self._observe(values, vs, vp, "v", layer, request, source, sv, filled_tokens,
+                                   capacity_tokens, None, role, cache, now)
+            if self._freed:
+                self._drain()
+            return rk, rv
+
+    def observe_kv(
+        self, keys: Any, values: Any, layer: int | None, request: RequestInfo | None, source: str,
+        slots: tuple[Hashable, Hashable], filled_tokens: int | None, capacity_tokens: int | None,
+        role: str | None, cache: str | None,
+    ) -> bool:
+        """`observe_pair` with positional arguments (the per-layer hot path of cache instrumentation); returns
+        whether either tensor requires grad."""
+        ks = keys.untyped_storage()
+        kp = ks.data_ptr()
+        if values is not None:
+            vs = values.untyped_storage()
+            vp = vs.data_ptr()
+        else:
+            vs = None
+            vp = 0
+        grad = False
+        with self._lock:
+            now = self._clock()
+            # releases are applied after, not before: a slot whose storage was just freed (DynamicLayer's cat)
+            # then continues with the new storage (_recycle) instead of a release plus a new record
+            if kp:
+                grad = self._observe(keys, ks, kp, "k", layer, request, source, slots[0], filled_tokens,
+                                     capacity_tokens, None, role, cache, now).grad
+            if vp:
+                grad = self._observe(values, vs, vp, "v", layer, request, source, slots[1], filled_tokens,
+                                     capacity_tokens, None, role, cache, now).grad or grad
+            if self._freed:
+                self._drain()
+        return grad
+
+    def _observe(
+        self, tensor: Any, storage: Any, ptr: int, kind: str, layer: int | None, request: RequestInfo | None,
+        source: str, slot: Hashable | None, filled_tokens: int | None, capacity_tokens: int | None, holder: Any,
+        role: str | None, cache: str | None, now: float,
+    ) -> Record:
+        # lock held, releases drained
+        rec = self._by_key.get(ptr)
+        if rec is not None and rec.wref is not None and rec.wref() is None:
+            # the entry's storage was freed and this new storage got its address (release not applied yet)
+            if slot is not None and rec.slot == slot:
+                return self._recycle(rec, tensor, storage, ptr, request, now)
+            self._drain()
+            rec = self._by_key.get(ptr)
+        if rec is not None:
+            rec.last_access = now
+            rec.shape = tuple(tensor.shape)
+            rec.logical_bytes = tensor.nbytes
+            if filled_tokens is not None:
+                rec.filled_tokens = filled_tokens
+            if tensor.requires_grad:
+                rec.grad = True
+            self._touch(rec, request, now)
+            return rec
+        if slot is not None:
+            prev = self._slots.get(slot)
+            if prev is not None and prev.wref is not None and prev.wref() is None:
+                # DynamicLayer's torch.cat: the slot's previous storage has just been freed and this one takes
+                # its place. The entry continues with the new storage (see _recycle): no new record.
+                return self._recycle(prev, tensor, storage, ptr, request, now)
+        eid = self._next_id
+        self._next_id += 1
+        names = self._names
+        dtype = tensor.dtype
+        dname = names.get(dtype)
+        if dname is None:
+            dname = names[dtype] = str(dtype)
+        device = tensor.device
+        devname = names.get(device)
+        if devname is None:
+            devname = names[device] = str(device)
+        rec = Record(
+            eid, ptr, kind, layer,
+            request.request_id if request is not None else None,
+            request.tenant if request is not None else None,
+            self.generation, source, tuple(tensor.shape), dname, devname,
+            tensor.nbytes, storage.nbytes(), now, now,
+            EntryState.LIVE, slot, False, filled_tokens, capacity_tokens,
+            bool(tensor.requires_grad), None, None, holder, None, role, cache,
+        )
+        wref = rec.wref = weakref.ref(storage, self._on_freed_cb)
+        self._wrefs[id(wref)] = (eid, 0)
+        self._insert(rec, request, now)
+        return rec
+
+    def _recycle(self, rec: Record, tensor: Any, storage: Any, ptr: int, request: RequestInfo | None,
+                 now: float) -> Record:
+        """The entry of a slot whose storage was freed continues with the storage that replaced it.
+
+        Equivalent to releasing the old storage and recording the new one in the same slot - the same
+        counters (released entries and bytes), the same "append" (or "hit") event - without creating and
+        dropping a record every decode step. The old storage's pending release is skipped by incarnation.
+        """
+        old_bytes = rec.storage_bytes
+        self.released_entries += 1
+        self.released_bytes += old_bytes
+        if self._by_key.get(rec.key) is rec:
+            del self._by_key[rec.key]
+        if rec.wref is not None:
+            self._wrefs.pop(id(rec.wref), None)
+        rec.incarnation += 1
+        rec.key = ptr
+        self._by_key[ptr] = rec
+        new_bytes = storage.nbytes()
+        if rec.state is not EntryState.LIVE and rec.request_id is not None:
+            info = self._requests.get(rec.request_id)
+            if info is not None and info.ended is not None:
+                self._ended_bytes += new_bytes - old_bytes
+        rec.storage_bytes = new_bytes
+        rec.shape = tuple(tensor.shape)
+        rec.logical_bytes = tensor.nbytes
+        rec.last_access = now
+        rec.superseded = False
+        rec.grad = bool(tensor.requires_grad)
+        wref = rec.wref = weakref.ref(storage, self._on_freed_cb)
+        self._wrefs[id(wref)] = (rec.entry_id, rec.incarnation)
+        self._touch(rec, request, now)
+        return rec
 
     def add_entry(
         self,
@@ -411,7 +565,7 @@ class Ledger:
             )
             if watch is not None:
                 rec.wref = weakref.ref(watch, self._on_freed_cb)
-                self._wrefs[id(rec.wref)] = eid
+                self._wrefs[id(rec.wref)] = (eid, 0)
             self._insert(rec, request, now)
             return rec
 
@@ -505,7 +659,10 @@ class Ledger:
                     {**o, "layers": list(o.get("layers", ())), "layer_updates": dict(o.get("layer_updates", {}))}
                     for o in self._grad_obs
                 ),
-                event_counts={k: self._event_counts.get(k, 0) for k in EVENT_KINDS},
+                event_counts={
+                    **{k: self._event_counts.get(k, 0) for k in EVENT_KINDS},
+                    **{f"cache_{k}": self._event_counts.get(f"cache_{k}", 0) for k in EVENT_KINDS},
+                },
                 events_dropped=self.events_dropped,
                 instrumentation_errors=dict(self.instrumentation_errors),
                 released_entries=self.released_entries,
@@ -601,7 +758,7 @@ class Ledger:
         self._by_id[rec.entry_id] = rec
         if request is not None:
             request.entry_ids.add(rec.entry_id)
-            if not request.active:  # an entry created for an ended request (late hook): ended at birth
+            if request.ended is not None:  # an entry created for an ended request (late hook): ended at birth
                 self._end_owner(rec)
         if rec.slot is None:
             self._emit(now, "init", rec, None)
@@ -632,13 +789,13 @@ class Ledger:
         old = self._requests.get(previous) if previous is not None else None
         if old is not None:
             old.entry_ids.discard(rec.entry_id)
-            if not old.active:
+            if old.ended is not None:
                 self._ended_bytes -= rec.storage_bytes
         rec.request_id = request.request_id
         rec.tenant = request.tenant
         rec.state = EntryState.LIVE
         request.entry_ids.add(rec.entry_id)
-        if not request.active:
+        if request.ended is not None:
             self._end_owner(rec)
         self._emit(now, "hit", rec, previous)
 
@@ -650,10 +807,11 @@ class Ledger:
         # Runs inside the deallocation of a storage, possibly in another thread or inside a ledger call:
         # it only appends (atomic under the GIL); _drain applies it.
         try:
-            _faults.maybe_fail("release")
-            eid = self._wrefs.get(id(wref))
-            if eid is not None:
-                self._freed.append((eid, self._clock()))
+            if _faults.FAULTS:
+                _faults.maybe_fail("release")
+            found = self._wrefs.get(id(wref))
+            if found is not None:
+                self._freed.append((found[0], found[1], self._clock()))
         except Exception as exc:  # a weakref callback must never raise into a deallocation
             handler = self._on_release_error
             if handler is not None:
@@ -669,22 +827,20 @@ class Ledger:
 
     def _drain(self) -> None:
         while self._freed:
-            eid, ts = self._freed.popleft()
+            eid, inc, ts = self._freed.popleft()
             rec = self._by_id.get(eid)
-            if rec is not None and rec.state is not EntryState.RELEASED:
+            if rec is not None and rec.incarnation == inc and rec.state is not EntryState.RELEASED:
                 self._release(rec, ts, "superseded" if rec.superseded else None)
 
     def _release(self, rec: Record, ts: float, detail: str | None) -> None:
         del self._by_id[rec.entry_id]
         if self._by_key.get(rec.key) is rec:
             del self._by_key[rec.key]
-        if rec.state is not EntryState.LIVE and rec.request_id is not None:
-            info = self._requests.get(rec.request_id)
-            if info is not None and not info.active:
-                self._ended_bytes -= rec.storage_bytes
         if rec.request_id is not None:
             info = self._requests.get(rec.request_id)
             if info is not None:
+                if rec.state is not EntryState.LIVE and info.ended is not None:
+                    self._ended_bytes -= rec.storage_bytes
                 info.entry_ids.discard(rec.entry_id)
         rec.state = EntryState.RELEASED
         rec.released_at = ts
@@ -701,15 +857,57 @@ class Ledger:
                 self._flush_vacated()
         elif not rec.superseded:
             self._emit(ts, "release", rec, detail)
-        self._prune_requests()
+        if len(self._requests) > self._request_history:
+            self._prune_requests()
 
     def _emit(self, ts: float, kind: str, rec: Record, detail: str | None) -> None:
-        if len(self._events) == self._events.maxlen:
+        events = self._events
+        if len(events) == self._event_cap:
             self.events_dropped += 1
-        self._events.append(
-            Event(ts, kind, rec.entry_id, rec.request_id, rec.tenant, rec.layer, rec.storage_bytes, detail)
-        )
+        shape: tuple[int, ...] | None = None
+        dtype: str | None = None
+        device: str | None = None
+        if kind == "init":
+            shape, dtype, device = rec.shape, rec.dtype, rec.device
+        # tuple.__new__ directly: Event's generated __new__ with 16 fields costs more on the hot path
+        events.append(_new_tuple(Event, (
+            ts, kind, rec.entry_id, rec.request_id, rec.tenant, rec.layer, rec.storage_bytes, detail,
+            "entry", rec.cache, shape, dtype, device, None, None, None,
+        )))
         self._event_counts[kind] += 1
+
+    def emit_cache_event(
+        self,
+        kind: str,
+        *,
+        cache: str,
+        request: RequestInfo | None,
+        nbytes: int = 0,
+        layer: int | None = None,
+        detail: str | None = None,
+        shape: tuple[int, ...] | None = None,
+        dtype: str | None = None,
+        device: str | None = None,
+        hit_ratio: float | None = None,
+        latency_delta: float | None = None,
+        first_token_s: float | None = None,
+        ts: float | None = None,
+    ) -> None:
+        """A lifecycle event about a whole cache object (scope "cache"), reported by a source: init on its
+        first prefill, hit when a later request reuses it, evict on crop/reset, release when it is freed."""
+        if kind not in EVENT_KINDS:
+            raise UsageError(f"unknown event kind {kind!r}; use one of {', '.join(EVENT_KINDS)}")
+        with self._lock:
+            if len(self._events) == self._event_cap:
+                self.events_dropped += 1
+            self._events.append(Event(
+                self._clock() if ts is None else ts, kind, 0,
+                request.request_id if request is not None else None,
+                request.tenant if request is not None else None,
+                layer, nbytes, detail, "cache", cache, shape, dtype, device, hit_ratio, latency_delta,
+                first_token_s,
+            ))
+            self._event_counts[f"cache_{kind}"] += 1
 
     def _prune_requests(self) -> None:
         # Forget the oldest ended requests with no entries once over the history bound.

@@ -27,6 +27,7 @@ COMMANDS: dict[str, str] = {
     "watch": "kvguardian.cli.watch",
     "redis": "kvguardian.cli.redis",
     "sweep": "kvguardian.cli.sweep",
+    "run": "kvguardian.cli.run",
 }
 
 

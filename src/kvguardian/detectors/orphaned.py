@@ -41,13 +41,23 @@ def detect(snapshot: LedgerSnapshot, ctx: DetectContext) -> list[Finding]:
             "seconds_since_owner_ended": round(ended_ago, 3) if ended_ago is not None else None,
             **chain_ev,
         }
+        verdict = (ctx.options.get("retention") or {}).get(rid) if rid is not None else None
+        severity = Severity.ERROR
+        tail = ""
+        if verdict is not None:
+            evidence["retention"] = verdict.to_dict()
+            if verdict.bounded:
+                severity = Severity.INFO
+                tail = f"; retained but bounded: {verdict.detail}"
+            else:
+                tail = f"; {verdict.detail} ({verdict.collection})"
         findings.append(
             Finding(
                 id="KVG102",
-                severity=Severity.ERROR,
+                severity=severity,
                 message=(
                     f"{nbytes} bytes of KV ({len(recs)} storages, layers {layers}) of request {rid!r} "
-                    f"are alive after the request ended{held_by}"
+                    f"are alive after the request ended{held_by}{tail}"
                 ),
                 evidence=evidence,
                 holder_chain=list(chain.steps) if chain is not None else None,

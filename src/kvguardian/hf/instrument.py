@@ -1,91 +1,265 @@
 """Instrument transformers' caches: one wrapper on ``Cache.update`` and per-model forward hooks.
 
 ``Cache.update`` is wrapped once, process-wide, with a ``(k, v, layer_idx, *args, **kwargs)`` signature so it
-works with every 5.x release (5.0 passes ``cache_kwargs``; 5.5+ passes ``*args, **kwargs``). The wrapper
-calls the original first and only then looks at the layer, so the model's result is never changed; if no
-guard is active (no attached model is running a forward) it costs one context-variable read.
-Which guard sees an update is decided by forward hooks on each attached model, so two guards on two
-models never see each other's caches.
+works with every 5.x release (5.0–5.4 pass ``cache_kwargs``; 5.5+ pass ``*args, **kwargs``). A ``Cache``
+subclass that overrides ``update`` (a custom cache kv-guardian does not know) is wrapped too, when the patch
+is installed or when the class is defined later. The wrapper calls the original first and only then looks at
+the layer, so the model's result is never changed; with no guard interested it costs a context-variable read.
+
+Which guard sees an update: the guard whose attached model is running a forward (forward hooks on each
+attached model, so two guards on two models never see each other's caches), else the *process guard* (set by
+``kv-guardian run`` and the pytest plugin, which audit every cache of the process).
+
+Also wrapped: ``Cache.crop``/``Cache.reset`` (evict events) and ``EncoderDecoderCache.__init__`` (so the
+self- and cross-attention sub-caches are attributed), and - for the process guard only -
+``GenerationMixin.generate`` at class level (each top-level call is an implicit request).
 """
 
 from __future__ import annotations
 
 import contextvars
 import functools
+import itertools
 import threading
 import weakref
 from typing import TYPE_CHECKING, Any
 
 from kvguardian import _faults
 from kvguardian._errors import UsageError
-from kvguardian.hf.compat import version_tuple
+from kvguardian.hf.compat import MIN_TRANSFORMERS, check_transformers_version
 
 if TYPE_CHECKING:
     from kvguardian.guard import Guard
 
-__all__ = ["Attachment", "attach_model", "install_cache_patch", "uninstall_cache_patch"]
-
-MIN_TRANSFORMERS = (5, 0)
+__all__ = [
+    "ACTIVE",
+    "MIN_TRANSFORMERS",
+    "Attachment",
+    "attach_model",
+    "cache_role",
+    "check_transformers_version",
+    "install_cache_patch",
+    "install_generate_patch",
+    "process_guard",
+    "set_process_guard",
+    "uninstall_cache_patch",
+]
 
 #: The guard whose attached model is running a forward in this context.
 ACTIVE: contextvars.ContextVar[Guard | None] = contextvars.ContextVar("kvguardian_active_guard", default=None)
 
-_patch_lock = threading.Lock()
+_PROCESS: list[Guard | None] = [None]  # the process guard (kv-guardian run, pytest plugin), or None
+_patch_lock = threading.RLock()
 _patch_users = 0
-_original_update: Any = None
+_originals: dict[tuple[type, str], Any] = {}  # (class, attribute) -> original, for uninstall
+_observed = [0]  # updates observed by the base wrapper: lets an overriding subclass's wrapper skip doubles
+_ROLES: weakref.WeakKeyDictionary[Any, tuple[str, str]] = weakref.WeakKeyDictionary()
+_edc_ids = itertools.count(1)
 
 
-def check_transformers_version() -> str:
-    """Return the transformers version, or raise `UsageError` naming the minimum supported one."""
-    import transformers
-
-    version = transformers.__version__
-    if version_tuple(version)[:2] < MIN_TRANSFORMERS:
-        raise UsageError(
-            f"transformers {version} is not supported; kv-guardian needs transformers >= "
-            f"{'.'.join(map(str, MIN_TRANSFORMERS))}; fix: pip install 'transformers>=5,<6'"
-        )
-    return version
+def process_guard() -> Guard | None:
+    return _PROCESS[0]
 
 
-def install_cache_patch() -> None:
-    """Wrap ``transformers.cache_utils.Cache.update`` (idempotent, reference counted)."""
-    global _patch_users, _original_update
+def set_process_guard(guard: Guard | None, *, generate: bool = True) -> Guard | None:
+    """Make ``guard`` see every cache update of the process not claimed by an attached model (None: stop).
+    Installs the cache patch (and, with ``generate``, the class-level generate patch, which imports
+    ``transformers.generation.utils``). Returns the previous process guard."""
+    previous = _PROCESS[0]
+    if guard is not None and previous is None:
+        check_transformers_version()
+        install_cache_patch(generate=generate)
+    _PROCESS[0] = guard
+    if guard is None and previous is not None:
+        uninstall_cache_patch()
+    return previous
+
+
+def _target_guard() -> Guard | None:
+    g = ACTIVE.get()
+    return g if g is not None else _PROCESS[0]
+
+
+def cache_role(cache: Any) -> tuple[str, str] | None:
+    """("self" | "cross", parent label) for a sub-cache of an EncoderDecoderCache, else None."""
+    try:
+        return _ROLES.get(cache)
+    except TypeError:
+        return None
+
+
+def _wrap_update(original: Any, *, base: bool) -> Any:
+    @functools.wraps(original)
+    def update(self: Any, key_states: Any, value_states: Any, layer_idx: int, *args: Any, **kwargs: Any) -> Any:
+        if base:
+            out = original(self, key_states, value_states, layer_idx, *args, **kwargs)
+        else:  # an override: observe only if it did not reach the base wrapper (super().update)
+            before = _observed[0]
+            out = original(self, key_states, value_states, layer_idx, *args, **kwargs)
+            if _observed[0] != before:
+                return out
+        guard = ACTIVE.get()
+        if guard is None:
+            guard = _PROCESS[0]
+            if guard is None:
+                return out
+        _observed[0] += 1
+        try:
+            guard._on_cache_update(self, layer_idx, key_states, args, kwargs, out)
+        except Exception as exc:
+            guard._fail("cache.update", exc)
+        return out
+
+    update.__kvguardian_original__ = original  # type: ignore[attr-defined]
+    return update
+
+
+def _wrap_evict(original: Any, name: str) -> Any:
+    @functools.wraps(original)
+    def evict(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = original(self, *args, **kwargs)
+        guard = _target_guard()
+        if guard is not None:
+            try:
+                guard._on_cache_evict(self, f"{name}({', '.join(map(str, args))})")
+            except Exception as exc:
+                guard._fail("cache.update", exc)
+        return out
+
+    evict.__kvguardian_original__ = original  # type: ignore[attr-defined]
+    return evict
+
+
+def _wrap_edc_init(original: Any) -> Any:
+    @functools.wraps(original)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        try:
+            parent = f"{type(self).__name__}#{next(_edc_ids)}"
+            _ROLES[self.self_attention_cache] = ("self", parent)
+            _ROLES[self.cross_attention_cache] = ("cross", parent)
+        except Exception:  # never break the model
+            pass
+
+    __init__.__kvguardian_original__ = original  # type: ignore[attr-defined]
+    return __init__
+
+
+def _set(cls: type, name: str, value: Any) -> None:
+    if (cls, name) not in _originals:
+        _originals[(cls, name)] = cls.__dict__.get(name)
+    setattr(cls, name, value)
+
+
+def _wrap_override(cls: type) -> None:
+    fn = cls.__dict__.get("update")
+    if fn is not None and not hasattr(fn, "__kvguardian_original__"):
+        _set(cls, "update", _wrap_update(fn, base=False))
+
+
+def _all_subclasses(cls: type) -> list[type]:
+    out: list[type] = []
+    stack: list[type] = list(cls.__subclasses__())
+    while stack:
+        c = stack.pop()
+        out.append(c)
+        stack.extend(c.__subclasses__())
+    return out
+
+
+def install_cache_patch(*, generate: bool = False) -> None:
+    """Wrap the cache methods (idempotent, reference counted); ``generate`` also wraps
+    ``GenerationMixin.generate`` at class level for the process guard."""
+    global _patch_users
     with _patch_lock:
-        _patch_users += 1
-        if _original_update is not None:
-            return
         from transformers import cache_utils
 
-        original = cache_utils.Cache.update
+        cache_cls = cache_utils.Cache
+        if (cache_cls, "update") not in _originals:
+            _set(cache_cls, "update", _wrap_update(cache_cls.update, base=True))
+            for name in ("crop", "reset"):
+                if name in cache_cls.__dict__:
+                    _set(cache_cls, name, _wrap_evict(cache_cls.__dict__[name], name))
+            edc = getattr(cache_utils, "EncoderDecoderCache", None)
+            if edc is not None:
+                _set(edc, "__init__", _wrap_edc_init(edc.__init__))
+            for sub in _all_subclasses(cache_cls):
+                _wrap_override(sub)
+            previous_hook = cache_cls.__dict__.get("__init_subclass__")
 
-        @functools.wraps(original)
-        def update(self: Any, key_states: Any, value_states: Any, layer_idx: int, *args: Any, **kwargs: Any) -> Any:
-            out = original(self, key_states, value_states, layer_idx, *args, **kwargs)
-            guard = ACTIVE.get()
-            if guard is not None:
+            def __init_subclass__(cls: type, **kw: Any) -> None:
+                if previous_hook is not None:
+                    previous_hook.__func__(cls, **kw)
+                else:
+                    super(cache_cls, cls).__init_subclass__(**kw)  # type: ignore[misc]
                 try:
-                    guard._on_cache_update(self, layer_idx)
-                except Exception as exc:
-                    guard._fail("cache.update", exc)
-            return out
+                    _wrap_override(cls)
+                except Exception:
+                    pass
 
-        update.__kvguardian_original__ = original  # type: ignore[attr-defined]
-        cache_utils.Cache.update = update  # type: ignore[method-assign]
-        _original_update = original
+            _set(cache_cls, "__init_subclass__", classmethod(__init_subclass__))
+        if generate:
+            install_generate_patch()
+        _patch_users += 1
+
+
+def install_generate_patch() -> None:
+    """Wrap ``GenerationMixin.generate`` at class level (for the process guard; idempotent; undone with the
+    cache patch)."""
+    with _patch_lock:
+        from transformers.generation.utils import GenerationMixin
+
+        if (GenerationMixin, "generate") not in _originals:
+            _set(GenerationMixin, "generate", _wrap_class_generate(GenerationMixin.generate))
 
 
 def uninstall_cache_patch() -> None:
-    """Drop one user of the patch; restore the original method when none is left."""
-    global _patch_users, _original_update
+    """Drop one user of the patch; restore every original when none is left."""
+    global _patch_users
     with _patch_lock:
         _patch_users = max(0, _patch_users - 1)
-        if _patch_users or _original_update is None:
+        if _patch_users or not _originals:
             return
-        from transformers import cache_utils
+        for (cls, name), original in list(_originals.items()):
+            if original is None:
+                try:
+                    delattr(cls, name)
+                except AttributeError:
+                    pass
+            else:
+                setattr(cls, name, original)
+        _originals.clear()
 
-        cache_utils.Cache.update = _original_update  # type: ignore[method-assign]
-        _original_update = None
+
+def _wrap_class_generate(original: Any) -> Any:
+    @functools.wraps(original)
+    def generate(self: Any, *args: Any, **kwargs: Any) -> Any:
+        g = _PROCESS[0]
+        if g is None or g.current_request() is not None:
+            return original(self, *args, **kwargs)
+        return _generate_as_request(g, original, (self, *args), kwargs)
+
+    generate.__kvguardian_original__ = original  # type: ignore[attr-defined]
+    return generate
+
+
+def _generate_as_request(g: Guard, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Run ``fn`` (a generate call) as one implicit request of ``g``."""
+    opened = None
+    try:
+        _faults.maybe_fail("generate.enter")
+        opened = g._begin_implicit("generate")
+    except Exception as exc:
+        g._fail("generate.enter", exc)
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        if opened is not None:
+            try:
+                _faults.maybe_fail("generate.exit")
+                g._end_implicit(*opened)
+            except Exception as exc:
+                g._fail("generate.exit", exc)
 
 
 class Attachment:
@@ -95,7 +269,6 @@ class Attachment:
         self._model = weakref.ref(model)
         self._handles: list[Any] = []
         self._tls = threading.local()
-        self._had_generate = "generate" in vars(model)
         guard_ref = weakref.ref(guard)
 
         def pre(module: Any, args: Any) -> None:
@@ -132,21 +305,7 @@ class Attachment:
             g = guard_ref()
             if g is None or g.current_request() is not None:
                 return original_generate(*args, **kwargs)
-            opened = None
-            try:
-                _faults.maybe_fail("generate.enter")
-                opened = g._begin_implicit("generate")
-            except Exception as exc:
-                g._fail("generate.enter", exc)
-            try:
-                return original_generate(*args, **kwargs)
-            finally:
-                if opened is not None:
-                    try:
-                        _faults.maybe_fail("generate.exit")
-                        g._end_implicit(*opened)
-                    except Exception as exc:
-                        g._fail("generate.exit", exc)
+            return _generate_as_request(g, original_generate, args, kwargs)
 
         generate.__kvguardian_wrapper__ = True  # type: ignore[attr-defined]
         # an instance attribute: nothing in state_dict, removed by `remove`
@@ -181,10 +340,13 @@ def attach_model(guard: Guard, model: Any) -> Attachment:
     check_transformers_version()
     if not isinstance(model, transformers.PreTrainedModel):
         kind = type(model).__name__
-        hint = "guard.track(keys, values, layer=i)" if isinstance(model, torch.nn.Module) else "a model"
+        hint = (
+            "guard.track_module(model) (preallocated KV buffers) or guard.track(keys, values, layer=i)"
+            if isinstance(model, torch.nn.Module) else "a transformers model"
+        )
         raise UsageError(
             f"guard.attach() got a {kind}, not a transformers PreTrainedModel; fix: for a custom torch model "
-            f"call {hint} after each cache write"
+            f"use {hint}"
         )
     if getattr(vars(model).get("generate"), "__kvguardian_wrapper__", False):
         raise UsageError(

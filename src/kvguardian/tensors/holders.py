@@ -47,6 +47,11 @@ class HolderChain:
     complete: bool  # True when it starts at a root
     depth: int = 0
     notes: list[str] = field(default_factory=list)
+    # additive (issue 3): what `retention` needs to judge whether the holder is bounded
+    nodes: list[int] = field(default_factory=list)  # id() of each object on the path, root-most first
+    node_steps: list[str] = field(default_factory=list)  # a short label per node (its type, or the step)
+    bounds: dict[int, str] = field(default_factory=dict)  # node id -> a declared size bound on that node
+    containers: list[int] = field(default_factory=list)  # node ids that are collections (dict, list, set, ...)
 
     def render(self) -> str:
         return " → ".join(self.steps)
@@ -256,8 +261,9 @@ def _thread_name(frame: types.FrameType) -> str:
 
 
 def find_holder_chains(
-    target_keys: Iterable[int],
+    target_keys: Iterable[Any],
     *,
+    seeds: dict[Any, Any] | None = None,
     exclude: Iterable[object] = (),
     max_depth: int = 40,
     max_seconds: float = 3.0,
@@ -268,11 +274,13 @@ def find_holder_chains(
     """Find, for each storage key in ``target_keys``, a shortest chain of references from a root.
 
     Returns a chain for every target; a target with no chain found has ``complete=False`` and a note that
-    says why (held only from C/C++, or a bound was hit).
+    says why (held only from C/C++, or a bound was hit). With ``seeds`` (key -> object), the search starts
+    from those objects (e.g. the cache objects that hold the KV) instead of scanning for the tensors: much
+    cheaper, used for sampling at request ends.
     """
     import torch
 
-    targets = set(target_keys)
+    targets = set(target_keys) | set(seeds or ())
     if not targets:
         return {}
     if collect:
@@ -291,7 +299,16 @@ def find_holder_chains(
     frontier: list[Any] = []
     grad_tensors: list[Any] = []
     tensor_type = torch.Tensor
-    for obj in gc.get_objects():
+    if seeds:
+        internal.add(id(seeds))
+        for key, obj in seeds.items():
+            holder_tensor[key] = id(obj)
+            candidates.setdefault(key, []).append(id(obj))
+            if id(obj) not in objs:
+                objs[id(obj)] = obj
+                frontier.append(obj)
+    unseeded = targets - set(seeds or ())
+    for obj in (gc.get_objects() if unseeded else ()):
         if issubclass(type(obj), tensor_type):  # type(), not isinstance(): no __class__ lookups
             try:
                 key = obj.untyped_storage().data_ptr()
@@ -319,7 +336,7 @@ def find_holder_chains(
             if time.monotonic() > graph_budget:
                 break
             stats = walk_graph(t, max_nodes=20_000, max_seconds=max(0.05, graph_budget - time.monotonic()))
-            hit = stats.storage_keys & targets
+            hit = stats.storage_keys & unseeded
             for key in hit:
                 candidates.setdefault(key, []).append(id(t))
                 grad_edge[id(t)] = key
@@ -338,7 +355,11 @@ def find_holder_chains(
         label = _frame_name(frame) + _thread_name(frame)
         for name, value in items:
             live_locals.setdefault(id(value), f"{label} local {name}")
-    module_dicts = {id(m.__dict__): name for name, m in list(sys.modules.items()) if hasattr(m, "__dict__")}
+    module_dicts: dict[int, str] = {}
+    # canonical names first: "__main__" rather than its "__mp_main__" alias
+    for name, m in sorted(list(sys.modules.items()), key=lambda kv: (kv[0].startswith("__mp_"), kv[0])):
+        if hasattr(m, "__dict__"):
+            module_dicts.setdefault(id(m.__dict__), name)
     class_dicts = _class_dicts()
     own_frame = sys._getframe()
     internal.update({id(objs), id(parent), id(frontier), id(own_frame), id(targets), id(live_locals)})
@@ -457,11 +478,20 @@ def find_holder_chains(
             steps.append("KV storage")
             if root == "none":
                 root = "autograd"
-        else:
+        elif isinstance(tensor, torch.Tensor):
             steps.append(_describe_tensor(tensor))
+        else:
+            steps.append(type(tensor).__name__)
         why = truncated or "no root reached: held from C/C++ or by an object the GC does not track"
         notes = [] if complete else [why]
-        chains[key] = HolderChain(steps=steps, root=root, complete=complete, depth=len(path), notes=notes)
+        bounds = {}
+        for nid in path:
+            b = declared_bound(objs[nid])
+            if b is not None:
+                bounds[nid] = b
+        chains[key] = HolderChain(steps=steps, root=root, complete=complete, depth=len(path), notes=notes,
+                                  nodes=list(path), node_steps=[_node_label(objs[n]) for n in path],
+                                  bounds=bounds, containers=[n for n in path if _is_collection(objs[n])])
     objs.clear()
     parent.clear()
     return chains
@@ -491,3 +521,60 @@ def _class_dicts() -> dict[int, str]:
             name = _short(getattr(cls, "__qualname__", cls.__name__))
             out[id(inner[0])] = f"{getattr(cls, '__module__', '?')}.{name}"
     return out
+
+
+_BOUND_ATTRS = ("maxsize", "maxlen", "max_size", "capacity", "max_entries")
+
+
+def declared_bound(obj: Any) -> str | None:
+    """A size bound declared by a container on a holder path: ``functools.lru_cache(maxsize=N)``,
+    ``deque(maxlen=N)``, or an instance attribute ``maxsize``/``maxlen``/``max_size``/``capacity`` (cachetools,
+    hand-written LRUs). None when unbounded or unknown."""
+    import collections
+    from collections.abc import MutableMapping
+
+    try:
+        if type(obj).__name__ == "_lru_cache_wrapper":
+            size = obj.cache_info().maxsize
+            return f"lru_cache maxsize={size}" if size is not None else None
+        if isinstance(obj, collections.deque):
+            return f"deque maxlen={obj.maxlen}" if obj.maxlen is not None else None
+        d = getattr(obj, "__dict__", None)
+        if isinstance(d, dict) and not isinstance(obj, (type, types.ModuleType, types.FunctionType)):
+            for name in _BOUND_ATTRS:
+                v = d.get(name)
+                if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+                    return f"{type(obj).__name__}.{name}={v}"
+        if isinstance(obj, MutableMapping) and not isinstance(obj, dict):
+            v = getattr(obj, "maxsize", None)
+            if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+                return f"{type(obj).__name__}.maxsize={v}"
+    except Exception:
+        return None
+    return None
+
+
+def _is_collection(obj: Any) -> bool:
+    import collections
+    from collections.abc import Mapping, MutableSequence, MutableSet
+
+    if isinstance(obj, (str, bytes)) or is_tensor_like(obj):
+        return False
+    return isinstance(obj, (dict, list, set, frozenset, tuple, collections.deque, Mapping, MutableSequence,
+                            MutableSet)) or type(obj).__name__ == "_lru_cache_wrapper"
+
+
+def is_tensor_like(obj: Any) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(obj, torch.Tensor)
+
+
+def _node_label(obj: Any) -> str:
+    if isinstance(obj, types.FrameType):
+        return _frame_name(obj)
+    if isinstance(obj, types.FunctionType):
+        return f"function {_func_name(obj)}()"
+    if type(obj).__name__ == "_lru_cache_wrapper":
+        return f"lru_cache {_func_name(obj)}()"
+    return type(obj).__name__
+

@@ -1,0 +1,198 @@
+"""Decode throughput with and without the guard, in the same run, and `kv-guardian run` start-up overhead.
+
+For each model config (tiny: 2 layers, hidden 64; small: 8 layers, hidden 512) and each cache class
+(DynamicCache, StaticCache, QuantizedCache fp8), it runs ``generate(max_new_tokens=N, min_new_tokens=N)``
+in interleaved pairs - unguarded, guarded, guarded, unguarded, ... (ABBA, so drift cancels) - and reports
+tokens/s by CPU time of this process (robust on a shared machine) and by wall time, and the guarded/
+unguarded ratio as the median over pairs. "Unguarded" means the cache patch is uninstalled, not idle.
+
+It also times the hooks themselves (a separate guarded pass with a timer around the tracker) as a share of
+decode time, and `kv-guardian run` start-up: ``python -c "import transformers"`` with and without
+``kv-guardian run --`` in front.
+
+    .venv/bin/python bench/overhead.py                     # full run, writes bench/results/overhead.json
+    .venv/bin/python bench/overhead.py --configs tiny --tokens 32 --pairs 1 --startup-reps 1   # smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+CACHES = ("dynamic", "static", "fp8")
+
+
+def _gen_kwargs(model: Any, cache: str, tokens: int) -> dict[str, Any]:
+    kw: dict[str, Any] = {"max_new_tokens": tokens, "min_new_tokens": tokens, "do_sample": False}
+    if cache == "static":
+        kw["cache_implementation"] = "static"
+    elif cache == "fp8":
+        from transformers import QuantizedCache
+
+        from kvguardian.hf.compat import cache_kwarg, transformers_version
+
+        if transformers_version() < (5, 21):
+            raise RuntimeError("the fp8 QuantizedCache backend needs transformers >= 5.21")
+        kw[cache_kwarg()] = QuantizedCache(backend="fp8", config=model.config)
+    return kw
+
+
+def _decode(model: Any, ids: Any, cache: str, tokens: int) -> tuple[float, float]:
+    """(CPU seconds, wall seconds) of one generate."""
+    import warnings
+
+    kw = _gen_kwargs(model, cache, tokens)
+    c0, w0 = time.process_time(), time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.generate(ids, **kw)
+    return time.process_time() - c0, time.perf_counter() - w0
+
+
+def _hook_share(model: Any, ids: Any, cache: str, tokens: int) -> dict[str, float]:
+    """Time spent inside the tracker per update, and as a share of one guarded generate's time. Both by the
+    monotonic clock (perf_counter: a cheap vDSO read; process_time is a system call that costs more than the
+    hook on a loaded machine)."""
+    from kvguardian.guard import Guard
+
+    guard = Guard()
+    guard.attach(model)
+    tracker = guard.hf_tracker()
+    inner = tracker.on_update
+    spent = [0.0, 0]
+
+    def timed(*a: Any) -> None:
+        t = time.perf_counter()
+        inner(*a)
+        spent[0] += time.perf_counter() - t
+        spent[1] += 1
+
+    guard._on_cache_update = timed  # type: ignore[method-assign]
+    try:
+        _, wall = _decode(model, ids, cache, tokens)
+    finally:
+        guard.detach()
+    return {"hook_us_per_update": round(spent[0] / max(spent[1], 1) * 1e6, 2), "updates": spent[1],
+            "hook_share": round(spent[0] / wall, 5) if wall else 0.0}
+
+
+def bench_decode(config: str, cache: str, tokens: int, pairs: int) -> dict[str, Any]:
+    import torch
+
+    from kvguardian.guard import Guard
+    from kvguardian.repro.models import SMALL, TINY, build_llama
+
+    spec = {"tiny": TINY, "small": SMALL}[config]
+    model = build_llama(spec)
+    ids = torch.randint(0, spec.vocab, (1, 8), generator=torch.Generator().manual_seed(0))
+    _decode(model, ids, cache, min(tokens, 16))  # warm-up
+    rows = {"unguarded": [], "guarded": []}  # type: dict[str, list[tuple[float, float]]]
+
+    def one(guarded: bool) -> None:
+        if guarded:
+            guard = Guard()
+            guard.attach(model)
+            try:
+                rows["guarded"].append(_decode(model, ids, cache, tokens))
+            finally:
+                guard.detach()
+        else:
+            rows["unguarded"].append(_decode(model, ids, cache, tokens))
+
+    for i in range(pairs):
+        order = (False, True) if i % 2 == 0 else (True, False)
+        for g in order:
+            one(g)
+    cpu_ratios = [tokens / g[0] / (tokens / u[0]) for u, g in zip(rows["unguarded"], rows["guarded"])]
+    wall_ratios = [tokens / g[1] / (tokens / u[1]) for u, g in zip(rows["unguarded"], rows["guarded"])]
+    share = _hook_share(model, ids, cache, tokens)
+
+    def tps(vals: list[tuple[float, float]], i: int) -> float:
+        return round(statistics.median(tokens / v[i] for v in vals), 2)
+
+    return {
+        "config": config, "model": spec.describe(), "cache": cache, "new_tokens": tokens, "pairs": pairs,
+        "unguarded_tokens_per_s_cpu": tps(rows["unguarded"], 0),
+        "guarded_tokens_per_s_cpu": tps(rows["guarded"], 0),
+        "unguarded_tokens_per_s_wall": tps(rows["unguarded"], 1),
+        "guarded_tokens_per_s_wall": tps(rows["guarded"], 1),
+        "ratio": round(statistics.median(cpu_ratios), 4),
+        "ratio_wall": round(statistics.median(wall_ratios), 4),
+        "ratios_per_pair": [round(r, 4) for r in cpu_ratios],
+        **share,
+    }
+
+
+def bench_startup(reps: int) -> dict[str, Any]:
+    """Wall seconds of the child program alone vs under `kv-guardian run`, median of ``reps``."""
+    py = sys.executable
+    cli = [py, "-m", "kvguardian", "run", "--quiet", "--"]
+    out: dict[str, Any] = {"reps": reps}
+    for name, code in (("empty", "pass"), ("import_transformers", "import transformers, transformers.cache_utils")):
+        plain, wrapped = [], []
+        for _ in range(reps):
+            for cmd, bucket in (([py, "-c", code], plain), ([*cli, py, "-c", code], wrapped)):
+                t = time.perf_counter()
+                subprocess.run(cmd, check=True, capture_output=True, cwd=ROOT)
+                bucket.append(time.perf_counter() - t)
+        p, w = statistics.median(plain), statistics.median(wrapped)
+        out[name] = {"plain_s": round(p, 3), "under_run_s": round(w, 3), "overhead_s": round(w - p, 3)}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--configs", default="tiny,small", help="comma-separated: tiny, small (default: both)")
+    ap.add_argument("--caches", default=",".join(CACHES), help="comma-separated: dynamic, static, fp8")
+    ap.add_argument("--tokens", type=int, default=512, help="new tokens per generate (default: 512)")
+    ap.add_argument("--pairs", type=int, default=4, help="guarded/unguarded pairs per case (default: 4)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (default: 1, steadier on a shared box)")
+    ap.add_argument("--startup-reps", type=int, default=5, help="repetitions of the start-up timing (0: skip)")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "overhead.json"))
+    args = ap.parse_args(argv)
+    import torch
+    import transformers
+
+    torch.set_num_threads(args.threads)
+    results: dict[str, Any] = {
+        "benchmark": "overhead",
+        "machine": {"python": platform.python_version(), "torch": torch.__version__,
+                    "transformers": transformers.__version__, "cpus": os.cpu_count(), "torch_threads": args.threads,
+                    "load_avg_at_start": os.getloadavg()},
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "target": "guarded/unguarded decode tokens/s >= 0.98 on the small config",
+        "decode": [],
+    }
+    for config in args.configs.split(","):
+        for cache in args.caches.split(","):
+            row = bench_decode(config.strip(), cache.strip(), args.tokens, args.pairs)
+            results["decode"].append(row)
+            print(f"{row['config']:5s} {row['cache']:7s} unguarded {row['unguarded_tokens_per_s_cpu']:8.1f} tok/s  "
+                  f"guarded {row['guarded_tokens_per_s_cpu']:8.1f} tok/s  ratio {row['ratio']:.4f} "
+                  f"(wall {row['ratio_wall']:.4f})  hooks {row['hook_share'] * 100:.2f}% of decode time "
+                  f"({row['hook_us_per_update']} us/update)",
+                  flush=True)
+    if args.startup_reps > 0:
+        results["run_startup"] = bench_startup(args.startup_reps)
+        print("run start-up:", json.dumps(results["run_startup"]), flush=True)
+    results["load_avg_at_end"] = os.getloadavg()
+    small = [r["ratio"] for r in results["decode"] if r["config"] == "small"]
+    results["small_min_ratio"] = min(small) if small else None
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,181 @@
+"""Inside a program audited by `kv-guardian run`: instrument transformers when it is imported, audit at exit.
+
+`activate` (called by the boot ``sitecustomize``) installs an import hook that waits for
+``transformers.cache_utils`` (then: version check, a process guard, the cache patch) and
+``transformers.generation.utils`` (then: each top-level ``generate()`` is a request). Nothing else is imported
+until the program imports transformers, so programs that never do pay almost nothing.
+
+At exit (an ``atexit`` handler registered first, so it runs after the program's own handlers) it ends the
+requests of manually driven caches, runs `Guard.check`, and writes ``report-<pid>.json`` into the folder named
+by ``KVG_RUN_DIR``. A marker ``started-<pid>`` written when transformers is first seen lets the parent tell
+"never used transformers" from "exited without running exit handlers".
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib.abc
+import importlib.machinery
+import json
+import os
+import sys
+import time
+from typing import Any
+
+from kvguardian.autorun import ENV_DIR, ENV_OPTIONS
+
+__all__ = ["activate", "finish"]
+
+_WATCH = ("transformers.cache_utils", "transformers.generation.utils")
+_state: dict[str, Any] = {"guard": None, "status": None, "message": None, "dir": None, "options": {},
+                          "started": time.time(), "done": False, "activated": False}
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    """Wraps the loader of the watched modules so kv-guardian runs right after they are executed."""
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if name not in _WATCH:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None:
+                loader = spec.loader
+                if loader is not None and hasattr(loader, "exec_module"):
+                    spec.loader = _Loader(loader, name)
+                return spec
+        return None
+
+
+class _Loader(importlib.abc.Loader):
+    def __init__(self, inner: Any, name: str) -> None:
+        self._inner = inner
+        self._name = name
+
+    def create_module(self, spec: Any) -> Any:
+        return self._inner.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        self._inner.exec_module(module)
+        _on_imported(self._name)
+
+    def __getattr__(self, name: str) -> Any:  # get_resource_reader, is_package, ...
+        return getattr(self._inner, name)
+
+
+def activate() -> None:
+    """Install the import hook and the exit handler (idempotent)."""
+    if _state["activated"]:
+        return
+    _state["activated"] = True
+    _state["dir"] = os.environ.get(ENV_DIR)
+    try:
+        _state["options"] = json.loads(os.environ.get(ENV_OPTIONS) or "{}")
+    except ValueError:
+        _state["options"] = {}
+    atexit.register(finish)
+    sys.meta_path.insert(0, _Finder())
+    for name in _WATCH:  # already imported (another sitecustomize did it): act now
+        if name in sys.modules:
+            _on_imported(name)
+
+
+def _say(msg: str) -> None:
+    sys.stderr.write(f"kv-guardian run: {msg}\n")
+    sys.stderr.flush()
+
+
+def _on_imported(name: str) -> None:
+    try:
+        if name == "transformers.cache_utils":
+            _start_guard()
+        elif name == "transformers.generation.utils" and _state["guard"] is not None:
+            from kvguardian.hf.instrument import install_generate_patch
+
+            install_generate_patch()
+    except Exception as exc:  # fail open
+        _state["status"] = "error"
+        _state["message"] = f"instrumentation failed: {type(exc).__name__}: {exc}"
+        _say(f"{_state['message']}; the program runs unaudited")
+
+
+def _start_guard() -> None:
+    if _state["guard"] is not None or _state["status"] is not None:
+        return
+    _marker("started")
+    from kvguardian._errors import UsageError
+    from kvguardian.hf.compat import check_transformers_version
+
+    try:
+        check_transformers_version()
+    except UsageError as exc:
+        _state["status"] = "unsupported"
+        _state["message"] = str(exc)
+        _say(f"{exc}; the program runs unaudited")
+        return
+    from kvguardian.guard import Guard
+
+    opts = _state["options"]
+    guard = Guard(
+        retention_sampling=True,
+        holder_search_seconds=float(opts.get("holder_seconds", 3.0)),
+        redact=bool(opts.get("redact", False)),
+    )
+    guard.audit_process(generate=False)  # generate is patched once generation.utils has finished loading
+    _state["guard"] = guard
+    _state["status"] = "audited"
+    if "transformers.generation.utils" in sys.modules:
+        from kvguardian.hf.instrument import install_generate_patch
+
+        install_generate_patch()
+
+
+def _marker(kind: str) -> None:
+    folder = _state["dir"]
+    if folder:
+        try:
+            with open(os.path.join(folder, f"{kind}-{os.getpid()}"), "w") as fh:
+                fh.write(" ".join(sys.argv))
+        except OSError:
+            pass
+
+
+def finish() -> None:
+    """Audit and write this process's report (the exit handler)."""
+    if _state["done"] or _state["status"] is None:
+        return
+    _state["done"] = True
+    guard = _state["guard"]
+    payload: dict[str, Any] = {"pid": os.getpid(), "argv": list(sys.argv), "status": _state["status"],
+                               "message": _state["message"], "seconds": round(time.time() - _state["started"], 3)}
+    t0 = time.perf_counter()
+    try:
+        if guard is not None:
+            # an uncaught exception leaves its traceback (and the frames' KV) in sys.last_*: an artifact of
+            # the crash handler, not of the program's own references
+            crashed = getattr(sys, "last_value", None) is not None
+            for attr in ("last_type", "last_value", "last_traceback", "last_exc"):
+                if getattr(sys, attr, None) is not None:
+                    setattr(sys, attr, None)
+            report = guard.check(end_implicit=True)
+            payload["crashed"] = crashed
+            payload["report"] = report.to_dict()
+            payload["events"] = [e.to_dict() for e in guard.events() if e.scope == "cache"][-200:]
+            guard.stop_auditing_process()
+    except Exception as exc:
+        payload["status"] = "error"
+        payload["message"] = f"audit failed: {type(exc).__name__}: {exc}"
+    payload["audit_seconds"] = round(time.perf_counter() - t0, 3)
+    folder = _state["dir"]
+    if not folder:
+        return
+    try:
+        path = os.path.join(folder, f"report-{os.getpid()}.json")
+        tmp = path + ".tmp"
+        with open(tmp, "w") as fh:
+            json.dump(payload, fh, default=str)
+        os.replace(tmp, path)
+    except OSError as exc:
+        _say(f"could not write the audit report: {exc}")

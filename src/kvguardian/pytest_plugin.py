@@ -1,0 +1,172 @@
+"""pytest plugin (``pytest11`` entry point ``kvguardian``): fail a test when KV it created outlives it.
+
+    @pytest.mark.kv_no_leak
+    def test_chat_turn(model):
+        chat(model, "hi")                        # every transformers cache of the process is audited
+
+    def test_with_guard(kv_guard, model):        # a Guard(strict=True) for this test, detached afterwards
+        kv_guard.attach(model)
+        with kv_guard.request("r1", tenant="t"):
+            model.generate(ids, max_new_tokens=4)
+
+A marked test runs with a fresh guard auditing the whole process (``Guard.audit_process``); after the test
+function returns, the requests of manually driven caches are ended and ``Guard.check`` runs. The test fails
+when a finding reaches the marker's ``fail_on`` (default: ``info`` - any KV the test created that is still
+alive, bounded or not) and the orphaned bytes exceed ``allow_bytes`` (default 0). The failure text shows each
+finding's id, bytes and holder chain. KV held by the test's function-scoped fixtures still counts (they are
+torn down later): declare it with ``kv_guard.retain(obj, reason=...)``.
+
+Options (command line / ini):
+
+==========================  ====================  =============================================================
+command line                ini                   meaning
+==========================  ====================  =============================================================
+``--kv-no-leak-all``        ``kv_no_leak_all``    treat every test as marked ``kv_no_leak``
+``--kv-fail-on=SEV``        ``kv_fail_on``        default severity that fails a marked test (info)
+``--kv-holder-seconds=S``   ``kv_holder_seconds`` time bound of the holder-chain search per test (3.0)
+``--kv-redact``             ``kv_redact``         hide dictionary keys in holder chains
+``--kv-report=FILE``        ``kv_report``         append each checked test's findings to FILE (JSON lines)
+==========================  ====================  =============================================================
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Generator
+from typing import Any
+
+import pytest
+
+from kvguardian._errors import UsageError
+from kvguardian.findings import Report, Severity
+
+__all__ = ["KVGuardianPlugin", "kv_guard", "leak_failure_text"]
+
+_SEVERITIES = ("info", "warning", "error")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("kv-guardian", "KV-cache leak checks (kv-guardian)")
+    group.addoption("--kv-no-leak-all", action="store_true", default=None,
+                    help="treat every test as marked kv_no_leak (ini: kv_no_leak_all)")
+    group.addoption("--kv-fail-on", choices=_SEVERITIES, default=None,
+                    help="severity that fails a kv_no_leak test (ini: kv_fail_on; default info)")
+    group.addoption("--kv-holder-seconds", type=float, default=None,
+                    help="time bound of the holder-chain search per test (ini: kv_holder_seconds; default 3)")
+    group.addoption("--kv-redact", action="store_true", default=None,
+                    help="hide dictionary keys in holder chains (ini: kv_redact)")
+    group.addoption("--kv-report", default=None, metavar="FILE",
+                    help="append each checked test's findings to FILE as JSON lines (ini: kv_report)")
+    parser.addini("kv_no_leak_all", "treat every test as marked kv_no_leak", type="bool", default=False)
+    parser.addini("kv_fail_on", "severity that fails a kv_no_leak test", default="info")
+    parser.addini("kv_holder_seconds", "time bound of the holder-chain search per test", default="3.0")
+    parser.addini("kv_redact", "hide dictionary keys in holder chains", type="bool", default=False)
+    parser.addini("kv_report", "append each checked test's findings to this file (JSON lines)", default="")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "kv_no_leak(fail_on='info', allow_bytes=0): fail the test when KV-cache memory it created outlives it "
+        "(kv-guardian)",
+    )
+    config.pluginmanager.register(KVGuardianPlugin(config), "kvguardian-manager")
+
+
+def _option(config: pytest.Config, cli: str, ini: str) -> Any:
+    value = config.getoption(cli)
+    return value if value is not None else config.getini(ini)
+
+
+def leak_failure_text(report: Report, failing: list[Any], fail_on: Severity) -> str:
+    """The text a failing ``kv_no_leak`` test shows: each finding's id, bytes and holder chain."""
+    total = sum(int(f.evidence.get("bytes", 0) or 0) for f in failing)
+    lines = [f"kv_no_leak: {len(failing)} finding(s) at or above {fail_on.value!r}; "
+             f"{total} bytes of KV created by this test outlive it"]
+    for f in failing:
+        nbytes = f.evidence.get("bytes")
+        lines.append(f"  {f.id} {f.name} ({f.severity.value}){f' {nbytes} bytes' if nbytes is not None else ''}: "
+                     f"{f.message}")
+        if f.holder_chain:
+            lines.append(f"    held by: {f.render_chain()}")
+        lines.append(f"    fix: {f.fix}")
+    return "\n".join(lines)
+
+
+class KVGuardianPlugin:
+    """Hooks on one manager object; options resolved once (command line over ini)."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.all = bool(_option(config, "kv_no_leak_all", "kv_no_leak_all"))
+        fail_on = _option(config, "kv_fail_on", "kv_fail_on") or "info"
+        self.fail_on = Severity.parse(fail_on)
+        try:
+            self.holder_seconds = float(_option(config, "kv_holder_seconds", "kv_holder_seconds"))
+        except ValueError:
+            raise pytest.UsageError("kv_holder_seconds must be a number of seconds, e.g. 3.0") from None
+        self.redact = bool(_option(config, "kv_redact", "kv_redact"))
+        self.report_path = _option(config, "kv_report", "kv_report") or None
+
+    def new_guard(self) -> Any:
+        from kvguardian.guard import Guard
+
+        return Guard(strict=True, holder_search_seconds=self.holder_seconds, redact=self.redact)
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, Any, Any]:
+        marker = item.get_closest_marker("kv_no_leak")
+        if marker is None and not self.all:
+            return (yield)
+        kwargs = dict(marker.kwargs) if marker is not None else {}
+        fail_on = Severity.parse(kwargs.pop("fail_on", self.fail_on))
+        allow = int(kwargs.pop("allow_bytes", 0))
+        if kwargs:
+            raise pytest.UsageError(f"kv_no_leak got unknown arguments {sorted(kwargs)}; use fail_on=, allow_bytes=")
+        funcargs = getattr(item, "funcargs", {})
+        guard = funcargs.get("kv_guard")
+        if guard is None:
+            guard = self.new_guard()
+        auditing = False
+        try:
+            guard.audit_process()
+            auditing = True
+        except UsageError:
+            pass  # no (supported) transformers: only what the test tracks itself is audited
+        try:
+            result = yield
+        except BaseException:
+            if auditing:
+                guard.stop_auditing_process()
+            raise
+        try:
+            report = guard.check(end_implicit=True)
+        finally:
+            if auditing:
+                guard.stop_auditing_process()
+        self._write(item, report)
+        failing = [f for f in report.findings if f.severity.rank >= fail_on.rank]
+        orphaned = sum(int(f.evidence.get("bytes", 0) or 0) for f in failing if f.id == "KVG102")
+        if failing and (orphaned > allow or any(f.id != "KVG102" for f in failing)):
+            pytest.fail(leak_failure_text(report, failing, fail_on), pytrace=False)
+        return result
+
+    def _write(self, item: pytest.Item, report: Report) -> None:
+        if not self.report_path:
+            return
+        with open(self.report_path, "a") as fh:
+            fh.write(json.dumps({"test": item.nodeid, **report.to_dict()}, default=str) + "\n")
+
+
+@pytest.fixture
+def kv_guard(request: pytest.FixtureRequest) -> Generator[Any, None, None]:
+    """A `kvguardian.Guard` (strict: instrumentation errors raise) for this test; detached afterwards."""
+    plugin = request.config.pluginmanager.get_plugin("kvguardian-manager")
+    if plugin is not None:
+        guard = plugin.new_guard()
+    else:  # pragma: no cover - the plugin registers itself in pytest_configure
+        from kvguardian.guard import Guard
+
+        guard = Guard(strict=True)
+    yield guard
+    guard.detach()
