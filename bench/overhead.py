@@ -132,6 +132,70 @@ def bench_decode(config: str, cache: str, tokens: int, pairs: int) -> dict[str, 
     }
 
 
+def _make_cache(model: Any, cache: str, max_len: int) -> Any:
+    from transformers import DynamicCache, QuantizedCache, StaticCache
+
+    if cache == "static":
+        return StaticCache(config=model.config, max_cache_len=max_len)
+    if cache == "fp8":
+        return QuantizedCache(backend="fp8", config=model.config)
+    return DynamicCache(config=model.config)
+
+
+def bench_steps(config: str, cache: str, tokens: int, rounds: int) -> dict[str, Any]:
+    """Interleaved steps: one manual decode loop where the guard's hook runs on even steps and is switched
+    off on odd ones, so each guarded step has an unguarded neighbour of the same sequence length, measured
+    under the same machine conditions. On a shared VM whose speed drifts by tens of percent between runs,
+    this resolves a 1-2% effect that whole-generate comparisons cannot. Ratio = median over neighbour pairs
+    of (unguarded step time / guarded step time), i.e. guarded/unguarded throughput."""
+    import torch
+
+    from kvguardian.guard import Guard
+    from kvguardian.hf.compat import cache_kwarg
+    from kvguardian.repro.models import SMALL, TINY, build_llama
+
+    spec = {"tiny": TINY, "small": SMALL}[config]
+    model = build_llama(spec)
+    kw = cache_kwarg()
+    ids = torch.randint(0, spec.vocab, (1, 8), generator=torch.Generator().manual_seed(0))
+    guard = Guard()
+    guard.attach(model)
+    hook = guard._on_cache_update
+    ratios: list[float] = []
+    hooked: list[float] = []
+    plain: list[float] = []
+    try:
+        for _ in range(rounds):
+            c = _make_cache(model, cache, ids.shape[1] + tokens + 1)
+            x = ids
+            with torch.inference_mode():
+                out = model(x, use_cache=True, **{kw: c})  # prefill, not timed
+                x = out.logits[:, -1:].argmax(-1)
+                prev: float | None = None
+                for step in range(tokens):
+                    on = step % 2 == 0
+                    guard._on_cache_update = hook if on else (lambda *a: None)  # type: ignore[method-assign]
+                    t0 = time.perf_counter()
+                    out = model(x, use_cache=True, **{kw: c})
+                    dt = time.perf_counter() - t0
+                    x = out.logits[:, -1:].argmax(-1)
+                    (hooked if on else plain).append(dt)
+                    if not on and prev is not None:
+                        ratios.append(dt / prev)
+                    prev = dt
+            del c, out
+    finally:
+        guard._on_cache_update = hook  # type: ignore[method-assign]
+        guard.detach()
+    return {
+        "config": config, "cache": cache, "steps": tokens, "rounds": rounds,
+        "guarded_step_us_median": round(statistics.median(hooked) * 1e6, 1),
+        "unguarded_step_us_median": round(statistics.median(plain) * 1e6, 1),
+        "ratio": round(statistics.median(ratios), 4),
+        "pairs": len(ratios),
+    }
+
+
 def bench_startup(reps: int) -> dict[str, Any]:
     """Wall seconds of the child program alone vs under `kv-guardian run`, median of ``reps``."""
     py = sys.executable
@@ -157,6 +221,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pairs", type=int, default=4, help="guarded/unguarded pairs per case (default: 4)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default: 1, steadier on a shared box)")
     ap.add_argument("--startup-reps", type=int, default=5, help="repetitions of the start-up timing (0: skip)")
+    ap.add_argument("--step-rounds", type=int, default=3,
+                    help="rounds of the interleaved-steps estimator per case (0: skip)")
+    ap.add_argument("--skip-generate", action="store_true", help="only the interleaved-steps estimator")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "overhead.json"))
     args = ap.parse_args(argv)
     import torch
@@ -171,9 +238,18 @@ def main(argv: list[str] | None = None) -> int:
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "target": "guarded/unguarded decode tokens/s >= 0.98 on the small config",
         "decode": [],
+        "interleaved_steps": [],
     }
     for config in args.configs.split(","):
         for cache in args.caches.split(","):
+            if args.step_rounds > 0:
+                srow = bench_steps(config.strip(), cache.strip(), args.tokens, args.step_rounds)
+                results["interleaved_steps"].append(srow)
+                print(f"{srow['config']:5s} {srow['cache']:7s} interleaved steps: guarded "
+                      f"{srow['guarded_step_us_median']:.0f} us, unguarded {srow['unguarded_step_us_median']:.0f} us, "
+                      f"ratio {srow['ratio']:.4f} ({srow['pairs']} neighbour pairs)", flush=True)
+            if args.skip_generate:
+                continue
             row = bench_decode(config.strip(), cache.strip(), args.tokens, args.pairs)
             results["decode"].append(row)
             print(f"{row['config']:5s} {row['cache']:7s} unguarded {row['unguarded_tokens_per_s_cpu']:8.1f} tok/s  "
@@ -187,6 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     results["load_avg_at_end"] = os.getloadavg()
     small = [r["ratio"] for r in results["decode"] if r["config"] == "small"]
     results["small_min_ratio"] = min(small) if small else None
+    small_steps = [r["ratio"] for r in results["interleaved_steps"] if r["config"] == "small"]
+    results["small_min_ratio_interleaved"] = min(small_steps) if small_steps else None
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2))

@@ -118,6 +118,7 @@ class Record:
     role: str | None = None  # write-once: "self" / "cross" attention for encoder-decoder caches, else None
     cache: str | None = None  # write-once: label of the cache object the storage belongs to, when known
     incarnation: int = 0  # storages this entry has tracked before the current one (slot recycling), see _recycle
+    appends: int = 0  # appends by the current owner; only the first is buffered as an event (see _touch)
 
     def __repr__(self) -> str:  # id-only: records are compared and logged by id
         return f"<Record #{self.entry_id} {self.kind} layer={self.layer} {self.state.value}>"
@@ -782,7 +783,15 @@ class Ledger:
 
     def _touch(self, rec: Record, request: RequestInfo | None, now: float) -> None:
         if request is None or rec.request_id == request.request_id:
-            self._emit(now, "append", rec, None)
+            # Appends are coalesced per entry and owner: the first one is an event in the buffer, the rest
+            # (one per layer and decode step) are counted in event_counts["append"] and on the record. A
+            # buffer of per-step events would cost more than the rest of the hook and evict everything else.
+            if rec.appends:
+                rec.appends += 1
+                self._event_counts["append"] += 1
+            else:
+                rec.appends = 1
+                self._emit(now, "append", rec, None)
             return
         # a hit: a later request reuses this entry; ownership moves to it
         previous = rec.request_id
@@ -794,6 +803,7 @@ class Ledger:
         rec.request_id = request.request_id
         rec.tenant = request.tenant
         rec.state = EntryState.LIVE
+        rec.appends = 0
         request.entry_ids.add(rec.entry_id)
         if request.ended is not None:
             self._end_owner(rec)
