@@ -147,9 +147,31 @@ def test_fp8_quantized_cache(tiny_model):
         g.detach()
 
 
+def test_quanto_quantized_cache(tiny_model):
+    """The real quanto backend (optimum-quanto, a dev extra; it runs on CPU): packed 4-bit states and their
+    scales/shifts are entries of their own, beside the original-precision residual."""
+    pytest.importorskip("optimum.quanto")
+    g = Guard().attach(tiny_model)
+    try:
+        cache = QuantizedCache(backend="quanto", config=tiny_model.config, nbits=4, residual_length=4)
+        with g.request("q4"):
+            gen(tiny_model, ids_of(6), max_new_tokens=7, **{cache_kwarg(): cache})
+        recs = records_of(g, "q4")
+        assert {r.source for r in recs} == {"QuantoQuantizedLayer"}
+        assert {r.kind for r in recs} == {"k", "v", "qk", "qv"}
+        assert "torch.uint8" in {r.dtype for r in recs if r.kind == "qk"}  # 4-bit values, packed
+        assert {r.layer for r in recs} == {0, 1}
+        assert not g.hf_tracker().unknown
+        del cache
+        assert g.check().findings == []
+    finally:
+        g.detach()
+
+
 def test_group_quantized_layer_residual_and_states(tiny_model):
-    """quanto/hqq are not installed here; a test-local int8 backend on transformers' QuantizedLayer exercises
-    the same path: the original-precision residual every step, the quantized states when they change."""
+    """A test-local int8 backend on transformers' QuantizedLayer: the same path as quanto/hqq (hqq is not
+    installable here: source-only, CUDA-oriented), the original-precision residual every step, the quantized
+    states when they change."""
     from transformers.cache_utils import Cache, QuantizedLayer
 
     class Int8Layer(QuantizedLayer):
