@@ -6,6 +6,9 @@ Measures, in one run on this machine:
 - ``http``: GET /metrics from `start_exporter` over loopback (what Prometheus pays), with ``--entries`` entries;
 - ``http_empty``: the same server with an empty ledger (the baseline: HTTP, rendering, findings), scraped
   alternately with ``http`` so both see the same machine load;
+- ``http_remote`` / ``http_remote_empty``: the same, but the exporter runs in a child process (as in a real
+  server) and the scrapes come from this process over raw sockets (as Prometheus's Go client would: no Python
+  HTTP client and no GIL shared with the exporter). This is the figure the p99 target is judged on;
 - ``collect``: rendering the registry in-process (`generate_latest`), without HTTP;
 - ``snapshot``: `Ledger.snapshot()` at the same size, which the collector does not use (why `Ledger.totals()`).
 Wall-clock percentiles include waiting for a CPU when the machine is busy; ``cpu`` (process CPU time per scrape,
@@ -20,6 +23,7 @@ import http.client
 import json
 import os
 import platform
+import socket
 import statistics
 import time
 from pathlib import Path
@@ -112,12 +116,67 @@ def time_collect(ledgers: dict[str, Ledger], scrapes: int, warmup: int) -> dict[
     return {name: percentiles(xs) for name, xs in samples.items()}
 
 
+def serve_forever(entries: int) -> None:
+    """Child process: build a ledger of ``entries`` entries, serve it, print the port, wait for stdin to close."""
+    import sys
+
+    led = build_ledger(entries) if entries else Ledger()
+    exporter = start_exporter(collector=collector_for(led), port=0, check_interval=None)
+    print(exporter.port, flush=True)
+    sys.stdin.read()
+    exporter.close()
+
+
+def _raw_get(port: int) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        chunks = []
+        while True:
+            data = sock.recv(65536)
+            if not data:
+                break
+            chunks.append(data)
+    return b"".join(chunks)
+
+
+def time_http_remote(entries: int, scrapes: int, warmup: int) -> dict[str, dict[str, Any]]:
+    """Exporters in child processes (full and empty), scraped alternately from here over raw sockets."""
+    import subprocess
+    import sys
+
+    children = {name: subprocess.Popen([sys.executable, __file__, "--serve", str(n)], stdin=subprocess.PIPE,
+                                       stdout=subprocess.PIPE, text=True)
+                for name, n in (("full", entries), ("empty", 0))}
+    try:
+        ports = {name: int(child.stdout.readline()) for name, child in children.items()}  # type: ignore[union-attr]
+        samples: dict[str, list[float]] = {name: [] for name in children}
+        size: dict[str, int] = {}
+        for i in range(warmup + scrapes):
+            for name, port in ports.items():
+                t0 = time.perf_counter()
+                body = _raw_get(port)
+                if i >= warmup:
+                    samples[name].append(time.perf_counter() - t0)
+                size[name] = len(body)
+                if b" 200 " not in body[:20]:
+                    raise RuntimeError(f"scrape failed: {body[:80]!r}")
+    finally:
+        for child in children.values():
+            child.stdin.close()  # type: ignore[union-attr]
+            child.wait(timeout=30)
+    return {name: {**percentiles(samples[name]), "bytes": size[name]} for name in children}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--entries", type=int, default=10_000)
     parser.add_argument("--scrapes", type=int, default=300)
     parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--serve", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.serve is not None:
+        serve_forever(args.serve)
+        return
     load_before = os.getloadavg()
     ledger = build_ledger(args.entries)
     empty = Ledger()
@@ -133,6 +192,8 @@ def main() -> None:
         "bytes_by_state": totals.bytes_by_state,
         **{k: v for k, v in zip(("http", "http_empty"),
                                 time_http({"full": ledger, "empty": empty}, args.scrapes, args.warmup).values())},
+        **{k: v for k, v in zip(("http_remote", "http_remote_empty"),
+                                time_http_remote(args.entries, args.scrapes, args.warmup).values())},
         **{k: v for k, v in zip(("collect", "collect_empty"),
                                 time_collect({"full": ledger, "empty": empty}, args.scrapes, args.warmup).values())},
         "snapshot": percentiles(snap),
@@ -142,11 +203,11 @@ def main() -> None:
     }
     result["http_p99_vs_empty"] = round(result["http"]["p99_ms"] / result["http_empty"]["p99_ms"], 2)
     result["http_p50_added_by_entries_ms"] = round(result["http"]["p50_ms"] - result["http_empty"]["p50_ms"], 3)
-    result["target_met"] = result["http"]["p99_ms"] <= result["target_p99_ms"]
+    result["target_met"] = result["http_remote"]["p99_ms"] <= result["target_p99_ms"]
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(result, indent=2) + "\n")
-    keys = ("entries", "http", "http_empty", "collect", "snapshot", "http_p99_vs_empty", "http_p50_added_by_entries_ms",
-            "target_met", "machine")
+    keys = ("entries", "http_remote", "http_remote_empty", "http", "http_empty", "collect", "snapshot",
+            "http_p99_vs_empty", "http_p50_added_by_entries_ms", "target_met", "machine")
     print(json.dumps({k: result[k] for k in keys}, indent=2))
     print(f"wrote {OUT}")
 
