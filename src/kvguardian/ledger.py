@@ -5,13 +5,14 @@ A *KV entry* is one unit of KV memory kv-guardian knows about: the storage behin
 Tensor entries are keyed by their storage's data pointer, so views of one storage are one entry and its
 bytes are counted once.
 
-The ledger never holds a strong reference to a tensor or storage. It keeps a ``weakref.ref`` with a callback
+The ledger never holds a strong reference to a tensor or storage. It keeps a weak reference with a callback
 on ``tensor.untyped_storage()``: the callback runs at the exact moment the storage is deallocated (tensor
-weakrefs would not: views and ``detach()`` share the storage). We use ``weakref.ref`` rather than
-``weakref.finalize`` because it has the same timing at a twentieth of the cost (0.3 µs vs 6 µs measured
-here), and the decode loop pays it for every new storage. The callback only appends ``(entry id, time)`` to
-a deque; the ledger applies releases at its next operation, under its lock, so a release that fires inside
-another ledger call (a GC pass during an allocation) cannot corrupt an iteration.
+weakrefs would not: views and ``detach()`` share the storage). The callback does one thing: it queues the
+weak reference itself (which carries its entry id) with the time of death. ``weakref.finalize`` would have the
+same timing at twenty times the cost, and the decode loop pays it for every new storage. The ledger applies
+queued releases at its next operation, under its lock - within the same cache update while decoding - so a
+release that fires inside another ledger call (a GC pass during an allocation) cannot corrupt an iteration;
+an entry's release time is still the moment its storage died.
 
 Only sources write to the ledger; detectors read `snapshot()`; sinks read snapshots and events.
 """
@@ -31,6 +32,14 @@ from kvguardian import _faults
 from kvguardian._errors import InternalError, UsageError
 
 _new_tuple = tuple.__new__
+
+
+class _StorageRef(weakref.ref):  # type: ignore[type-arg]
+    """The weak reference to one tracked storage (or watched object), tagged with its entry id: the release
+    queue holds these, and an entry whose ``wref`` is no longer this one has moved on (recycled)."""
+
+    __slots__ = ("eid",)
+    eid: int
 
 __all__ = [
     "EVENT_KINDS",
@@ -98,7 +107,8 @@ class Record:
     tenant: str | None  # owner's tenant; changes with request_id
     generation: int  # write-once: model generation when created (a reload bumps it)
     source: str  # write-once: who reported it ("DynamicLayer", "StaticLayer", "track", "pool", ...)
-    shape: tuple[int, ...]  # last observed shape of the tensor view ([B, H_kv, S, D] for HF layers)
+    shape: tuple[int, ...]  # last observed shape of the tensor view ([B, H_kv, S, D] for HF layers; the hot path
+    # stores the torch.Size it read, a tuple subclass, and copies make it a plain tuple)
     dtype: str  # write-once
     device: str  # write-once
     logical_bytes: int  # bytes of the last observed view (numel * element size)
@@ -126,7 +136,7 @@ class Record:
     def copy(self) -> Record:
         return Record(
             self.entry_id, self.key, self.kind, self.layer, self.request_id, self.tenant, self.generation,
-            self.source, self.shape, self.dtype, self.device, self.logical_bytes, self.storage_bytes,
+            self.source, tuple(self.shape), self.dtype, self.device, self.logical_bytes, self.storage_bytes,
             self.created, self.last_access, self.state, self.slot, self.superseded, self.filled_tokens,
             self.capacity_tokens, self.grad, self.retained_reason, self.released_at, None, None,
             self.role, self.cache, self.incarnation,
@@ -279,8 +289,7 @@ class Ledger:
         self._slots: dict[Hashable, Record] = {}  # slot -> the entry currently filling it
         self._vacated: dict[Hashable, tuple[Record, float, str | None]] = {}  # freed, not yet replaced
         self._vacated_limit = 4_096
-        self._wrefs: dict[int, tuple[int, int]] = {}  # id(weakref of a live record) -> (entry id, incarnation)
-        self._freed: deque[tuple[int, int, float]] = deque()  # (entry id, incarnation, time) from callbacks
+        self._freed: deque[tuple[_StorageRef, float]] = deque()  # (weak ref whose referent died, time of death)
         self._requests: OrderedDict[str, RequestInfo] = OrderedDict()
         self._request_history = request_history
         self._events: deque[Event] = deque(maxlen=event_capacity)
@@ -292,7 +301,16 @@ class Ledger:
         self.instrumentation_errors: Counter[str] = Counter()
         self.released_entries = 0
         self.released_bytes = 0
-        self._on_freed_cb = self._on_freed  # one bound method, reused by every weakref
+        freed_append = self._freed.append
+        clock = self._clock
+
+        def on_freed(wref: _StorageRef) -> None:
+            # Runs inside a storage's deallocation, possibly in another thread or inside a ledger call: it only
+            # appends (atomic under the GIL; nothing here can raise but MemoryError); _drain applies it.
+            freed_append((wref, clock()))
+
+        self._on_freed_cb = on_freed  # the callback of every weak reference
+        self._appends = 0  # coalesced appends not yet added to _event_counts (folded in by _settle)
         self._names: dict[Any, str] = {}  # torch dtype/device -> its name (str() is slow on the hot path)
         self._event_cap = event_capacity
         self._on_release_error: Callable[[str, BaseException], None] | None = None
@@ -361,7 +379,7 @@ class Ledger:
         role: str | None = None,
         cache: str | None = None,
     ) -> Record | None:
-        """Record that ``tensor`` (a KV tensor or a view of one) is in use by ``request``. The hot path.
+        """Record that ``tensor`` (a KV tensor or a view of one) is in use by ``request``.
 
         Returns the entry, or None for an empty tensor (no storage to track).
         """
@@ -370,8 +388,13 @@ class Ledger:
         if ptr == 0:
             return None
         with self._lock:
-            rec = self._observe(tensor, storage, ptr, kind, layer, request, source, slot, filled_tokens,
-                                capacity_tokens, holder, role, cache, self._clock())
+            now = self._clock()
+            rec = None
+            if slot is not None:
+                rec = self._continue(tensor, storage, ptr, slot, request, filled_tokens, True, now)
+            if rec is None:
+                rec = self._observe(tensor, storage, ptr, kind, layer, request, source, slot, filled_tokens,
+                                    capacity_tokens, holder, role, cache, now)
             if self._freed:
                 self._drain()
             return rec
@@ -390,8 +413,8 @@ class Ledger:
         role: str | None = None,
         cache: str | None = None,
     ) -> tuple[Record | None, Record | None]:
-        """`observe_tensor` for one layer's keys and values (kinds "k" and "v") under one lock: the per-layer,
-        per-decode-step hot path of cache instrumentation. ``values`` may be None."""
+        """`observe_tensor` for one layer's keys and values (kinds "k" and "v") under one lock. ``values`` may
+        be None."""
         ks = keys.untyped_storage()
         kp = ks.data_ptr()
         if values is not None:
@@ -404,11 +427,17 @@ class Ledger:
             now = self._clock()
             rk = rv = None
             if kp:
-                rk = self._observe(keys, ks, kp, "k", layer, request, source, sk, filled_tokens, capacity_tokens,
-                                   None, role, cache, now)
+                if sk is not None:
+                    rk = self._continue(keys, ks, kp, sk, request, filled_tokens, True, now)
+                if rk is None:
+                    rk = self._observe(keys, ks, kp, "k", layer, request, source, sk, filled_tokens,
+                                       capacity_tokens, None, role, cache, now)
             if vp:
-                rv = self._observe(values, vs, vp, "v", layer, request, source, sv, filled_tokens,
-                                   capacity_tokens, None, role, cache, now)
+                if sv is not None:
+                    rv = self._continue(values, vs, vp, sv, request, filled_tokens, True, now)
+                if rv is None:
+                    rv = self._observe(values, vs, vp, "v", layer, request, source, sv, filled_tokens,
+                                       capacity_tokens, None, role, cache, now)
             if self._freed:
                 self._drain()
             return rk, rv
@@ -416,10 +445,14 @@ class Ledger:
     def observe_kv(
         self, keys: Any, values: Any, layer: int | None, request: RequestInfo | None, source: str,
         slots: tuple[Hashable, Hashable], filled_tokens: int | None, capacity_tokens: int | None,
-        role: str | None, cache: str | None,
+        role: str | None, cache: str | None, check_grad: bool = True,
     ) -> bool:
-        """`observe_pair` with positional arguments (the per-layer hot path of cache instrumentation); returns
-        whether either tensor requires grad."""
+        """`observe_pair` with positional arguments: the per-layer, per-decode-step hot path of cache
+        instrumentation. Returns whether either entry has seen a tensor that requires grad.
+
+        ``check_grad=False`` says grad mode is off for this update (``torch.is_grad_enabled()``), so no tensor
+        it produced requires grad: ``requires_grad`` is then read only where an entry is created.
+        """
         ks = keys.untyped_storage()
         kp = ks.data_ptr()
         if values is not None:
@@ -429,31 +462,81 @@ class Ledger:
             vs = None
             vp = 0
         grad = False
-        with self._lock:
+        lock = self._lock
+        lock.acquire()  # not `with`: the context-manager protocol costs as much as the rest of a fast path
+        try:
             now = self._clock()
             # releases are applied after, not before: a slot whose storage was just freed (DynamicLayer's cat)
             # then continues with the new storage (_recycle) instead of a release plus a new record
             if kp:
-                grad = self._observe(keys, ks, kp, "k", layer, request, source, slots[0], filled_tokens,
-                                     capacity_tokens, None, role, cache, now).grad
+                rec = self._continue(keys, ks, kp, slots[0], request, filled_tokens, check_grad, now)
+                if rec is None:
+                    rec = self._observe(keys, ks, kp, "k", layer, request, source, slots[0], filled_tokens,
+                                        capacity_tokens, None, role, cache, now)
+                grad = rec.grad
             if vp:
-                grad = self._observe(values, vs, vp, "v", layer, request, source, slots[1], filled_tokens,
-                                     capacity_tokens, None, role, cache, now).grad or grad
+                rec = self._continue(values, vs, vp, slots[1], request, filled_tokens, check_grad, now)
+                if rec is None:
+                    rec = self._observe(values, vs, vp, "v", layer, request, source, slots[1], filled_tokens,
+                                        capacity_tokens, None, role, cache, now)
+                grad = grad or rec.grad
             if self._freed:
                 self._drain()
+        finally:
+            lock.release()
         return grad
+
+    def _continue(self, tensor: Any, storage: Any, ptr: int, slot: Hashable, request: RequestInfo | None,
+                  filled_tokens: int | None, check_grad: bool, now: float) -> Record | None:
+        """The fast path of a slot's next observation (lock held): the slot's entry goes on with this tensor,
+        or None when it cannot (no entry yet, a storage already tracked elsewhere, or the slot's previous
+        storage still alive - a new entry supersedes it) and `_observe` decides."""
+        rec = self._slots.get(slot)
+        if rec is None:
+            return None
+        wref = rec.wref
+        if wref is None:
+            return None
+        if rec.key == ptr and wref() is not None:
+            # the same storage (written in place, as static caches do, or a new view of it)
+            rec.last_access = now
+            rec.shape = tensor.shape  # a torch.Size (a tuple); copies convert it
+            rec.logical_bytes = tensor.nbytes
+            if filled_tokens is not None:
+                rec.filled_tokens = filled_tokens
+            if check_grad and tensor.requires_grad:
+                rec.grad = True
+        elif wref() is None:
+            other = self._by_key.get(ptr)
+            if other is not None and other is not rec:
+                return None
+            self._recycle(rec, tensor, storage, ptr, check_grad, now)
+        else:
+            return None
+        if request is None or rec.request_id == request.request_id:
+            if rec.appends:  # coalesced: counted, not buffered (see _touch)
+                rec.appends += 1
+                self._appends += 1
+            else:
+                rec.appends = 1
+                self._emit(now, "append", rec, None)
+        else:
+            self._touch(rec, request, now)
+        return rec
 
     def _observe(
         self, tensor: Any, storage: Any, ptr: int, kind: str, layer: int | None, request: RequestInfo | None,
         source: str, slot: Hashable | None, filled_tokens: int | None, capacity_tokens: int | None, holder: Any,
         role: str | None, cache: str | None, now: float,
     ) -> Record:
-        # lock held, releases drained
+        # lock held
         rec = self._by_key.get(ptr)
         if rec is not None and rec.wref is not None and rec.wref() is None:
             # the entry's storage was freed and this new storage got its address (release not applied yet)
             if slot is not None and rec.slot == slot:
-                return self._recycle(rec, tensor, storage, ptr, request, now)
+                self._recycle(rec, tensor, storage, ptr, True, now)
+                self._touch(rec, request, now)
+                return rec
             self._drain()
             rec = self._by_key.get(ptr)
         if rec is not None:
@@ -471,7 +554,9 @@ class Ledger:
             if prev is not None and prev.wref is not None and prev.wref() is None:
                 # DynamicLayer's torch.cat: the slot's previous storage has just been freed and this one takes
                 # its place. The entry continues with the new storage (see _recycle): no new record.
-                return self._recycle(prev, tensor, storage, ptr, request, now)
+                self._recycle(prev, tensor, storage, ptr, True, now)
+                self._touch(prev, request, now)
+                return prev
         eid = self._next_id
         self._next_id += 1
         names = self._names
@@ -492,44 +577,42 @@ class Ledger:
             EntryState.LIVE, slot, False, filled_tokens, capacity_tokens,
             bool(tensor.requires_grad), None, None, holder, None, role, cache,
         )
-        wref = rec.wref = weakref.ref(storage, self._on_freed_cb)
-        self._wrefs[id(wref)] = (eid, 0)
+        wref = rec.wref = _StorageRef(storage, self._on_freed_cb)
+        wref.eid = eid
         self._insert(rec, request, now)
         return rec
 
-    def _recycle(self, rec: Record, tensor: Any, storage: Any, ptr: int, request: RequestInfo | None,
-                 now: float) -> Record:
+    def _recycle(self, rec: Record, tensor: Any, storage: Any, ptr: int, check_grad: bool, now: float) -> None:
         """The entry of a slot whose storage was freed continues with the storage that replaced it.
 
         Equivalent to releasing the old storage and recording the new one in the same slot - the same
-        counters (released entries and bytes), the same "append" (or "hit") event - without creating and
-        dropping a record every decode step. The old storage's pending release is skipped by incarnation.
+        counters (released entries and bytes), the same "append" (or "hit") event, which the caller records -
+        without creating and dropping a record every decode step. The old storage's queued release is skipped
+        because the entry's ``wref`` is no longer the one queued.
         """
         old_bytes = rec.storage_bytes
         self.released_entries += 1
         self.released_bytes += old_bytes
-        if self._by_key.get(rec.key) is rec:
-            del self._by_key[rec.key]
-        if rec.wref is not None:
-            self._wrefs.pop(id(rec.wref), None)
-        rec.incarnation += 1
+        by_key = self._by_key
+        old = by_key.pop(rec.key, None)
+        if old is not None and old is not rec:  # the old address already belongs to another entry
+            by_key[rec.key] = old
+        by_key[ptr] = rec
         rec.key = ptr
-        self._by_key[ptr] = rec
+        rec.incarnation += 1
+        wref = rec.wref = _StorageRef(storage, self._on_freed_cb)
+        wref.eid = rec.entry_id
         new_bytes = storage.nbytes()
         if rec.state is not EntryState.LIVE and rec.request_id is not None:
             info = self._requests.get(rec.request_id)
             if info is not None and info.ended is not None:
                 self._ended_bytes += new_bytes - old_bytes
         rec.storage_bytes = new_bytes
-        rec.shape = tuple(tensor.shape)
+        rec.shape = tensor.shape  # a torch.Size (a tuple); copies convert it
         rec.logical_bytes = tensor.nbytes
         rec.last_access = now
         rec.superseded = False
-        rec.grad = bool(tensor.requires_grad)
-        wref = rec.wref = weakref.ref(storage, self._on_freed_cb)
-        self._wrefs[id(wref)] = (rec.entry_id, rec.incarnation)
-        self._touch(rec, request, now)
-        return rec
+        rec.grad = check_grad and tensor.requires_grad
 
     def add_entry(
         self,
@@ -565,8 +648,8 @@ class Ledger:
                 slot=slot, filled_tokens=filled_tokens, capacity_tokens=capacity_tokens,
             )
             if watch is not None:
-                rec.wref = weakref.ref(watch, self._on_freed_cb)
-                self._wrefs[id(rec.wref)] = (eid, 0)
+                wref = rec.wref = _StorageRef(watch, self._on_freed_cb)
+                wref.eid = eid
             self._insert(rec, request, now)
             return rec
 
@@ -788,7 +871,7 @@ class Ledger:
             # buffer of per-step events would cost more than the rest of the hook and evict everything else.
             if rec.appends:
                 rec.appends += 1
-                self._event_counts["append"] += 1
+                self._appends += 1
             else:
                 rec.appends = 1
                 self._emit(now, "append", rec, None)
@@ -813,34 +896,34 @@ class Ledger:
         rec.state = EntryState.RETAINED if rec.retained_reason else EntryState.ORPHANED
         self._ended_bytes += rec.storage_bytes
 
-    def _on_freed(self, wref: weakref.ref[Any]) -> None:
-        # Runs inside the deallocation of a storage, possibly in another thread or inside a ledger call:
-        # it only appends (atomic under the GIL); _drain applies it.
-        try:
-            if _faults.FAULTS:
-                _faults.maybe_fail("release")
-            found = self._wrefs.get(id(wref))
-            if found is not None:
-                self._freed.append((found[0], found[1], self._clock()))
-        except Exception as exc:  # a weakref callback must never raise into a deallocation
-            handler = self._on_release_error
-            if handler is not None:
-                try:
-                    handler("release", exc)
-                except Exception:
-                    pass
-
     def _settle(self) -> None:
         """Apply pending releases and decide vacated slots (used by reads and request boundaries)."""
         self._drain()
         self._flush_vacated()
+        if self._appends:
+            self._event_counts["append"] += self._appends
+            self._appends = 0
 
     def _drain(self) -> None:
-        while self._freed:
-            eid, inc, ts = self._freed.popleft()
-            rec = self._by_id.get(eid)
-            if rec is not None and rec.incarnation == inc and rec.state is not EntryState.RELEASED:
-                self._release(rec, ts, "superseded" if rec.superseded else None)
+        """Apply the releases queued by weak-reference callbacks (lock held)."""
+        freed = self._freed
+        if not freed:
+            return
+        by_id = self._by_id
+        while freed:
+            wref, ts = freed.popleft()
+            rec = by_id.get(wref.eid)
+            if rec is None or rec.wref is not wref:
+                continue  # a storage the entry no longer tracks (recycled) or an entry already released
+            if _faults.FAULTS:
+                try:
+                    _faults.maybe_fail("release")
+                except Exception as exc:  # fail open: the release is not applied (counted by the handler)
+                    handler = self._on_release_error
+                    if handler is not None:
+                        handler("release", exc)
+                    continue
+            self._release(rec, ts, "superseded" if rec.superseded else None)
 
     def _release(self, rec: Record, ts: float, detail: str | None) -> None:
         del self._by_id[rec.entry_id]
@@ -856,8 +939,6 @@ class Ledger:
         rec.released_at = ts
         self.released_entries += 1
         self.released_bytes += rec.storage_bytes
-        if rec.wref is not None:
-            self._wrefs.pop(id(rec.wref), None)
         if rec.slot is not None and self._slots.get(rec.slot) is rec:
             # Wait: if a new storage fills this slot before the ledger is read, this was a replacement
             # (DynamicLayer's cat), not a release. _flush_vacated emits the release otherwise.
@@ -878,7 +959,7 @@ class Ledger:
         dtype: str | None = None
         device: str | None = None
         if kind == "init":
-            shape, dtype, device = rec.shape, rec.dtype, rec.device
+            shape, dtype, device = tuple(rec.shape), rec.dtype, rec.device
         # tuple.__new__ directly: Event's generated __new__ with 16 fields costs more on the hot path
         events.append(_new_tuple(Event, (
             ts, kind, rec.entry_id, rec.request_id, rec.tenant, rec.layer, rec.storage_bytes, detail,

@@ -70,6 +70,8 @@ class LayerPlan:
     known: bool  # False: an unknown layer class, audited through the generic path
     skip_reason: str | None = None  # set for layers that hold no per-token KV
     note: str | None = None
+    cls: type | None = None  # the layer class itself (the tracker's per-update check is `type(layer) is cls`)
+    path: str = ""  # the tracker's observer: "kv", "static", "fp8", "quantized", "generic" or "" (nothing)
 
     @property
     def static(self) -> bool:
@@ -92,10 +94,18 @@ def _classify(cls: type) -> LayerPlan:
     for base in cls.__mro__:
         kind = KNOWN_LAYERS.get(base.__name__)
         if kind is not None and base.__module__.startswith("transformers."):
-            return LayerPlan(kind, cls.__name__, True, SKIP_REASONS.get(kind), NOTES.get(kind))
+            return LayerPlan(kind, cls.__name__, True, SKIP_REASONS.get(kind), NOTES.get(kind), cls, _PATHS[kind])
     return LayerPlan("generic", cls.__name__, False, None,
                      f"unknown cache layer class {cls.__module__}.{cls.__qualname__}: every tensor attribute "
-                     "is audited")
+                     "is audited", cls, "generic")
+
+
+#: kind -> the tracker's observer for it
+_PATHS = {
+    "dynamic": "kv", "sliding": "kv", "hybrid": "kv",
+    "static": "static", "static_sliding": "static", "hybrid_static": "static",
+    "fp8": "fp8", "quantized": "quantized", "generic": "generic", "linear": "", "dummy": "",
+}
 
 
 def static_filled(layer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:

@@ -110,6 +110,17 @@ class HFTracker:
         self.skipped: dict[str, str] = {}  # layer class -> reason it holds no KV
         self.notes: dict[str, str] = {}
         self.updates = 0
+        # bound once: attribute chains cost as much as the calls on the per-layer path
+        self._current_request = guard._current.get
+        self._observe_kv = self.ledger.observe_kv
+        try:
+            from torch import is_grad_enabled
+        except ImportError:  # no torch: nothing can require grad
+            def is_grad_enabled() -> bool:
+                return False
+        # grad mode off (inference_mode, no_grad): nothing an update stores requires grad, so the ledger does not
+        # read requires_grad where an entry continues
+        self._grad_enabled = is_grad_enabled
 
     # ------------------------------------------------------------------ the hot path
     def on_update(self, cache: Any, layer_idx: int, key_states: Any, args: tuple[Any, ...],
@@ -123,7 +134,7 @@ class HFTracker:
         st = self.caches.get(id(cache))
         if st is None or st.ref() is not cache:
             st = self._new_cache(cache)
-        req = self.guard._current.get()
+        req = self._current_request()
         if req is None:
             req = st.manual
             if req is None or req.ended is not None:
@@ -132,7 +143,6 @@ class HFTracker:
             self._enter(st, req, cache, layer_idx, key_states, args, kwargs, out)
         rs = st.rs
         if rs is not None and rs.ttft is None:
-            guard = self.guard
             if rs.first_st is None:
                 rs.first_st, rs.first_layer = st, layer_idx
             elif rs.first_st is st and rs.first_layer == layer_idx:
@@ -146,18 +156,17 @@ class HFTracker:
             self._extend(st, len(layers))
         plan = st.plans[layer_idx]
         layer = layers[layer_idx]
-        if plan is None or type(layer).__name__ != plan.cls_name:
+        if plan is None or type(layer) is not plan.cls:
             plan = self._plan_layer(st, layer_idx, layer)
-        kind = plan.kind
-        guard = self.guard
-        if kind == "dynamic" or kind == "sliding" or kind == "hybrid":
+        path = plan.path
+        if path == "kv":
             keys = layer.keys
             if keys is None:
                 return
             values = layer.values
-            grad = self.ledger.observe_kv(keys, values, layer_idx, req, plan.cls_name, st.slots[layer_idx], None,
-                                          None, st.role, st.label)
-        elif plan.static:
+            grad = self._observe_kv(keys, values, layer_idx, req, plan.cls_name, st.slots[layer_idx], None, None,
+                                    st.role, st.label, self._grad_enabled())
+        elif path == "static":
             keys = layer.keys
             if keys is None:
                 return
@@ -170,28 +179,30 @@ class HFTracker:
                 c = layer.cumulative_length
                 n = c if type(c) is int else None
             cap = layer.max_cache_len
-            grad = self.ledger.observe_kv(keys, values, layer_idx, req, plan.cls_name, st.slots[layer_idx],
-                                          min(n, cap) if n is not None else None, cap, st.role, st.label)
-        elif kind == "fp8":
+            grad = self._observe_kv(keys, values, layer_idx, req, plan.cls_name, st.slots[layer_idx],
+                                    min(n, cap) if n is not None else None, cap, st.role, st.label,
+                                    self._grad_enabled())
+        elif path == "fp8":
             qk = getattr(layer, "_quantized_keys", None)
             qv = getattr(layer, "_quantized_values", None)
             if qk is None:
                 return
             keys = qk[0]
             values = qv[0] if qv is not None else None
-            grad = self.ledger.observe_kv(keys, values, layer_idx, req, plan.cls_name, st.slots[layer_idx], None,
-                                          None, st.role, st.label)
-        elif kind == "quantized":
+            grad = self._observe_kv(keys, values, layer_idx, req, plan.cls_name, st.slots[layer_idx], None, None,
+                                    st.role, st.label, self._grad_enabled())
+        elif path == "quantized":
             keys = self._observe_quantized(st, layer, layer_idx, req, plan)
             values = None
             grad = keys is not None and keys.requires_grad
-        elif kind == "generic":
+        elif path == "generic":
             keys = self._observe_generic(st, layer, layer_idx, req, plan)
             values = None
             grad = keys is not None and keys.requires_grad
         else:  # linear / dummy: no per-token KV
             return
         if grad:
+            guard = self.guard
             if keys is not None and keys.requires_grad:
                 guard._note_grad(keys, layer_idx)
             elif values is not None and values.requires_grad:
