@@ -143,10 +143,12 @@ def _make_cache(model: Any, cache: str, max_len: int) -> Any:
 
 
 def bench_steps(config: str, cache: str, tokens: int, rounds: int) -> dict[str, Any]:
-    """Interleaved steps: one manual decode loop where the guard's hook runs on even steps and is switched
-    off on odd ones, so each guarded step has an unguarded neighbour of the same sequence length, measured
-    under the same machine conditions. On a shared VM whose speed drifts by tens of percent between runs,
-    this resolves a 1-2% effect that whole-generate comparisons cannot. Ratio = median over neighbour pairs
+    """Interleaved steps: one manual decode loop where the guard's hooks run on even steps and are switched
+    off on odd ones (``Attachment.enabled``: the forward hooks return at once, so the ``Cache.update`` wrapper
+    sees no active guard and costs one context-variable read), so each guarded step has an unguarded
+    neighbour of the same sequence length, measured under the same machine conditions. On a shared VM whose
+    speed drifts by tens of percent between runs, this resolves a 1-2% effect that whole-generate comparisons
+    cannot. Ratio = median over neighbour pairs
     of (unguarded step time / guarded step time), i.e. guarded/unguarded throughput."""
     import torch
 
@@ -160,7 +162,7 @@ def bench_steps(config: str, cache: str, tokens: int, rounds: int) -> dict[str, 
     ids = torch.randint(0, spec.vocab, (1, 8), generator=torch.Generator().manual_seed(0))
     guard = Guard()
     guard.attach(model)
-    hook = guard._on_cache_update
+    attachment = guard._attached[-1]
     ratios: list[float] = []
     hooked: list[float] = []
     plain: list[float] = []
@@ -174,7 +176,7 @@ def bench_steps(config: str, cache: str, tokens: int, rounds: int) -> dict[str, 
                 prev: float | None = None
                 for step in range(tokens):
                     on = step % 2 == 0
-                    guard._on_cache_update = hook if on else (lambda *a: None)  # type: ignore[method-assign]
+                    attachment.enabled = on
                     t0 = time.perf_counter()
                     out = model(x, use_cache=True, **{kw: c})
                     dt = time.perf_counter() - t0
@@ -185,7 +187,7 @@ def bench_steps(config: str, cache: str, tokens: int, rounds: int) -> dict[str, 
                     prev = dt
             del c, out
     finally:
-        guard._on_cache_update = hook  # type: ignore[method-assign]
+        attachment.enabled = True
         guard.detach()
     return {
         "config": config, "cache": cache, "steps": tokens, "rounds": rounds,

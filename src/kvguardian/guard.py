@@ -297,6 +297,22 @@ class Guard:
             _faults.maybe_fail("cache.update")
         self.hf_tracker().on_update(cache, layer_idx, key_states, args, kwargs or {}, out)
 
+    def _on_cache_updates(self, updates: list[tuple[Any, ...]], started: float | None) -> None:
+        """The cache updates of one forward of an attached model, observed when it returned, in order.
+        ``started`` (the forward's start) stands for the time of each update when a request's first-token
+        latency is measured."""
+        tracker = self.hf_tracker()
+        tracker._event_time = started
+        try:
+            with self.ledger.observe_batch():
+                for update in updates:
+                    try:
+                        self._on_cache_update(*update)
+                    except Exception as exc:
+                        self._fail("cache.update", exc)
+        finally:
+            tracker._event_time = None
+
     def _on_cache_evict(self, cache: Any, detail: str) -> None:
         if self._hf is not None:
             self._hf.on_evict(cache, detail)

@@ -19,12 +19,13 @@ Only sources write to the ledger; detectors read `snapshot()`; sinks read snapsh
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import threading
 import time
 import weakref
 from collections import Counter, OrderedDict, deque
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -311,6 +312,7 @@ class Ledger:
 
         self._on_freed_cb = on_freed  # the callback of every weak reference
         self._appends = 0  # coalesced appends not yet added to _event_counts (folded in by _settle)
+        self._batch = 0  # > 0 inside observe_batch(): releases wait for its end (see there)
         self._names: dict[Any, str] = {}  # torch dtype/device -> its name (str() is slow on the hot path)
         self._event_cap = event_capacity
         self._on_release_error: Callable[[str, BaseException], None] | None = None
@@ -395,7 +397,7 @@ class Ledger:
             if rec is None:
                 rec = self._observe(tensor, storage, ptr, kind, layer, request, source, slot, filled_tokens,
                                     capacity_tokens, holder, role, cache, now)
-            if self._freed:
+            if self._freed and not self._batch:
                 self._drain()
             return rec
 
@@ -438,7 +440,7 @@ class Ledger:
                 if rv is None:
                     rv = self._observe(values, vs, vp, "v", layer, request, source, sv, filled_tokens,
                                        capacity_tokens, None, role, cache, now)
-            if self._freed:
+            if self._freed and not self._batch:
                 self._drain()
             return rk, rv
 
@@ -480,11 +482,27 @@ class Ledger:
                     rec = self._observe(values, vs, vp, "v", layer, request, source, slots[1], filled_tokens,
                                         capacity_tokens, None, role, cache, now)
                 grad = grad or rec.grad
-            if self._freed:
+            if self._freed and not self._batch:
                 self._drain()
         finally:
             lock.release()
         return grad
+
+    @contextlib.contextmanager
+    def observe_batch(self) -> Iterator[None]:
+        """Observe several slots' updates (one forward's layers) before applying the releases that happened
+        meanwhile. A forward replaces every layer's storage before its updates are observed; applying the
+        old storages' releases at the first observation would close the other layers' entries and open new
+        ones, where observing first lets each entry continue with its new storage (`_continue`)."""
+        with self._lock:
+            self._batch += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._batch -= 1
+                if not self._batch and self._freed:
+                    self._drain()
 
     def _continue(self, tensor: Any, storage: Any, ptr: int, slot: Hashable, request: RequestInfo | None,
                   filled_tokens: int | None, check_grad: bool, now: float) -> Record | None:

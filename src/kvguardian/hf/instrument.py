@@ -34,7 +34,9 @@ if TYPE_CHECKING:
 __all__ = [
     "ACTIVE",
     "MIN_TRANSFORMERS",
+    "PENDING",
     "Attachment",
+    "KeyInfo",
     "attach_model",
     "cache_role",
     "check_transformers_version",
@@ -47,6 +49,24 @@ __all__ = [
 
 #: The guard whose attached model is running a forward in this context.
 ACTIVE: contextvars.ContextVar[Guard | None] = contextvars.ContextVar("kvguardian_active_guard", default=None)
+#: The cache updates of the attached model's running forward, observed when it returns (see `Attachment`).
+PENDING: contextvars.ContextVar[list[tuple[Any, ...]] | None] = contextvars.ContextVar(
+    "kvguardian_pending_updates", default=None)
+
+
+class KeyInfo:
+    """What a deferred update keeps of its ``key_states`` (the new tokens' keys): shape, dtype and device, not
+    the tensor - holding each layer's new keys until the forward returns would raise the model's peak memory."""
+
+    __slots__ = ("device", "dtype", "shape")
+
+    def __init__(self, shape: Any, dtype: Any, device: Any) -> None:
+        self.shape = shape
+        self.dtype = dtype
+        self.device = device
+
+    def dim(self) -> int:
+        return len(self.shape)
 
 _PROCESS: list[Guard | None] = [None]  # the process guard (kv-guardian run, pytest plugin), or None
 _patch_lock = threading.RLock()
@@ -103,6 +123,19 @@ def _wrap_update(original: Any, *, base: bool) -> Any:
             guard = _PROCESS[0]
             if guard is None:
                 return out
+        else:
+            pending = PENDING.get()
+            if pending is not None:  # inside an attached model's forward: observed when it returns
+                _observed[0] += 1
+                # the returned tensors only matter for a cache with no `layers` list (the generic path); a
+                # quantized cache returns fresh dequantized copies, which must not be kept alive meanwhile
+                ret = out if type(getattr(self, "layers", None)) is not list else None
+                try:
+                    pending.append((self, layer_idx, KeyInfo(key_states.shape, key_states.dtype,
+                                                             key_states.device), args, kwargs, ret))
+                except Exception:  # not a tensor: keep the object itself
+                    pending.append((self, layer_idx, key_states, args, kwargs, ret))
+                return out
         _observed[0] += 1
         try:
             guard._on_cache_update(self, layer_idx, key_states, args, kwargs, out)
@@ -120,6 +153,10 @@ def _wrap_evict(original: Any, name: str) -> Any:
         out = original(self, *args, **kwargs)
         guard = _target_guard()
         if guard is not None:
+            pending = PENDING.get()
+            if pending:  # keep the order: the forward's earlier updates first
+                guard._on_cache_updates(pending[:], None)
+                pending.clear()
             try:
                 guard._on_cache_evict(self, f"{name}({', '.join(map(str, args))})")
             except Exception as exc:
@@ -263,33 +300,50 @@ def _generate_as_request(g: Guard, fn: Any, args: tuple[Any, ...], kwargs: dict[
 
 
 class Attachment:
-    """The hooks one guard installed on one model; `remove` undoes all of them."""
+    """The hooks one guard installed on one model; `remove` undoes all of them.
+
+    The forward pre-hook makes the guard the context's active guard and opens a list of pending updates; the
+    ``Cache.update`` wrapper appends to it (O(1), nothing read but the new keys' shape, dtype and device); the
+    forward hook observes the whole list when the forward returns, or raises. Observing every layer of a
+    step back to back, rather than one at a time between the model's own kernels, costs a fraction as much
+    (the bookkeeping's code and data stay in the CPU caches: measured ~8 us per layer instead of ~50 us on
+    the small config here). Updates are observed in order, before any crop/reset; a forward that raises is
+    observed too. ``enabled = False`` switches the hooks off without removing them (the overhead benchmark).
+    """
 
     def __init__(self, guard: Guard, model: Any) -> None:
         self._model = weakref.ref(model)
         self._handles: list[Any] = []
         self._tls = threading.local()
+        self.enabled = True
         guard_ref = weakref.ref(guard)
+        clock = guard.ledger._clock
 
         def pre(module: Any, args: Any) -> None:
             g = guard_ref()
-            if g is None:
+            if g is None or not self.enabled:
                 return
             try:
                 _faults.maybe_fail("forward.pre")
                 stack = getattr(self._tls, "tokens", None)
                 if stack is None:
                     stack = self._tls.tokens = []
-                stack.append(ACTIVE.set(g))
+                stack.append((ACTIVE.set(g), PENDING.set([]), clock()))
             except Exception as exc:
                 g._fail("forward.pre", exc)
 
         def post(module: Any, args: Any, output: Any) -> None:
             g = guard_ref()
             stack = getattr(self._tls, "tokens", None)
+            if not stack:
+                return
             try:
-                if stack:
-                    ACTIVE.reset(stack.pop())
+                active, pending, started = stack.pop()
+                updates = PENDING.get()
+                ACTIVE.reset(active)
+                PENDING.reset(pending)
+                if updates and g is not None:
+                    g._on_cache_updates(updates, started)
                 _faults.maybe_fail("forward.post")
             except Exception as exc:
                 if g is not None:

@@ -110,6 +110,9 @@ class HFTracker:
         self.skipped: dict[str, str] = {}  # layer class -> reason it holds no KV
         self.notes: dict[str, str] = {}
         self.updates = 0
+        # the start of the forward whose deferred updates are being observed (None: updates observed as they
+        # happen): the time a request starts and its first token is out are measured from forward starts
+        self._event_time: float | None = None
         # bound once: attribute chains cost as much as the calls on the per-layer path
         self._current_request = guard._current.get
         self._observe_kv = self.ledger.observe_kv
@@ -146,7 +149,9 @@ class HFTracker:
             if rs.first_st is None:
                 rs.first_st, rs.first_layer = st, layer_idx
             elif rs.first_st is st and rs.first_layer == layer_idx:
-                rs.ttft = self._clock() - rs.start  # this layer's second update: the first token is out
+                now = self._event_time
+                rs.ttft = (now if now is not None else self._clock()) - rs.start  # this layer's second update:
+                # the first token is out
                 self._flush_request_events(rs)
         if st.generic:
             self._observe_returned(st, layer_idx, req, out)
@@ -367,7 +372,8 @@ class HFTracker:
         st.owner_req = req
         rs = self._reqs.get(req.request_id)
         if rs is None:
-            rs = self._reqs[req.request_id] = _ReqState(req, self._clock())
+            now = self._event_time
+            rs = self._reqs[req.request_id] = _ReqState(req, now if now is not None else self._clock())
         st.rs = rs
         rs.caches += 1
         new = int(key_states.shape[-2]) if hasattr(key_states, "shape") and key_states.dim() >= 2 else 0
