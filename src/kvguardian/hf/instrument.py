@@ -5,6 +5,8 @@ works with every 5.x release (5.0–5.4 pass ``cache_kwargs``; 5.5+ pass ``*args
 subclass that overrides ``update`` (a custom cache kv-guardian does not know) is wrapped too, when the patch
 is installed or when the class is defined later. The wrapper calls the original first and only then looks at
 the layer, so the model's result is never changed; with no guard interested it costs a context-variable read.
+Inside an attached model's forward it only queues the update, and the forward hook observes the queue when
+the forward returns (see `Attachment`); elsewhere (the process guard) each update is observed at once.
 
 Which guard sees an update: the guard whose attached model is running a forward (forward hooks on each
 attached model, so two guards on two models never see each other's caches), else the *process guard* (set by
