@@ -75,8 +75,11 @@ def _scan_process(url: str, *extra: str) -> subprocess.Popen[str]:
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
-def _wait_until_sweeping(r, calls: int = 3) -> None:
-    """Until the sweep subprocess has probed a few batches (its start-up time varies with the machine)."""
+def _wait_until_sweeping(r, calls: int = 4) -> None:
+    """Until the sweep subprocess has probed a few batches (its start-up time varies with the machine).
+
+    4 calls: the mode check's own EVALSHA_RO, then batches 1-3. The sweep sends batch n+1 before it counts
+    batch n, so only once batch 3 has run on the server is batch 1 surely counted by the client."""
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if r.info("commandstats").get("cmdstat_evalsha_ro", {}).get("calls", 0) >= calls:
