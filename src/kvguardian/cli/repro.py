@@ -19,12 +19,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         module = load(name)
         rp = sub.add_parser(name, help=module.TITLE, description=(module.__doc__ or module.TITLE).strip())
         module.add_arguments(rp)
+        rp.add_argument("--json", action="store_true", help="print the measurements as JSON")
         rp.set_defaults(_repro=module)
 
 
 def run(args: argparse.Namespace) -> int:
     result = args._repro.run(args)
-    if getattr(args, "json", False):
+    if args.json:
         print(json.dumps(result.to_dict(), indent=2, default=str))
     else:
         for line in result.lines:

@@ -1,8 +1,9 @@
 """Reproductions of the article's anti-patterns: each measures here, prints the article's claim beside it,
 runs the detector, and verifies the fix.
 
-Each reproduction module defines ``NAME``, ``SECTION``, ``TITLE``, ``add_arguments(parser)``,
-``run(args) -> ReproResult`` and ``demo_row() -> DemoRow``. Register it in `REPROS` (the order is the
+Each reproduction module defines ``NAME``, ``SECTION``, ``TITLE``, ``add_arguments(parser)`` (its own
+options; ``kv-guardian repro`` adds ``--json`` to every one), ``run(args) -> ReproResult`` and
+``demo_row() -> DemoRow``. Register it in `REPROS` (the order is the
 demo table's order).
 """
 

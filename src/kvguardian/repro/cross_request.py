@@ -201,7 +201,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="requests in the mixed workload (default: %(default)s)")
     p.add_argument("--rounds", type=int, default=3, help="timing rounds per variant, medians reported (default: 3)")
     p.add_argument("--seed", type=int, default=0, help="workload seed (default: 0)")
-    p.add_argument("--json", action="store_true", help="print the measurements as JSON")
 
 
 def run(args: argparse.Namespace) -> ReproResult:

@@ -42,7 +42,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--steps", default=",".join(map(str, DEFAULT_STEPS)),
         help="comma-separated decode step counts to measure at (default: %(default)s)",
     )
-    p.add_argument("--json", action="store_true", help="print the measurements as JSON")
 
 
 def parse_steps(text: str) -> list[int]:

@@ -165,7 +165,6 @@ def render(data: dict[str, Any]) -> list[str]:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reloads", type=int, default=DEFAULT_RELOADS, help="reloads per variant (default: %(default)s)")
     p.add_argument("--requests", type=int, default=2, help="/generate requests after each reload (default: 2)")
-    p.add_argument("--json", action="store_true", help="print the measurements as JSON")
 
 
 def run(args: argparse.Namespace) -> ReproResult:

@@ -150,7 +150,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--new-tokens", type=int, default=8, help="tokens decoded per sequence (default: %(default)s)")
     p.add_argument("--image-size", type=int, default=VLM_TINY.image_size,
                    help=f"image side in pixels, patches of {VLM_TINY.patch_size} (default: %(default)s)")
-    p.add_argument("--json", action="store_true", help="print the measurements as JSON")
 
 
 def run(args: argparse.Namespace) -> ReproResult:

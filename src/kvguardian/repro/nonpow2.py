@@ -192,7 +192,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-length", type=int, default=2048, help="sweep 2^k±1 up to this (default: %(default)s)")
     p.add_argument("--heads", type=int, default=4, help="attention heads (default: %(default)s)")
     p.add_argument("--repeats", type=int, default=3, help="measured calls per length (default: %(default)s)")
-    p.add_argument("--json", action="store_true", help="print the measurements as JSON")
 
 
 def run(args: argparse.Namespace) -> ReproResult:

@@ -137,7 +137,6 @@ def render(data: dict[str, Any]) -> list[str]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--requests", type=int, default=DEFAULT_REQUESTS, help="requests per variant (default: %(default)s)")
-    p.add_argument("--json", action="store_true", help="print the measurements as JSON")
 
 
 def run(args: argparse.Namespace) -> ReproResult:
