@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["TINY", "TinySpec", "build_llama"]
+__all__ = ["TINY", "TinySpec", "build_llama", "llama_config"]
 
 
 @dataclass(frozen=True)
@@ -32,12 +32,11 @@ GRAD_SPEC = TinySpec(hidden=256, layers=4, heads=4, kv_heads=2, intermediate=512
 SMALL = TinySpec(hidden=512, layers=8, heads=8, kv_heads=4, intermediate=1024, vocab=512)
 
 
-def build_llama(spec: TinySpec = TINY, *, seed: int = 0) -> Any:
-    """A `LlamaForCausalLM` with random weights, in eval mode, float32, on the CPU."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+def llama_config(spec: TinySpec) -> Any:
+    """The `LlamaConfig` of ``spec`` (also the text decoder of the tiny vision-language model)."""
+    from transformers import LlamaConfig
 
-    cfg = LlamaConfig(
+    return LlamaConfig(
         vocab_size=spec.vocab,
         hidden_size=spec.hidden,
         intermediate_size=spec.intermediate,
@@ -46,6 +45,14 @@ def build_llama(spec: TinySpec = TINY, *, seed: int = 0) -> Any:
         num_key_value_heads=spec.kv_heads,
         max_position_embeddings=spec.max_positions,
     )
+
+
+def build_llama(spec: TinySpec = TINY, *, seed: int = 0) -> Any:
+    """A `LlamaForCausalLM` with random weights, in eval mode, float32, on the CPU."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    cfg = llama_config(spec)
     torch.manual_seed(seed)
     model = LlamaForCausalLM(cfg).eval()
     model.generation_config.pad_token_id = 0

@@ -6,21 +6,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from kvguardian.repro.models import TinySpec, llama_config
+
 __all__ = ["VLM_TINY", "VlmSpec", "build_vlm", "image_features"]
 
 
 @dataclass(frozen=True)
-class VlmSpec:
+class VlmSpec(TinySpec):
+    """The tiny Llama decoder (`TinySpec`'s fields) plus a CLIP vision tower."""
+
     image_size: int = 64
     patch_size: int = 8  # visual tokens per image = (image_size / patch_size) ** 2
     vision_hidden: int = 32
     vision_layers: int = 1
-    hidden: int = 64
-    layers: int = 2
-    heads: int = 4
-    kv_heads: int = 2
-    intermediate: int = 128
-    vocab: int = 128
 
     @property
     def visual_tokens(self) -> int:
@@ -48,19 +46,14 @@ VLM_TINY = VlmSpec()
 def build_vlm(spec: VlmSpec = VLM_TINY, *, seed: int = 0) -> Any:
     """A `LlavaForConditionalGeneration` with random weights (same ``seed`` → same weights), eval, CPU."""
     import torch
-    from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration
+    from transformers import CLIPVisionConfig, LlavaConfig, LlavaForConditionalGeneration
 
     vision = CLIPVisionConfig(
         hidden_size=spec.vision_hidden, intermediate_size=2 * spec.vision_hidden,
         num_hidden_layers=spec.vision_layers, num_attention_heads=2,
         image_size=spec.image_size, patch_size=spec.patch_size,
     )
-    text = LlamaConfig(
-        vocab_size=spec.vocab, hidden_size=spec.hidden, intermediate_size=spec.intermediate,
-        num_hidden_layers=spec.layers, num_attention_heads=spec.heads, num_key_value_heads=spec.kv_heads,
-        max_position_embeddings=4096,
-    )
-    cfg = LlavaConfig(vision_config=vision, text_config=text, image_token_index=spec.vocab - 1,
+    cfg = LlavaConfig(vision_config=vision, text_config=llama_config(spec), image_token_index=spec.vocab - 1,
                       image_seq_length=spec.visual_tokens)
     torch.manual_seed(seed)
     model = LlavaForConditionalGeneration(cfg).eval()
