@@ -402,13 +402,8 @@ class Ledger:
         if ptr == 0:
             return None
         with self._lock:
-            now = self._clock()
-            rec = None
-            if slot is not None:
-                rec = self._continue(tensor, storage, ptr, slot, request, filled_tokens, True, now)
-            if rec is None:
-                rec = self._observe(tensor, storage, ptr, kind, layer, request, source, slot, filled_tokens,
-                                    capacity_tokens, holder, role, cache, now)
+            rec = self._observe(tensor, storage, ptr, kind, layer, request, source, slot, filled_tokens,
+                                capacity_tokens, holder, role, cache, self._clock())
             if self._freed and not self._batch:
                 self._drain()
             return rec
@@ -441,17 +436,11 @@ class Ledger:
             now = self._clock()
             rk = rv = None
             if kp:
-                if sk is not None:
-                    rk = self._continue(keys, ks, kp, sk, request, filled_tokens, True, now)
-                if rk is None:
-                    rk = self._observe(keys, ks, kp, "k", layer, request, source, sk, filled_tokens,
-                                       capacity_tokens, None, role, cache, now)
+                rk = self._observe(keys, ks, kp, "k", layer, request, source, sk, filled_tokens, capacity_tokens,
+                                   None, role, cache, now)
             if vp:
-                if sv is not None:
-                    rv = self._continue(values, vs, vp, sv, request, filled_tokens, True, now)
-                if rv is None:
-                    rv = self._observe(values, vs, vp, "v", layer, request, source, sv, filled_tokens,
-                                       capacity_tokens, None, role, cache, now)
+                rv = self._observe(values, vs, vp, "v", layer, request, source, sv, filled_tokens,
+                                   capacity_tokens, None, role, cache, now)
             if self._freed and not self._batch:
                 self._drain()
             return rk, rv
@@ -483,17 +472,11 @@ class Ledger:
             # releases are applied after, not before: a slot whose storage was just freed (DynamicLayer's cat)
             # then continues with the new storage (_recycle) instead of a release plus a new record
             if kp:
-                rec = self._continue(keys, ks, kp, slots[0], request, filled_tokens, check_grad, now)
-                if rec is None:
-                    rec = self._observe(keys, ks, kp, "k", layer, request, source, slots[0], filled_tokens,
-                                        capacity_tokens, None, role, cache, now)
-                grad = rec.grad
+                grad = self._observe(keys, ks, kp, "k", layer, request, source, slots[0], filled_tokens,
+                                     capacity_tokens, None, role, cache, now, check_grad).grad
             if vp:
-                rec = self._continue(values, vs, vp, slots[1], request, filled_tokens, check_grad, now)
-                if rec is None:
-                    rec = self._observe(values, vs, vp, "v", layer, request, source, slots[1], filled_tokens,
-                                        capacity_tokens, None, role, cache, now)
-                grad = grad or rec.grad
+                grad = self._observe(values, vs, vp, "v", layer, request, source, slots[1], filled_tokens,
+                                     capacity_tokens, None, role, cache, now, check_grad).grad or grad
             if self._freed and not self._batch:
                 self._drain()
         finally:
@@ -559,9 +542,14 @@ class Ledger:
     def _observe(
         self, tensor: Any, storage: Any, ptr: int, kind: str, layer: int | None, request: RequestInfo | None,
         source: str, slot: Hashable | None, filled_tokens: int | None, capacity_tokens: int | None, holder: Any,
-        role: str | None, cache: str | None, now: float,
+        role: str | None, cache: str | None, now: float, check_grad: bool = True,
     ) -> Record:
-        # lock held
+        """Record one observation of ``tensor`` (lock held): a slot's entry continues in place when it can
+        (`_continue`, the per-step fast path); otherwise the storage's entry is found, recycled or created."""
+        if slot is not None:
+            rec = self._continue(tensor, storage, ptr, slot, request, filled_tokens, check_grad, now)
+            if rec is not None:
+                return rec
         rec = self._by_key.get(ptr)
         if rec is not None and rec.wref is not None and rec.wref() is None:
             # the entry's storage was freed and this new storage got its address (release not applied yet)
