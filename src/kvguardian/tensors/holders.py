@@ -100,6 +100,17 @@ def _frame_name(frame: types.FrameType) -> str:
     return f"frame {code.co_name}() ({os.path.basename(code.co_filename)}:{frame.f_lineno})"
 
 
+def _local_name(frame: types.FrameType, child: Any) -> str | None:
+    """The name of ``frame``'s local variable that refers to ``child``, if one does."""
+    try:
+        for name, v in frame.f_locals.items():
+            if v is child:
+                return str(name)
+    except Exception:  # pragma: no cover
+        pass
+    return None
+
+
 def render_step(parent: Any, child: Any, *, redact: bool = False) -> str:
     """Name the edge ``parent → child`` readably: ``list[3]``, ``Engine.cache``, ``frame f() local kv``."""
     if isinstance(parent, dict):
@@ -131,12 +142,9 @@ def render_step(parent: Any, child: Any, *, redact: bool = False) -> str:
                 return f"{kind}[{i}]"
         return type(parent).__name__
     if isinstance(parent, types.FrameType):
-        try:
-            for name, v in parent.f_locals.items():
-                if v is child:
-                    return f"{_frame_name(parent)} local {name}"
-        except Exception:  # pragma: no cover
-            pass
+        local = _local_name(parent, child)
+        if local is not None:
+            return f"{_frame_name(parent)} local {local}"
         if child is parent.f_back:
             return f"{_frame_name(parent)} (caller)"
         return _frame_name(parent)
@@ -161,13 +169,9 @@ def render_step(parent: Any, child: Any, *, redact: bool = False) -> str:
     if isinstance(parent, (types.GeneratorType, types.CoroutineType, types.AsyncGeneratorType)):
         kind = {types.GeneratorType: "generator", types.CoroutineType: "coroutine"}.get(type(parent), "async generator")
         frame = next((f for a in ("gi_frame", "cr_frame", "ag_frame") if (f := getattr(parent, a, None))), None)
-        if frame is not None:
-            try:
-                for name, v in frame.f_locals.items():
-                    if v is child:
-                        return f"{kind} {_short(parent.__qualname__)}() local {name}"
-            except Exception:  # pragma: no cover
-                pass
+        local = _local_name(frame, child) if frame is not None else None
+        if local is not None:
+            return f"{kind} {_short(parent.__qualname__)}() local {local}"
         return f"{kind} {_short(parent.__qualname__)}()"
     if isinstance(parent, BaseException):
         for attr in ("__traceback__", "__context__", "__cause__"):
