@@ -125,6 +125,11 @@ class HFTracker:
         # read requires_grad where an entry continues
         self._grad_enabled = is_grad_enabled
 
+    def _now(self) -> float:
+        """The time of the update being observed: its forward's start when observed after the forward."""
+        t = self._event_time
+        return t if t is not None else self._clock()
+
     # ------------------------------------------------------------------ the hot path
     def on_update(self, cache: Any, layer_idx: int, key_states: Any, args: tuple[Any, ...],
                   kwargs: dict[str, Any], out: Any) -> None:
@@ -149,9 +154,7 @@ class HFTracker:
             if rs.first_st is None:
                 rs.first_st, rs.first_layer = st, layer_idx
             elif rs.first_st is st and rs.first_layer == layer_idx:
-                now = self._event_time
-                rs.ttft = (now if now is not None else self._clock()) - rs.start  # this layer's second update:
-                # the first token is out
+                rs.ttft = self._now() - rs.start  # this layer's second update: the first token is out
                 self._flush_request_events(rs)
         if st.generic:
             self._observe_returned(st, layer_idx, req, out)
@@ -372,8 +375,7 @@ class HFTracker:
         st.owner_req = req
         rs = self._reqs.get(req.request_id)
         if rs is None:
-            now = self._event_time
-            rs = self._reqs[req.request_id] = _ReqState(req, now if now is not None else self._clock())
+            rs = self._reqs[req.request_id] = _ReqState(req, self._now())
         st.rs = rs
         rs.caches += 1
         new = int(key_states.shape[-2]) if hasattr(key_states, "shape") and key_states.dim() >= 2 else 0
