@@ -8,6 +8,7 @@
 #
 # With --dev it also makes .venv-tf50: the oldest supported transformers (5.0.0) for the HF tests. It reuses
 # .venv's packages (torch included) through a .pth file and holds only transformers 5.0 and what differs.
+# With --dev it makes .venv-triton the same way, holding only triton (the sanitizer's tests).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -71,6 +72,24 @@ if [ "$DEV" = 1 ]; then
   if [ "$("$OLD/bin/python" -c 'import transformers; print(transformers.__version__)' 2>/dev/null)" != "$TF_OLDEST" ]; then
     say "installing transformers==$TF_OLDEST into $OLD"
     "$OLD/bin/python" -m pip install --disable-pip-version-check -q "transformers==$TF_OLDEST"
+  fi
+fi
+
+# --- .venv-triton: Triton for the KV-ownership sanitizer's tests (kernels run on the CPU, TRITON_INTERPRET=1).
+# Holds only triton (about 1 GB); torch and kv-guardian come from .venv through a .pth file, like .venv-tf50.
+TRITON_VERSION=${KVG_TRITON_VERSION:-3.9.0}
+if [ "$DEV" = 1 ]; then
+  TRI="$ROOT/.venv-triton"
+  if [ ! -x "$TRI/bin/python" ]; then
+    say "creating virtualenv $TRI (triton $TRITON_VERSION over .venv's packages)"
+    "$PY" -m venv "$TRI"
+  fi
+  TRI_BASE=$("$VPY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  TRI_SP=$("$TRI/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  echo "import site; site.addsitedir('$TRI_BASE')" > "$TRI_SP/_kvg_base.pth"
+  if [ "$("$TRI/bin/python" -c 'import triton; print(triton.__version__)' 2>/dev/null)" != "$TRITON_VERSION" ]; then
+    say "installing triton==$TRITON_VERSION into $TRI"
+    "$TRI/bin/python" -m pip install --disable-pip-version-check -q "triton==$TRITON_VERSION"
   fi
 fi
 
