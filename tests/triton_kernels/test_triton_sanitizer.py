@@ -124,6 +124,7 @@ def test_reading_a_neighbour_sequences_block_table_row():
     assert f.id == "KVG210" and ev["count"] == sum(lens) * pool.kv.head_dim  # every read is a neighbour's
     assert ev["owner"] == (ev["sequence"] + 1) % 3 and ev["position"] == -1
     assert f"owned by sequence {ev['owner']}" in f.message
+    assert 0 <= ev["block"] < pool.num_blocks  # inside the pool's one allocation: invisible to compute-sanitizer
 
 
 def test_reading_a_block_freed_and_reassigned_to_another_request():
@@ -143,6 +144,7 @@ def test_reading_a_block_freed_and_reassigned_to_another_request():
     assert f.id == "KVG210" and ev["sequence"] == 0 and ev["block"] in freed
     assert ev["owner"] == 2 and ev["count"] == 20 * pool.kv.head_dim  # all of r0's reads, none of r1's
     assert "owned by sequence 2" in f.message
+    assert 0 <= ev["block"] < pool.num_blocks  # in bounds and initialised (r2 owns it): memcheck/initcheck are silent
 
 
 def test_writing_into_a_block_the_request_does_not_own():

@@ -155,7 +155,7 @@ def test_control_characters_in_paths_are_escaped(tmp_path, capsys, monkeypatch):
     name = "evil\x1b[31m.py"
     (tmp_path / name).write_text(LEAKY)
     code, out, _ = _run(capsys, ".")
-    assert "\x1b" not in out and "evil\\x1b[31m.py:5:5: KVG405" in out
+    assert code == 1 and "\x1b" not in out and "evil\\x1b[31m.py:5:5: KVG405" in out
 
 
 @pytest.mark.slow

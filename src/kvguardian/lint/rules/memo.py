@@ -21,6 +21,9 @@ Processor, Tokenizer, Worker…, or it (or a base defined in the module) uses ``
 ``self.tokenizer``, ``self.cache``…. Memos keyed by shapes, dtypes or devices that return constant tensors are
 bounded by their key space, and memos without parameters hold one entry: neither is flagged.
 
+``lru_cache(maxsize=1)`` is not flagged: it holds only its latest caller, so a new instance's first call
+releases the old one.
+
 False positives: a model-holding class instantiated once per process (never reloaded) keeps one instance
 alive, which is harmless; silence with ``# noqa: KVG403``.
 """
@@ -44,8 +47,8 @@ _HEAVY = re.compile(r"(Module|Model|ForCausalLM|ForConditionalGeneration|Transfo
                     r"Layer|Decoder|Encoder|Runner|Engine|Pipeline|Stage|Processor|Tokenizer|Generator|Worker)$")
 
 
-def _memo(deco: ast.expr, ix: ModuleIndex) -> tuple[str, bool] | None:
-    """(name, unbounded) for a functools memo decorator, else None."""
+def _memo(deco: ast.expr, ix: ModuleIndex) -> tuple[str, bool, int | None] | None:
+    """(name, unbounded, maxsize if a literal) for a functools memo decorator, else None."""
     target = deco.func if isinstance(deco, ast.Call) else deco
     name = N.dotted(target)
     if name is None:
@@ -56,11 +59,12 @@ def _memo(deco: ast.expr, ix: ModuleIndex) -> tuple[str, bool] | None:
         return None
     short = qual.rsplit(".", 1)[-1]
     if short == "cache":
-        return short, True
+        return short, True, None
     if not isinstance(deco, ast.Call):
-        return short, False  # lru_cache's default maxsize is 128
+        return short, False, 128  # lru_cache's default maxsize
     size = deco.args[0] if deco.args else N.keyword(deco, "maxsize")
-    return short, size is not None and N.is_none(size)
+    literal = size.value if isinstance(size, ast.Constant) and isinstance(size.value, int) else None
+    return short, size is not None and N.is_none(size), literal
 
 
 def _takes_or_returns_kv(f: Function) -> bool:
@@ -110,7 +114,9 @@ def check(ix: ModuleIndex) -> Iterator[Hit]:
             memo = _memo(deco, ix)
             if memo is None:
                 continue
-            name, unbounded = memo
+            name, unbounded, maxsize = memo
+            if maxsize is not None and maxsize <= 1:
+                break  # holds only the latest caller: a new instance's first call releases the old one
             if _is_method(f) and f.class_name and _heavy_class(ix, f.class_name):
                 yield hit(deco, f"@{name} on method {f.class_name}.{f.name}: the memo keeps every 'self' it saw "
                                 "alive (and what it holds: models, caches); use functools.cached_property or a "
