@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import argparse
 import ast
-import json
 import os
 import platform
 import statistics
 import time
 import warnings
 from pathlib import Path
+
+from results_io import write_json
 
 from kvguardian.lint import LintConfig, lint_paths
 from kvguardian.lint.files import discover, read_source
@@ -86,9 +87,7 @@ def main() -> None:
         "loadavg": os.getloadavg(),
         "python": platform.python_version(),
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
-    print(json.dumps(out, indent=2))
+    write_json(args.out, out)
 
 
 if __name__ == "__main__":

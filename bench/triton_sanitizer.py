@@ -19,13 +19,13 @@ and the ratio is taken per pair; the JSON gives the median ratio and both median
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
 import time
-from pathlib import Path
 from typing import Any
+
+from results_io import write_json
 
 
 def _batch(device: str, quick: bool) -> dict[str, Any]:
@@ -113,9 +113,7 @@ def main() -> None:
         "clock": "triton.testing.do_bench" if args.device == "cuda" else "process_time",
         "loadavg": os.getloadavg(),
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
-    print(json.dumps(out, indent=2))
+    write_json(args.out, out)
 
 
 if __name__ == "__main__":

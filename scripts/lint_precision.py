@@ -64,7 +64,7 @@ def main() -> int:
     args = ap.parse_args()
     src = fetch(args.dir)
     os.chdir(src)
-    from kvguardian.lint import LintConfig, RULES, lint_paths
+    from kvguardian.lint import RULES, LintConfig, lint_paths
 
     result = lint_paths(sorted(p.name for p in src.iterdir()), LintConfig())
     truth = classified()
