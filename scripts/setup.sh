@@ -8,6 +8,7 @@
 #
 # With --dev it also makes .venv-tf50: the oldest supported transformers (5.0.0) for the HF tests. It reuses
 # .venv's packages (torch included) through a .pth file and holds only transformers 5.0 and what differs.
+# With --dev it makes .venv-triton the same way, holding only triton (the sanitizer's tests).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -58,20 +59,33 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$HASH" ] || ! "$VPY" -c 'import 
   echo "$HASH" > "$STAMP"
 fi
 
+# overlay_venv DIR MODULE PACKAGE VERSION: a virtualenv that sees .venv's packages (torch, kv-guardian) through
+# a .pth file and holds only PACKAGE==VERSION (importable as MODULE) and what that needs beyond .venv.
+overlay_venv() {
+  local dir=$1 module=$2 package=$3 version=$4 base_sp sp
+  if [ ! -x "$dir/bin/python" ]; then
+    say "creating virtualenv $dir ($package $version over .venv's packages)"
+    "$PY" -m venv "$dir"
+  fi
+  base_sp=$("$VPY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  sp=$("$dir/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  echo "import site; site.addsitedir('$base_sp')" > "$sp/_kvg_base.pth"
+  if [ "$("$dir/bin/python" -c "import $module; print($module.__version__)" 2>/dev/null)" != "$version" ]; then
+    say "installing $package==$version into $dir"
+    "$dir/bin/python" -m pip install --disable-pip-version-check -q "$package==$version"
+  fi
+}
+
 TF_OLDEST=${KVG_TF_OLDEST:-5.0.0}
 if [ "$DEV" = 1 ]; then
-  OLD="$ROOT/.venv-tf50"
-  if [ ! -x "$OLD/bin/python" ]; then
-    say "creating virtualenv $OLD (transformers $TF_OLDEST over .venv's packages)"
-    "$PY" -m venv "$OLD"
-  fi
-  BASE_SP=$("$VPY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-  OLD_SP=$("$OLD/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-  echo "import site; site.addsitedir('$BASE_SP')" > "$OLD_SP/_kvg_base.pth"
-  if [ "$("$OLD/bin/python" -c 'import transformers; print(transformers.__version__)' 2>/dev/null)" != "$TF_OLDEST" ]; then
-    say "installing transformers==$TF_OLDEST into $OLD"
-    "$OLD/bin/python" -m pip install --disable-pip-version-check -q "transformers==$TF_OLDEST"
-  fi
+  overlay_venv "$ROOT/.venv-tf50" transformers transformers "$TF_OLDEST"
+fi
+
+# --- .venv-triton: Triton for the KV-ownership sanitizer's tests (kernels run on the CPU, TRITON_INTERPRET=1).
+# Holds only triton (about 1 GB); torch and kv-guardian come from .venv through a .pth file, like .venv-tf50.
+TRITON_VERSION=${KVG_TRITON_VERSION:-3.9.0}
+if [ "$DEV" = 1 ]; then
+  overlay_venv "$ROOT/.venv-triton" triton triton "$TRITON_VERSION"
 fi
 
 if [ "$SERVICES" = 1 ]; then

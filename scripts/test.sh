@@ -2,7 +2,7 @@
 # README command 2: set up everything the tests need (idempotent: virtualenv, packages, system services),
 # then run the whole test suite. In CI (CI=true) a missing service fails its tests instead of skipping them.
 # A second job runs the Hugging Face tests against the oldest supported transformers (.venv-tf50); set
-# KVG_SKIP_OLDEST=1 to skip it locally.
+# KVG_SKIP_OLDEST=1 to skip it locally. A third runs the Triton sanitizer tests in .venv-triton.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh --dev --services
@@ -11,5 +11,10 @@ status=0
 if [ "${KVG_SKIP_OLDEST:-0}" != 1 ] && [ "$#" = 0 ]; then
   echo "== Hugging Face tests on transformers $(.venv-tf50/bin/python -c 'import transformers; print(transformers.__version__)') (.venv-tf50)"
   .venv-tf50/bin/python -m pytest -n 2 --dist loadfile -p no:cacheprovider tests/integration/hf || status=$?
+fi
+# Triton sanitizer tests in .venv-triton (interpret mode on the CPU); KVG_SKIP_TRITON=1 skips them locally.
+if [ "${KVG_SKIP_TRITON:-0}" != 1 ] && [ "$#" = 0 ]; then
+  echo "== Triton sanitizer tests on triton $(.venv-triton/bin/python -c 'import triton; print(triton.__version__)') (.venv-triton)"
+  TRITON_INTERPRET=1 .venv-triton/bin/python -m pytest -p no:cacheprovider tests/triton_kernels || status=$?
 fi
 exit "$status"

@@ -128,6 +128,9 @@ CATALOG: dict[str, FindingKind] = {
         _k("KVG209", "kv-event-gap", _W,
            "KV events were lost (sequence gap) and could not be replayed; the audit is incomplete",
            "enable the replay endpoint, or raise the publisher's buffer"),
+        _k("KVG210", "kv-read-outside-ownership", _E,
+           "a kernel read a KV slot outside its sequence's blocks or past its length (Triton sanitizer)",
+           "index the block table by the program's own sequence and mask reads at its length"),
         _k("KVG301", "cold-no-ttl-keys", _E,
            "Redis keys with no TTL that nobody has read for longer than the threshold: the leak signature",
            "set a TTL (SET ... EX / EXPIRE) where these keys are written, then expire the backlog"),
@@ -143,6 +146,31 @@ CATALOG: dict[str, FindingKind] = {
         _k("KVG305", "no-ttl-keys", _I,
            "a pattern holds keys with no TTL (not cold, not growing): worth a look, not a leak yet",
            "give the keys a TTL if they are cache entries"),
+        _k("KVG401", "grad-tracked-decode-loop", _W,
+           "a manual decode loop feeds the cache back to the model outside no_grad/inference_mode (lint)",
+           "wrap the loop (or decorate its function) with torch.inference_mode() or torch.no_grad()"),
+        _k("KVG402", "global-kv-store", _W,
+           "per-request KV or generate() outputs are stored in a module- or class-level container "
+           "that nothing bounds or empties (lint)",
+           "keep per-request results in the request's scope, or bound the container (deque(maxlen=...), pop)"),
+        _k("KVG403", "unbounded-memo", _W,
+           "an unbounded memo (functools.cache, lru_cache(maxsize=None)) takes or returns caches/outputs, "
+           "or lru_cache on a method keeps self alive (lint)",
+           "bound the memo, key it by plain values, or cache on the instance (functools.cached_property)"),
+        _k("KVG404", "kept-exception", _W,
+           "an exception, traceback or sys.exc_info() is kept in module-level state: its frames keep "
+           "their locals (caches) alive (lint)",
+           "keep a formatted string (traceback.format_exc()) or the exception's type and message instead"),
+        _k("KVG405", "redis-key-no-ttl", _W,
+           "a Redis write without expiry whose key embeds a timestamp or UUID: a new key per call, "
+           "forever (lint: Python, Go, Java, Kotlin)",
+           "pass an expiry (ex=/px=, a non-zero expiration, SetArgs.ex) or call EXPIRE on the key"),
+        _k("KVG406", "handler-callback-registry", _W,
+           "a request handler appends a closure or callback to a module-level list that never removes it (lint)",
+           "register once at start-up, or remove the callback when the request ends (try/finally)"),
+        _k("KVG407", "request-map-no-removal", _W,
+           "an attribute map is filled per request id and nothing in the module ever removes an entry (lint)",
+           "pop the request's entry on every exit path (finish, abort, error)"),
     )
 }
 

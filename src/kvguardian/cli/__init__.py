@@ -28,6 +28,7 @@ COMMANDS: dict[str, str] = {
     "redis": "kvguardian.cli.redis",
     "sweep": "kvguardian.cli.sweep",
     "run": "kvguardian.cli.run",
+    "lint": "kvguardian.cli.lint",
 }
 
 

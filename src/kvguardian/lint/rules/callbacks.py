@@ -1,0 +1,88 @@
+"""KVG406 handler-callback-registry: a request handler appends a closure to a module-level list for good.
+
+Anti-pattern::
+
+    ON_TOKEN = []
+    @app.post("/generate")
+    async def generate(req):
+        cache = new_cache()
+        ON_TOKEN.append(lambda tok: cache.update(tok))   # the closure holds this request's cache forever
+
+Fix: register callbacks once at start-up, or remove the request's callback when it ends
+(``try: ... finally: ON_TOKEN.remove(cb)``), or keep it on the request object.
+
+Fires inside a request handler (a function decorated as a route - ``@app.get/post/...``, ``@router.*`` -
+an ``async def``, a function named ``handle*``/``generate*``/``predict*``/``infer*``/``serve*``/``chat*``/
+``complete*``/``stream*``/``on_request``, or one with a ``request``/``req``/``prompt`` parameter) that appends,
+adds or registers into a module- or class-level container a ``lambda``, a function defined in the handler,
+a ``functools.partial``, or a bound method of a local object, capturing the handler's locals, when nothing
+in the module removes from that container.
+
+False positives: a handler that runs once (set-up behind a route) registers a bounded number of callbacks;
+silence with ``# noqa: KVG406``.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterator
+
+from kvguardian.lint.python import names as N
+from kvguardian.lint.python.index import Function, ModuleIndex
+from kvguardian.lint.rules.base import Hit, Rule, hit
+from kvguardian.lint.rules.global_store import unbounded_state
+
+ID = "KVG406"
+_ROUTES = {"get", "post", "put", "delete", "patch", "route", "websocket", "api_route", "head", "options",
+           "on_message", "message_handler", "handler"}
+_HANDLER_NAME = re.compile(r"^_*(handle|generate|predict|infer|serve|chat|complete|completion|stream|on_request|"
+                           r"process_request|respond)", re.IGNORECASE)
+_REQUEST_PARAMS = {"request", "req", "prompt", "websocket", "ws", "messages"}
+_KINDS = {"call:append", "call:add", "call:insert", "call:appendleft", "call:register", "call:extend",
+          "call:connect", "call:subscribe", "setitem"}
+
+
+def is_handler(f: Function | None) -> bool:
+    while f is not None:
+        for d in f.node.decorator_list:
+            name = N.dotted(d.func if isinstance(d, ast.Call) else d) or ""
+            if name.rsplit(".", 1)[-1] in _ROUTES and "." in name:
+                return True
+        if isinstance(f.node, ast.AsyncFunctionDef) or _HANDLER_NAME.match(f.name) or f.params & _REQUEST_PARAMS:
+            return True
+        f = f.parent
+    return False
+
+
+def _captures(value: ast.AST, f: Function) -> bool:
+    """Is ``value`` a closure or bound method holding the handler's local state?"""
+    local = (f.params | f.local_names) - {"self", "cls"}
+    if isinstance(value, ast.Lambda):
+        own = {a.arg for a in (*value.args.posonlyargs, *value.args.args, *value.args.kwonlyargs)}
+        return bool((N.names_in(value.body) - own) & local)
+    if isinstance(value, ast.Name):
+        return value.id in f.local_defs
+    if isinstance(value, ast.Call):
+        name = N.dotted(value.func) or ""
+        return name.rsplit(".", 1)[-1] == "partial" and any(N.names_in(a) & local for a in value.args[1:])
+    if isinstance(value, ast.Attribute):
+        root = value
+        while isinstance(root, ast.Attribute):
+            root = root.value  # type: ignore[assignment]
+        return isinstance(root, ast.Name) and root.id in local
+    return False
+
+
+def check(ix: ModuleIndex) -> Iterator[Hit]:
+    for s in ix.stores:
+        f = s.function
+        if s.kind not in _KINDS or f is None or s.value is None or not unbounded_state(ix, s):
+            continue
+        if _captures(s.value, f) and is_handler(f):
+            yield hit(s.node, f"request handler {f.name}() adds a callback/closure to module-level '{s.target}' "
+                              "and nothing removes it: it keeps the request's locals (caches) alive; remove it "
+                              "when the request ends or register once at start-up")
+
+
+RULE = Rule(ID, "python", check, __doc__ or "")

@@ -1,0 +1,142 @@
+"""Go, Java and Kotlin through tree-sitter: each language's node types for functions, calls and assignments,
+reduced to one small shape (`Call`, `FunctionFacts`) that the Redis rule reads.
+
+Grammars come from PyPI (``tree-sitter``, ``tree-sitter-go``, ``tree-sitter-java``, ``tree-sitter-kotlin``:
+``pip install 'kv-guardian[lint]'``) and load on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["LANGUAGE_MODULES", "Call", "FunctionFacts", "functions", "parser_for"]
+
+LANGUAGE_MODULES = {"go": "tree_sitter_go", "java": "tree_sitter_java", "kotlin": "tree_sitter_kotlin"}
+
+_FUNCTIONS = {
+    "go": {"function_declaration", "method_declaration", "func_literal"},
+    "java": {"method_declaration", "constructor_declaration", "lambda_expression"},
+    "kotlin": {"function_declaration", "lambda_literal", "anonymous_function", "secondary_constructor"},
+}
+_PARSERS: dict[str, Any] = {}
+
+
+@dataclass(frozen=True)
+class Call:
+    method: str
+    args: list[str]  # argument source texts
+    line: int  # 1-based
+    col: int  # 1-based
+    end_line: int
+    end_col: int
+
+
+@dataclass
+class FunctionFacts:
+    calls: list[Call] = field(default_factory=list)
+    assigns: list[tuple[str, str]] = field(default_factory=list)  # (variable, right-hand side text), in order
+
+
+def parser_for(language: str) -> Any:
+    """A tree-sitter parser for ``language``; raises ImportError when the grammar is not installed."""
+    parser = _PARSERS.get(language)
+    if parser is None:
+        import tree_sitter
+
+        grammar = importlib.import_module(LANGUAGE_MODULES[language])
+        parser = tree_sitter.Parser(tree_sitter.Language(grammar.language()))
+        _PARSERS[language] = parser
+    return parser
+
+
+def _text(node: Any) -> str:
+    return node.text.decode("utf-8", "replace") if node is not None else ""
+
+
+def _call(language: str, node: Any) -> Call | None:
+    if language == "go" and node.type == "call_expression":
+        fn, args = node.child_by_field_name("function"), node.child_by_field_name("arguments")
+        if fn is None or fn.type != "selector_expression" or args is None:
+            return None
+        name = _text(fn.child_by_field_name("field"))
+        arg_nodes = args.named_children
+    elif language == "java" and node.type == "method_invocation":
+        name = _text(node.child_by_field_name("name"))
+        args = node.child_by_field_name("arguments")
+        arg_nodes = args.named_children if args is not None else []
+    elif language == "kotlin" and node.type == "call_expression":
+        nav = node.named_children[0] if node.named_children else None
+        vargs = next((c for c in node.named_children if c.type == "value_arguments"), None)
+        if nav is None or nav.type != "navigation_expression" or vargs is None:
+            return None
+        ids = [c for c in nav.named_children if c.type in ("identifier", "simple_identifier", "navigation_suffix")]
+        name = _text(ids[-1]).lstrip(".?") if ids else ""
+        arg_nodes = [c.named_children[-1] if c.named_children else c for c in vargs.named_children]
+    else:
+        return None
+    (r0, c0), (r1, c1) = node.start_point, node.end_point
+    return Call(name, [_text(a) for a in arg_nodes if a.type != "comment"], r0 + 1, c0 + 1, r1 + 1, c1 + 1)
+
+
+def _assign(language: str, node: Any) -> list[tuple[str, str]]:
+    t = node.type
+    if language == "go" and t in ("short_var_declaration", "assignment_statement"):
+        left, right = node.child_by_field_name("left"), node.child_by_field_name("right")
+        if left is None or right is None:
+            return []
+        return list(zip((_text(n) for n in left.named_children), (_text(n) for n in right.named_children)))
+    if language == "go" and t == "var_spec":
+        names = [_text(c) for c in node.children_by_field_name("name")]
+        value = node.child_by_field_name("value")
+        return [(n, _text(value)) for n in names] if value is not None else []
+    if language == "java" and t in ("variable_declarator", "assignment_expression"):
+        left = node.child_by_field_name("name") or node.child_by_field_name("left")
+        right = node.child_by_field_name("value") or node.child_by_field_name("right")
+        return [(_text(left), _text(right))] if left is not None and right is not None else []
+    if language == "kotlin" and t in ("property_declaration", "assignment"):
+        kids = node.named_children
+        decl = next((c for c in kids if c.type in ("variable_declaration", "directly_assignable_expression",
+                                                   "identifier", "simple_identifier")), None)
+        if decl is None or len(kids) < 2:
+            return []
+        name = _text(decl.named_children[0] if decl.named_children else decl)
+        return [(name, _text(kids[-1]))]
+    return []
+
+
+def functions(language: str, root: Any) -> Iterator[FunctionFacts]:
+    """Facts of every function (nested ones separately), plus one for top-level code."""
+    kinds = _FUNCTIONS[language]
+    pending = [root]
+    while pending:
+        top = pending.pop()
+        facts = FunctionFacts()
+        stack = list(reversed(top.children))
+        while stack:
+            node = stack.pop()
+            if node.type in kinds:
+                pending.append(node)
+                continue
+            call = _call(language, node)
+            if call is not None:
+                facts.calls.append(call)
+            facts.assigns.extend(_assign(language, node))
+            stack.extend(reversed(node.children))
+        # calls are found outermost first; order them by position so "a later EXPIRE" means later in source
+        facts.calls.sort(key=lambda c: (c.line, c.col))
+        yield facts
+
+
+def first_error_line(root: Any) -> int:
+    """Line of the first syntax error tree-sitter recovered from, or 0."""
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if node.type == "ERROR" or node.is_missing:
+            return int(node.start_point[0]) + 1
+        if node.has_error:
+            stack.extend(reversed(node.children))
+    return 0
