@@ -16,7 +16,6 @@ import argparse
 import json
 import signal
 import threading
-import time
 from typing import Any
 
 from kvguardian._errors import EXIT_OK
@@ -81,8 +80,10 @@ def run(args: argparse.Namespace) -> int:
                           kubelet_socket=args.kubelet_socket)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    if args.duration is not None:
-        threading.Timer(args.duration, stop.set).start()
+    timer = threading.Timer(args.duration, stop.set) if args.duration is not None else None
+    if timer is not None:
+        timer.daemon = True
+        timer.start()
     server.start()
     try:
         server.register()
@@ -90,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
               flush=True)
         server.watch(stop, health=_health(nvml) if nvml is not None else None)
     finally:
+        if timer is not None:
+            timer.cancel()
         server.stop()
-        time.sleep(0)
     return EXIT_OK

@@ -57,7 +57,7 @@ class PoolPrefixEviction:
 
     def run(self, need: int) -> list[Evicted]:
         bb = int(getattr(self.pool, "block_bytes", 0) or 0)
-        blocks = -(-need // bb) if bb else None
+        blocks = -(-need // bb) if bb else need  # a pool without K/V tensors is measured in blocks
         lock = self.lock
         acquire = getattr(lock, "acquire", None)
         if acquire is not None:

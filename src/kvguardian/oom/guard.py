@@ -19,6 +19,7 @@ that fails is reported as down and the others are kept; an error in the guard it
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections import Counter, deque
@@ -457,7 +458,8 @@ class OOMGuard:
         w = self.worst
         if w is None or w.ratio is None or not w.limit:
             return 0
-        return max(int((w.ratio - self.watermarks.evict_target) * w.limit) + 1, 0)
+        assert w.used is not None
+        return max(w.used - math.floor(self.watermarks.evict_target * w.limit) + 1, 0)
 
     def _evict_pass(self) -> None:
         target = self.watermarks.evict_target
