@@ -148,7 +148,7 @@ METRICS: tuple[MetricSpec, ...] = (
     _g("kvguardian_oom_watermark_ratio", "The guard's watermarks, by action: evict, drain, shed", ("action",),
        "oom"),
     _g("kvguardian_oom_draining",
-       "1 while the guard drains (pressure above the drain watermark, or a preStop drain), else 0", (), "oom"),
+       "Whether the guard drains (1: pressure above the drain watermark, or a preStop drain) or not (0)", (), "oom"),
     _g("kvguardian_oom_ready", "Readiness as the guard reports it on /ready (1 ready, 0 not)", (), "oom"),
     _g("kvguardian_oom_in_flight_requests", "Requests admitted by the guard and not finished yet", (), "oom"),
     _c("kvguardian_oom_evictions_total",

@@ -8,7 +8,9 @@
 
 Signals are sampled at a fixed interval by a thread and on every allocation path that can grow memory (the
 pool's allocate, an HF cache's first update of a request, `admit` with the bytes a request is about to
-take), at most once per ``allocate_gap`` there so the allocation path stays cheap. Each sample takes the
+take): an allocation wakes the thread for a sample at once when the last one is older than
+``allocate_gap``, so the allocating thread itself only reads a clock (without a running thread, it samples
+inline). Each sample takes the
 highest ratio over the signals it could read (`kvguardian.oom.policy`), then acts (`kvguardian.oom.actions`):
 an eviction pass re-reads the signals after each step and stops as soon as the pressure is below its target.
 Every action is a ledger event (kinds "evict" and "pressure", scope "cache", cache "oom-guard:<action>"), a
@@ -61,10 +63,11 @@ class Action:
     detail: str
     count: int = 0
     nbytes: int | None = None
+    pressure: float | None = None  # the pressure when it acted
 
     def to_dict(self) -> dict[str, Any]:
         return {"ts": self.ts, "action": self.action, "reason": self.reason, "detail": self.detail,
-                "count": self.count, "nbytes": self.nbytes}
+                "count": self.count, "nbytes": self.nbytes, "pressure": self.pressure}
 
 
 class Reservation:
@@ -135,6 +138,9 @@ class OOMGuard:
         self.in_flight = 0
         self.shutdown = False  # /drain was called: stays not ready until the process ends
         self.history: deque[Action] = deque(maxlen=history)
+        self.first: dict[str, Action] = {}  # the first action of each kind (a handful of kinds: bounded)
+        self.actions: Counter[str] = Counter()  # actions by kind
+        self.peak_pressure: float | None = None
         self.evictions: Counter[str] = Counter()  # reason -> blocks / caches / requests
         self.evicted_bytes: Counter[str] = Counter()
         self.samples: Counter[str] = Counter()  # cause -> samples
@@ -150,6 +156,8 @@ class OOMGuard:
         self._logged: set[str] = set()
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        self._wake = threading.Event()  # an allocation asks the sampling thread for a sample now
+        self._woken = False
 
     def __repr__(self) -> str:
         return (f"<OOMGuard signals={[s.name for s in self.signals]} pressure={self.pressure} "
@@ -256,6 +264,7 @@ class OOMGuard:
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
             self._thread = None
@@ -268,16 +277,25 @@ class OOMGuard:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.sample("interval", wait=True)
-            self._stop.wait(self.interval)
+            cause = "allocate" if self._woken else "interval"
+            self._woken = False
+            self._wake.clear()
+            self.sample(cause, wait=True)
+            self._wake.wait(self.interval)
 
     # ------------------------------------------------------------------ hot paths
     def on_allocate(self, n: int = 0) -> None:
-        """Called by allocation paths (the pool's allocate, an HF cache's first update): samples when the
-        last sample is older than ``allocate_gap``. Never raises."""
+        """Called by allocation paths (the pool's allocate, an HF cache's first update): when the last
+        sample is older than ``allocate_gap``, wakes the sampling thread for a sample now (or, without a
+        running thread, samples here). The allocating thread pays a clock read and, at most once per
+        gap, an event. Never raises."""
         try:
-            if self._clock() - self._last_sample >= self.allocate_gap:
-                self.sample("allocate")
+            if not self._woken and self._clock() - self._last_sample >= self.allocate_gap:
+                if self._thread is not None:
+                    self._woken = True
+                    self._wake.set()
+                else:
+                    self.sample("allocate")
         except Exception as exc:
             self._contain("allocate", exc)
 
@@ -424,6 +442,8 @@ class OOMGuard:
         self.readings = readings
         self.worst = worst
         self.pressure = worst.ratio if worst is not None else None
+        if self.pressure is not None and (self.peak_pressure is None or self.pressure > self.peak_pressure):
+            self.peak_pressure = self.pressure
 
     def _transitions(self, prev: PolicyState, st: PolicyState) -> None:
         wm, p, who = self.watermarks, _pct(self.pressure), self._worst_name()
@@ -483,7 +503,8 @@ class OOMGuard:
                 size = f", {ev.nbytes} bytes" if ev.nbytes is not None else ""
                 self._record("preempt" if ev.reason == "preempt" else "evict", ev.reason,
                              f"evicted {ev.count} ({ev.reason}{size}) at {_pct(before)} on {who}: now "
-                             f"{_pct(self.pressure)}", count=ev.count, nbytes=ev.nbytes, kind="evict")
+                             f"{_pct(self.pressure)}", count=ev.count, nbytes=ev.nbytes, kind="evict",
+                             pressure=before)
 
     def _preempt_step(self, need: int) -> list[Evicted]:
         assert self._preempt is not None
@@ -505,8 +526,12 @@ class OOMGuard:
 
     # ------------------------------------------------------------------ records
     def _record(self, action: str, reason: str, detail: str, *, count: int = 0, nbytes: int | None = None,
-                kind: str) -> None:
-        self.history.append(Action(self._clock(), action, reason, detail, count, nbytes))
+                kind: str, pressure: float | None = None) -> None:
+        act = Action(self._clock(), action, reason, detail, count, nbytes,
+                     self.pressure if pressure is None else pressure)
+        self.history.append(act)
+        self.first.setdefault(action, act)
+        self.actions[action] += 1
         log.warning("kv-guardian oom: %s", detail)
         g = self._guard
         if g is not None:
@@ -550,6 +575,9 @@ class OOMGuard:
             "preempted": self.preempted,
             "samples": dict(self.samples),
             "errors": dict(self.errors),
+            "peak_pressure": self.peak_pressure,
+            "action_counts": dict(self.actions),
+            "first_actions": {k: a.to_dict() for k, a in self.first.items()},
             "actions": [a.to_dict() for a in list(self.history)[-20:]],
         }
 

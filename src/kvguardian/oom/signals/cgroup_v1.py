@@ -12,8 +12,8 @@ from pathlib import Path
 
 from kvguardian._errors import UsageError
 from kvguardian.oom.signals.base import Reading, failed
-from kvguardian.oom.signals.cgroup_v2 import read_keyed
-from kvguardian.oom.signals.cgroupfs import version_of
+from kvguardian.oom.signals.cgroup_v2 import parse_keyed
+from kvguardian.oom.signals.cgroupfs import CgroupFiles, version_of
 
 __all__ = ["UNLIMITED_FROM", "CgroupV1Signal"]
 
@@ -31,6 +31,7 @@ class CgroupV1Signal:
         if version_of(self.path) != 1:
             raise UsageError(f"{self.path} is a cgroup v2 directory; fix: use CgroupV2Signal (or cgroup_signal())")
         self.name = name
+        self.files = CgroupFiles(self.path)
 
     def __repr__(self) -> str:
         return f"<CgroupV1Signal {self.path}>"
@@ -38,13 +39,14 @@ class CgroupV1Signal:
     def read(self) -> Reading:
         source = f"{self.path} (cgroup v1)"
         try:
-            usage = int((self.path / "memory.usage_in_bytes").read_text())
-            stat = read_keyed(self.path / "memory.stat")
-            limits = [int((self.path / "memory.limit_in_bytes").read_text())]
+            f = self.files
+            usage = int(f.read("memory.usage_in_bytes"))
+            stat = parse_keyed(f.read("memory.stat"))
+            limits = [int(f.read("memory.limit_in_bytes"))]
             if "hierarchical_memory_limit" in stat:
                 limits.append(stat["hierarchical_memory_limit"])
             limit = min(limits)
-            oom = read_keyed(self.path / "memory.oom_control") if (self.path / "memory.oom_control").exists() else {}
+            oom = parse_keyed(f.read("memory.oom_control")) if f.exists("memory.oom_control") else {}
             inactive = stat.get("total_inactive_file", stat.get("inactive_file", 0))
             return Reading(self.name, max(usage - inactive, 0), limit if limit < UNLIMITED_FROM else None, source,
                            extra={"current": usage, "inactive_file": inactive, "oom_kill": oom.get("oom_kill", 0),

@@ -11,15 +11,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvguardian.oom.signals.base import Reading, failed
-from kvguardian.oom.signals.cgroupfs import version_of
+from kvguardian.oom.signals.cgroupfs import CgroupFiles, version_of
 
-__all__ = ["CgroupV2Signal", "read_keyed"]
+__all__ = ["CgroupV2Signal", "parse_keyed"]
 
 
-def read_keyed(path: Path) -> dict[str, int]:
+def parse_keyed(text: str) -> dict[str, int]:
     """A flat keyed file (``memory.stat``, ``memory.events``): ``name value`` per line."""
     out = {}
-    for line in path.read_text().splitlines():
+    for line in text.splitlines():
         name, _, value = line.partition(" ")
         if value.strip().lstrip("-").isdigit():
             out[name] = int(value)
@@ -39,6 +39,19 @@ class CgroupV2Signal:
             raise UsageError(f"{self.path} is a cgroup v1 directory; fix: use CgroupV1Signal (or cgroup_signal())")
         self.name = name
         self.top = Path(top) if top is not None else None  # stop the limit walk here (the mount point)
+        self.files = CgroupFiles(self.path)
+        self._limits = self._limit_files()
+
+    def _limit_files(self) -> list[CgroupFiles]:
+        """The cgroup and its ancestors that have a ``memory.max`` (up to ``top`` or the mount)."""
+        out = [self.files]
+        d = self.path
+        while d.parent != d and not (self.top is not None and d == self.top):
+            d = d.parent
+            if not (d / "memory.max").exists():
+                break
+            out.append(CgroupFiles(d))
+        return out
 
     def __repr__(self) -> str:
         return f"<CgroupV2Signal {self.path}>"
@@ -46,25 +59,19 @@ class CgroupV2Signal:
     def limit(self) -> int | None:
         """The lowest ``memory.max`` from this cgroup up to the mount; None when none is set."""
         best: int | None = None
-        d = self.path
-        while True:
-            f = d / "memory.max"
-            if not f.exists():
-                break
-            text = f.read_text().strip()
+        for f in self._limits:
+            text = f.read("memory.max").strip()
             if text != "max":
                 best = int(text) if best is None else min(best, int(text))
-            if (self.top is not None and d == self.top) or d.parent == d:
-                break
-            d = d.parent
         return best
 
     def read(self) -> Reading:
         source = f"{self.path} (cgroup v2)"
         try:
-            current = int((self.path / "memory.current").read_text())
-            stat = read_keyed(self.path / "memory.stat")
-            events = read_keyed(self.path / "memory.events") if (self.path / "memory.events").exists() else {}
+            f = self.files
+            current = int(f.read("memory.current"))
+            stat = parse_keyed(f.read("memory.stat"))
+            events = parse_keyed(f.read("memory.events")) if f.exists("memory.events") else {}
             inactive = stat.get("inactive_file", 0)
             return Reading(self.name, max(current - inactive, 0), self.limit(), source, extra={
                 "current": current, "inactive_file": inactive,

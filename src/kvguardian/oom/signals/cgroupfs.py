@@ -10,13 +10,16 @@ file tree like procfs and cgroupfs.
 
 from __future__ import annotations
 
+import os
 import re
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 from kvguardian._errors import UsageError
 
-__all__ = ["CgroupLocation", "Mount", "locate", "parse_mountinfo", "parse_proc_cgroup", "pod_cgroup", "version_of"]
+__all__ = ["CgroupFiles", "CgroupLocation", "Mount", "locate", "parse_mountinfo", "parse_proc_cgroup", "pod_cgroup",
+           "version_of"]
 
 _OCTAL = re.compile(r"\\([0-7]{3})")
 
@@ -157,3 +160,50 @@ def pod_cgroup(pod_uid: str, cgroup_root: Path | str) -> Path:
         raise UsageError(f"pod {pod_uid}: {len(found)} cgroup directories found under {base} (need exactly one); fix: "
                          "check --cgroup-root points at the node's cgroupfs")
     return found[0]
+
+
+class CgroupFiles:
+    """Reads of a cgroup directory's files through descriptors kept open: ``pread`` at offset 0 makes the
+    kernel render the file afresh, and costs about a tenth of open + read + close (a sample reads four)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fds: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def read(self, name: str) -> str:
+        """The file's text. Raises `OSError` (after one retry with a fresh descriptor) when it cannot be read."""
+        with self._lock:
+            for attempt in (0, 1):
+                fd = self._fds.get(name)
+                try:
+                    if fd is None:
+                        fd = self._fds[name] = os.open(self.path / name, os.O_RDONLY | os.O_CLOEXEC)
+                    return os.pread(fd, 1 << 16, 0).decode("ascii", "replace")
+                except OSError:
+                    self._drop(name)
+                    if attempt:
+                        raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def exists(self, name: str) -> bool:
+        return name in self._fds or (self.path / name).exists()
+
+    def _drop(self, name: str) -> None:
+        fd = self._fds.pop(name, None)
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        with self._lock:
+            for name in list(self._fds):
+                self._drop(name)
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
