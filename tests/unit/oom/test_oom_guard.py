@@ -314,3 +314,17 @@ def test_interval_must_be_positive():
         OOMGuard(interval=0)
     with pytest.raises(UsageError):
         OOMGuard(watermarks=Watermarks(evict=0.5, drain=0.4))
+
+
+def test_for_process_reads_the_budget_from_the_environment(monkeypatch):
+    from kvguardian._errors import UsageError
+
+    monkeypatch.setenv("NV_GPU_KV_CACHE_MB", "64")
+    guard = Guard()
+    oom = OOMGuard.for_process(guard)
+    budget = [s for s in oom.signals if s.name == "kv_budget"]
+    assert len(budget) == 1 and budget[0].budget == 64 << 20 and "NV_GPU_KV_CACHE_MB" in budget[0].source
+    assert all(s.name != "cgroup" or s.read().limit is not None for s in oom.signals)  # unlimited: left out
+    monkeypatch.setenv("KVG_KV_BUDGET_MB", "0")
+    with pytest.raises(UsageError, match="admits nothing"):
+        OOMGuard.for_process(guard)
