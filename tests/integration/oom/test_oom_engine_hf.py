@@ -6,25 +6,15 @@ import copy
 
 import pytest
 
+from kvg_oom import Knob
 from kvguardian.guard import Guard
 from kvguardian.oom.engine import guard_engine
 from kvguardian.oom.guard import OOMGuard
 from kvguardian.oom.hf_cache import BoundedPrefixCache, cache_nbytes
-from kvguardian.oom.signals.base import Reading
 from kvguardian.paged import PagedKVPool
 from kvguardian.paged.engine import Engine, OwnershipScheduler
 from kvguardian.paged.model import PagedLlama
 from kvguardian.repro.cross_request import make_workload, one_thread, oracle
-
-
-class Knob:
-    fast = False
-
-    def __init__(self, name="kv_budget", used=0, limit=1000):
-        self.name, self.used, self.limit = name, used, limit
-
-    def read(self):
-        return Reading(self.name, self.used, self.limit, "knob")
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +29,7 @@ def test_preemption_under_pressure_recomputes_and_loses_nothing(work):
     model, reqs, expected, eos = work
     pool = PagedKVPool(128, 16, model.spec, debug=True, on_fault="raise")
     engine = Engine(model, OwnershipScheduler(pool), max_num_seqs=6, eos_token_id=eos)
-    knob = Knob(used=950)  # a KV budget under pressure the whole run: every sample preempts one request
+    knob = Knob("kv_budget", used=950)  # a KV budget under pressure the whole run: every sample preempts one request
     oom = guard_engine(OOMGuard([knob], allocate_gap=0.0, release=False), engine, preempt=True, shed=False)
     oom._pool_steps.clear()  # only preemption can act here
     for r in reqs:

@@ -6,21 +6,11 @@ import asyncio
 import httpx
 import pytest
 
+from kvg_oom import Knob
 from kvguardian.oom.asgi import OOMMiddleware, install
 from kvguardian.oom.guard import OOMGuard, Overloaded
-from kvguardian.oom.signals.base import Reading
 
 pytest.importorskip("fastapi")
-
-
-class Knob:
-    fast = False
-
-    def __init__(self, used=100):
-        self.name, self.used = "cgroup", used
-
-    def read(self):
-        return Reading("cgroup", self.used, 1000, "knob")
 
 
 def make_app(oom):
@@ -56,7 +46,7 @@ def client(app):
 
 
 def test_ready_and_admission_follow_the_pressure():
-    knob = Knob()
+    knob = Knob(used=100)
     oom = OOMGuard([knob], retry_after=2.2)
     app, _ = make_app(oom)
 
@@ -80,7 +70,7 @@ def test_ready_and_admission_follow_the_pressure():
 
 
 def test_a_handler_raising_overloaded_gets_503_with_retry_after():
-    oom = OOMGuard([Knob()])
+    oom = OOMGuard([Knob(used=100)])
     app, _ = make_app(oom)
 
     async def go():
@@ -93,7 +83,7 @@ def test_a_handler_raising_overloaded_gets_503_with_retry_after():
 
 
 def test_drain_waits_for_in_flight_requests_then_reports_ready_to_stop():
-    oom = OOMGuard([Knob()])
+    oom = OOMGuard([Knob(used=100)])
     app, gate = make_app(oom)
 
     async def go():
@@ -115,7 +105,7 @@ def test_drain_waits_for_in_flight_requests_then_reports_ready_to_stop():
 
 
 def test_drain_deadline_answers_504_and_bad_deadline_400():
-    oom = OOMGuard([Knob()])
+    oom = OOMGuard([Knob(used=100)])
     app, gate = make_app(oom)
 
     async def go():
@@ -133,7 +123,7 @@ def test_drain_deadline_answers_504_and_bad_deadline_400():
 
 
 def test_plain_asgi_apps_work_and_lifespan_passes_through():
-    oom = OOMGuard([Knob()])
+    oom = OOMGuard([Knob(used=100)])
     seen = []
 
     async def app(scope, receive, send):

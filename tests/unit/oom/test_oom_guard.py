@@ -7,27 +7,13 @@ import time
 
 import pytest
 
+from kvg_oom import Knob
 from kvguardian.exporters.catalog import names
 from kvguardian.guard import Guard
 from kvguardian.oom.evictors import registry_of
 from kvguardian.oom.guard import OOMGuard, Overloaded
 from kvguardian.oom.policy import Watermarks
-from kvguardian.oom.signals.base import Reading
 from kvguardian.paged import PagedKVPool
-
-
-class Knob:
-    """A signal whose used bytes the test sets."""
-
-    fast = False
-
-    def __init__(self, name="cgroup", limit=1000, used=0):
-        self.name, self.limit, self.used, self.error = name, limit, used, None
-
-    def read(self):
-        if self.error:
-            return Reading(self.name, None, None, "knob", error=self.error)
-        return Reading(self.name, self.used, self.limit, "knob")
 
 
 class Store:

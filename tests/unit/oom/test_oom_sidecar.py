@@ -9,21 +9,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 
+from kvg_oom import Knob
 from kvguardian.oom.guard import OOMGuard
 from kvguardian.oom.sidecar import Sidecar, process_alive, running_requests
-from kvguardian.oom.signals.base import Reading
 
 pytest.importorskip("prometheus_client")
-
-
-class Knob:
-    fast = False
-
-    def __init__(self, used=100):
-        self.name, self.used = "cgroup", used
-
-    def read(self):
-        return Reading("cgroup", self.used, 1000, "knob", extra={"oom_kill": 0})
 
 
 class FakeEngine:
@@ -69,7 +59,7 @@ def test_running_requests_reads_vllm_and_treats_a_dead_server_as_idle(engine):
 
 
 def test_ready_drain_status_and_metrics_over_http(engine):
-    knob = Knob()
+    knob = Knob(used=100)
     side = Sidecar(OOMGuard([knob], interval=0.02), metrics_url=engine.url, drain_deadline=10)
     host, port = side.serve("127.0.0.1", 0)
     base = f"http://{host}:{port}"
@@ -99,7 +89,7 @@ def test_ready_drain_status_and_metrics_over_http(engine):
 
 
 def test_drain_deadline_is_504_while_the_engine_still_runs(engine):
-    side = Sidecar(OOMGuard([Knob()]), metrics_url=engine.url)
+    side = Sidecar(OOMGuard([Knob(used=100)]), metrics_url=engine.url)
     host, port = side.serve("127.0.0.1", 0)
     try:
         r = httpx.get(f"http://{host}:{port}/drain?deadline=0.3", timeout=10)
@@ -109,7 +99,7 @@ def test_drain_deadline_is_504_while_the_engine_still_runs(engine):
 
 
 def test_without_metrics_drain_waits_the_settle_time_and_says_so():
-    side = Sidecar(OOMGuard([Knob()]), settle=0.2)
+    side = Sidecar(OOMGuard([Knob(used=100)]), settle=0.2)
     out = side.drain(5)
     assert out["drained"] and out["waited_s"] >= 0.2 and "could not see the server" in out["note"]
 
