@@ -70,7 +70,8 @@ class OOMMiddleware:
         if path == self.ready_path:
             ready = self.oom.ready
             await _json(send, 200 if ready else 503, {"ready": ready, "pressure": self.oom.pressure,
-                                                       "draining": not ready, "in_flight": self.oom.in_flight})
+                                                       "draining": not ready, "in_flight": self.oom.in_flight,
+                                                       "ready_to_stop": self.oom.ready_to_stop})
             return
         if path == self.drain_path:
             await self._drain(scope, send)

@@ -1,6 +1,6 @@
 """A real FastAPI + uvicorn server over the paged mini engine in a real child memory cgroup (640 MiB), driven
 over loopback HTTP by a load that leaks KV (the handler keeps every request's KV) and by a legitimate
-overload (many concurrent requests, each holding 24 MiB while in flight).
+overload (many concurrent requests, each holding 10 MiB while in flight).
 
 With the guard: it evicts at the first watermark, drains at the second, every request either completes with
 the tokens Hugging Face generate() gives or gets 503 + Retry-After and succeeds on retry, and the kernel's
@@ -29,8 +29,12 @@ httpx = pytest.importorskip("httpx")
 LIMIT = 640 << 20
 PROMPTS = [[(x * 7 + i) % 255 + 1 for x in range(1, 400)] for i in range(6)]
 LEAK = [(i % 6, 8) for i in range(100)]  # (prompt, new tokens); each keeps ~3.2 MiB of KV after answering
-OVERLOAD = [(i % 6, 48) for i in range(48)]  # each holds 24 MiB while in flight; 24 at a time
-WORK_MB = 24
+# each holds 10 MiB while in flight, 40 at a time: 400 MiB, more than the ~280 MiB above the server's footprint.
+# Steps of 10 MiB (1.6 % of the limit) mean admissions stop between 97.4 % and the 99 % the guard admits up
+# to, so the measured pressure crosses the drain watermark (97 %) whenever admission saturates.
+OVERLOAD = [(i % 6, 48) for i in range(64)]
+WORK_MB = 10
+OVERLOAD_WORKERS = 40
 
 
 @pytest.fixture(scope="module")
@@ -41,9 +45,11 @@ def expected():
     from kvguardian.oom.demo_server import SPEC
     from kvguardian.repro.models import build_llama
 
+    from kvguardian.repro.cross_request import one_thread
+
     model = build_llama(SPEC, seed=0)
     out = {}
-    with torch.no_grad():
+    with torch.no_grad(), one_thread():
         for i, new in {*LEAK, *OVERLOAD}:
             ids = torch.tensor([[t % SPEC.vocab for t in PROMPTS[i]]])
             seq = model.generate(ids, max_new_tokens=new, do_sample=False)
@@ -134,7 +140,7 @@ def test_guarded_server_evicts_drains_and_loses_no_request(tmp_path, expected):
         assert 0.92 <= first["evict"]["pressure"] < 0.97 and first["evict"]["reason"].startswith("retained:")
         assert st["evictions"]["retained:conversation KV kept after the response"] > 0
 
-        over = drive(port, OVERLOAD, workers=24, expected=expected, work_mb=WORK_MB)
+        over = drive(port, OVERLOAD, workers=OVERLOAD_WORKERS, expected=expected, work_mb=WORK_MB)
         st = status(port)
         assert (over.ok, over.lost, over.wrong) == (len(OVERLOAD), 0, [])  # every one completed, right tokens
         assert over.rejected > 0 and over.retried_ok > 0 and over.retry_after == {"1"}
@@ -156,7 +162,7 @@ def test_unguarded_server_is_oom_killed_by_the_overload(tmp_path, expected):
     cg = child_cgroup_or_skip(LIMIT)
     try:
         proc, port = start_server(cg, tmp_path, guarded=False)
-        over = drive(port, OVERLOAD, workers=24, expected=expected, work_mb=WORK_MB)
+        over = drive(port, OVERLOAD, workers=OVERLOAD_WORKERS, expected=expected, work_mb=WORK_MB)
         proc.wait(timeout=30)
         assert over.lost > 0 and proc.returncode == -9 and cg.oom_kills() >= 1
         print(f"\nunguarded overload: {over.ok} ok, {over.lost} lost, server exit {proc.returncode}, kernel OOM "
@@ -197,7 +203,7 @@ def test_sidecar_drains_an_unguarded_server_that_is_then_oom_killed(tmp_path, ex
             assert sidecar.poll() is None and time.monotonic() < deadline, sidecar.stderr.read()
             time.sleep(0.2)
         # the leak, until the sidecar's readiness goes false (the pod would leave the Service here)
-        leak = drive(port, LEAK * 3, workers=4, expected=expected, keep=True,
+        leak = drive(port, LEAK * 3, workers=8, expected=expected, keep=True,
                      stop=lambda: sidecar_ready(guard_port) is False)
         side = httpx.get(f"http://127.0.0.1:{guard_port}/status", timeout=5).json()
         assert not side["ready"] and side["pressure"] >= 0.85 and proc.poll() is None and leak.lost == 0
@@ -206,8 +212,8 @@ def test_sidecar_drains_an_unguarded_server_that_is_then_oom_killed(tmp_path, ex
 
         # preStop: /drain answers once the server runs nothing (two slow requests are in flight)
         slow = Outcome()
-        t = threading.Thread(target=drive, args=(port, [(0, 160), (1, 160)]),
-                             kwargs={"workers": 2, "expected": {(0, 160): None, (1, 160): None}, "outcome": slow})
+        t = threading.Thread(target=drive, args=(port, [(0, 96), (1, 96)]),
+                             kwargs={"workers": 2, "expected": {(0, 96): None, (1, 96): None}, "outcome": slow})
         t.start()
         while active(port) < 2:
             time.sleep(0.02)
@@ -217,7 +223,7 @@ def test_sidecar_drains_an_unguarded_server_that_is_then_oom_killed(tmp_path, ex
         assert drained["drained"] and drained["waited_s"] > 0 and slow.ok == 2 and time.monotonic() - t0 < 60
 
         # the load goes on (nothing removes this server from a Service here): the kernel kills it
-        drive(port, LEAK * 5, workers=4, expected=expected, keep=True)
+        drive(port, LEAK * 5, workers=8, expected=expected, keep=True)
         proc.wait(timeout=30)
         assert proc.returncode == -9 and cg.oom_kills() >= 1
         _, err = sidecar.communicate(timeout=30)
