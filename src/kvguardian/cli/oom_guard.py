@@ -134,6 +134,7 @@ def run(args: argparse.Namespace) -> int:
         while not stop.wait(min(args.interval, 0.5)):
             gone = sidecar.target_gone()
             if gone is not None:
+                oom.sample("manual", wait=True)  # the kernel's count after the exit (the cgroup may outlive it)
                 kills = sidecar.oom_kills()
                 sys.stderr.write(f"kv-guardian oom-guard: {gone} (the kernel counted {kills} OOM kill(s) in its "
                                  "cgroup); stopping\n")

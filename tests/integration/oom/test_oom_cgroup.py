@@ -43,9 +43,8 @@ def expected():
     import torch
 
     from kvguardian.oom.demo_server import SPEC
-    from kvguardian.repro.models import build_llama
-
     from kvguardian.repro.cross_request import one_thread
+    from kvguardian.repro.models import build_llama
 
     model = build_llama(SPEC, seed=0)
     out = {}
@@ -71,12 +70,20 @@ class Outcome:
 def drive(port, jobs, *, workers, expected, keep=False, work_mb=0, stop=None, outcome=None):
     """Send every job, retrying a 503 after its Retry-After; stops early when ``stop()`` is true."""
     out = outcome or Outcome()
+    stopped = threading.Event()
+
+    def go_on():
+        if stop is None:
+            return True
+        if not stopped.is_set() and stop():
+            stopped.set()
+        return not stopped.is_set()
 
     def one(job):
         i, new = job
         tries = 0
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120) as c:
-            while stop is None or not stop():
+            while go_on():
                 try:
                     r = c.post("/generate", json={"prompt": PROMPTS[i], "max_new_tokens": new, "keep": keep,
                                                   "work_mb": work_mb})
@@ -195,7 +202,7 @@ def test_sidecar_drains_an_unguarded_server_that_is_then_oom_killed(tmp_path, ex
         sidecar = subprocess.Popen(
             [sys.executable, "-m", "kvguardian", "oom-guard", "--pid", str(proc.pid), "--metrics",
              f"http://127.0.0.1:{port}/metrics", "--port", str(guard_port), "--interval", "0.05",
-             "--evict", "0.80", "--drain", "0.85", "--shed", "0.99", "--drain-deadline", "60"],
+             "--evict", "0.70", "--drain", "0.75", "--shed", "0.99", "--drain-deadline", "60"],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1"})
         deadline = time.monotonic() + 60
@@ -203,10 +210,11 @@ def test_sidecar_drains_an_unguarded_server_that_is_then_oom_killed(tmp_path, ex
             assert sidecar.poll() is None and time.monotonic() < deadline, sidecar.stderr.read()
             time.sleep(0.2)
         # the leak, until the sidecar's readiness goes false (the pod would leave the Service here)
+        t_start = time.monotonic()
         leak = drive(port, LEAK * 3, workers=8, expected=expected, keep=True,
                      stop=lambda: sidecar_ready(guard_port) is False)
         side = httpx.get(f"http://127.0.0.1:{guard_port}/status", timeout=5).json()
-        assert not side["ready"] and side["pressure"] >= 0.85 and proc.poll() is None and leak.lost == 0
+        assert not side["ready"] and side["pressure"] >= 0.75 and proc.poll() is None and leak.lost == 0
         metrics = httpx.get(f"http://127.0.0.1:{guard_port}/metrics", timeout=5).text
         assert "kvguardian_oom_ready 0.0" in metrics and 'kvguardian_memory_pressure_ratio{signal="cgroup"}' in metrics
 
@@ -217,22 +225,25 @@ def test_sidecar_drains_an_unguarded_server_that_is_then_oom_killed(tmp_path, ex
         t.start()
         while active(port) < 2:
             time.sleep(0.02)
+        t_leak = time.monotonic() - t_start
         t0 = time.monotonic()
         drained = httpx.post(f"http://127.0.0.1:{guard_port}/drain?deadline=60", timeout=90).json()
         t.join()
         assert drained["drained"] and drained["waited_s"] > 0 and slow.ok == 2 and time.monotonic() - t0 < 60
 
-        # the load goes on (nothing removes this server from a Service here): the kernel kills it
-        drive(port, LEAK * 5, workers=8, expected=expected, keep=True)
+        # the load goes on (nothing removes this server from a Service here), and a burst on top: the kernel kills it
+        t_kill = time.monotonic()
+        drive(port, OVERLOAD, workers=OVERLOAD_WORKERS, expected=expected, work_mb=WORK_MB)
+        t_kill = time.monotonic() - t_kill
         proc.wait(timeout=30)
         assert proc.returncode == -9 and cg.oom_kills() >= 1
         _, err = sidecar.communicate(timeout=30)
         assert sidecar.returncode == 3
-        assert f"target process {proc.pid} exited (the kernel counted" in err and "OOM kill(s)" in err
+        assert f"target process {proc.pid} exited (the kernel counted {cg.oom_kills()} OOM kill(s)" in err
         print(f"\nsidecar: not ready at pressure {side['pressure']:.3f} after {leak.ok} leaking requests; /drain "
               f"waited {drained['waited_s']} s for 2 running requests; then the unguarded server was OOM-killed "
               f"(exit {proc.returncode}, kernel OOM kills {cg.oom_kills()}); sidecar said: "
-              f"{err.strip().splitlines()[-1]}")
+              f"{err.strip().splitlines()[-1]} [leak {t_leak:.1f} s, kill {t_kill:.1f} s]")
     finally:
         if sidecar is not None and sidecar.poll() is None:
             sidecar.kill()
