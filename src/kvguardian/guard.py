@@ -88,6 +88,7 @@ class Guard:
         self._hf: Any = None  # hf.tracker.HFTracker, created on first use
         self._modules: list[Any] = []  # custom.ModuleTracker objects (guard.track_module)
         self._retained_keys: dict[int, set[Any]] = {}  # id(weakref of a retain() target) -> keys it retained
+        self.on_kv_growth: Any = None  # called (no arguments) at each HF cache's first update of a request
         from kvguardian.retention import RetentionMonitor
 
         self.retention = RetentionMonitor(self, sampling=retention_sampling)
@@ -258,15 +259,20 @@ class Guard:
         except Exception as exc:
             self._fail("track", exc)
 
-    def retain(self, obj: Any, *, reason: str) -> int:
+    def retain(self, obj: Any, *, reason: str, evict: Any = None) -> int:
         """Declare that the KV reachable from ``obj`` is kept on purpose (a prefix cache, a session store).
 
         Objects that support weak references (caches, tensors, most classes) are re-examined at every
         `check`, so KV added to them later is covered too; plain dicts and lists are examined now.
-        Returns the number of KV entries marked retained now.
+        ``evict(nbytes) -> bytes freed`` makes the retention evictable by the pre-OOM guard
+        (`kvguardian.oom`). Returns the number of KV entries marked retained now.
         """
         if not reason:
             raise UsageError("guard.retain(obj, reason=...) needs a reason, e.g. reason='system prompt cache'")
+        if evict is not None:
+            from kvguardian.oom.evictors import registry_of
+
+            registry_of(self).add(obj, reason, evict)
         try:
             ref: Any = weakref.ref(obj)
         except TypeError:

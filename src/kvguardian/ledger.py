@@ -68,7 +68,7 @@ _INDEXED = (EntryState.LIVE, EntryState.RETAINED, EntryState.ORPHANED)
 
 
 #: Lifecycle event kinds, in the article's words.
-EVENT_KINDS = ("init", "append", "hit", "evict", "release")
+EVENT_KINDS = ("init", "append", "hit", "evict", "release", "pressure")  # pressure: the pre-OOM guard's actions
 
 
 class Event(NamedTuple):

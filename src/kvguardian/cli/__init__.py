@@ -29,6 +29,8 @@ COMMANDS: dict[str, str] = {
     "sweep": "kvguardian.cli.sweep",
     "run": "kvguardian.cli.run",
     "lint": "kvguardian.cli.lint",
+    "oom-guard": "kvguardian.cli.oom_guard",
+    "device-plugin": "kvguardian.cli.device_plugin",
 }
 
 

@@ -11,7 +11,8 @@ labels (their cardinality is unbounded). Label values are small closed sets (sta
 types) or operator-chosen names (a pool's name, a Redis key *pattern*).
 
 Owners: ``guard`` (the ledger of a running program), ``pool`` (a paged block pool attached to the
-exporter), ``watch`` (``kv-guardian watch vllm|sglang``), ``redis`` (``kv-guardian redis exporter``).
+exporter), ``watch`` (``kv-guardian watch vllm|sglang``), ``oom`` (the pre-OOM guard, in-process or
+``kv-guardian oom-guard``), ``redis`` (``kv-guardian redis exporter``).
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ METRICS: tuple[MetricSpec, ...] = (
     _c("kvguardian_kv_released_bytes_total", "KV storage bytes released (freed) since the ledger started"),
     _c("kvguardian_kv_released_entries_total", "KV entries released (freed) since the ledger started"),
     _c("kvguardian_kv_lifecycle_events_total",
-       "KV lifecycle events recorded by the ledger, by kind (init, append, hit, evict, release)", ("kind",)),
+       "KV lifecycle events recorded by the ledger, by kind (init, append, hit, evict, release, pressure)", ("kind",)),
     _g("kvguardian_requests_active", "Requests the guard sees as active (started, not ended)"),
     _g("kvguardian_model_generation", "Model generation of the ledger (a declared reload increments it)"),
     _c("kvguardian_guard_instrumentation_errors_total",
@@ -128,6 +129,42 @@ METRICS: tuple[MetricSpec, ...] = (
     _g("kvguardian_watch_prefix_namespaces",
        "Distinct prefix namespaces (cache salts) seen in KV events, including the unsalted one", (), "watch"),
     _c("kvguardian_watch_prefix_clears_total", "AllBlocksCleared events and publisher restarts seen", (), "watch"),
+    # ---------------------------------------------------------------- oom: the pre-OOM guard (in-process or oom-guard)
+    _g("kvguardian_memory_pressure_ratio",
+       "Used / limit of each memory signal the pre-OOM guard samples (cgroup, cuda:N, nvml:N, pool:NAME, "
+       "kv_budget); absent for a signal with no limit or that cannot be read", ("signal",), "oom"),
+    _g("kvguardian_memory_used_bytes",
+       "What counts against the limit of each memory signal (cgroup: usage minus inactive file cache)",
+       ("signal",), "oom"),
+    _g("kvguardian_memory_limit_bytes", "The limit of each memory signal; absent when none is set", ("signal",),
+       "oom"),
+    _g("kvguardian_memory_signal_up",
+       "Whether the last read of a memory signal succeeded (1) or failed (0: fail-open, the others are kept)",
+       ("signal",), "oom"),
+    _c("kvguardian_memory_signal_errors_total", "Failed reads of a memory signal", ("signal",), "oom"),
+    _c("kvguardian_memory_oom_kills_total",
+       "OOM kills the kernel counted in a watched cgroup (memory.events oom_kill, v1 memory.oom_control)",
+       ("signal",), "oom"),
+    _g("kvguardian_oom_watermark_ratio", "The guard's watermarks, by action: evict, drain, shed", ("action",),
+       "oom"),
+    _g("kvguardian_oom_draining",
+       "Whether the guard drains (1: pressure above the drain watermark, or a preStop drain) or not (0)", (), "oom"),
+    _g("kvguardian_oom_ready", "Readiness as the guard reports it on /ready (1 ready, 0 not)", (), "oom"),
+    _g("kvguardian_oom_in_flight_requests", "Requests admitted by the guard and not finished yet", (), "oom"),
+    _c("kvguardian_oom_evictions_total",
+       "Things evicted under memory pressure, by reason: pool_prefix:POOL (blocks), retained:REASON (caches "
+       "asked to evict), preempt (requests preempted, recomputed later)", ("reason",), "oom"),
+    _c("kvguardian_oom_evicted_bytes_total", "Bytes freed by evictions under memory pressure, when known, by reason",
+       ("reason",), "oom"),
+    _c("kvguardian_oom_rejected_admissions_total",
+       "New requests refused with 503 + Retry-After while draining or because they would cross the drain "
+       "watermark", (), "oom"),
+    _c("kvguardian_oom_shed_requests_total",
+       "In-flight requests ended early with 503 + Retry-After because memory still rose while draining", (), "oom"),
+    _c("kvguardian_oom_samples_total", "Samples of the memory signals, by cause: interval, allocate, manual",
+       ("cause",), "oom"),
+    _c("kvguardian_oom_guard_errors_total", "Errors inside the pre-OOM guard, contained (fail-open), by site",
+       ("site",), "oom"),
     # ---------------------------------------------------------------- redis: kv-guardian redis exporter (issue 5)
     # O(1) on every scrape: INFO keyspace + INFO memory
     _g("kvguardian_redis_up", "Whether the last scrape reached Redis (1) or not (0)", (), "redis"),

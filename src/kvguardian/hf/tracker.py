@@ -370,6 +370,8 @@ class HFTracker:
     def _enter(self, st: CacheState, req: RequestInfo, cache: Any, idx: int, key_states: Any,
                args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
         """The first update of ``st`` by request ``req``: a cold start (init) or a hit (reuse)."""
+        if self.guard.on_kv_growth is not None:  # the pre-OOM guard samples where a request's KV starts to grow
+            self.guard.on_kv_growth()
         previous = st.owner
         st.owner = req.request_id
         st.owner_req = req

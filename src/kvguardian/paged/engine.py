@@ -10,6 +10,7 @@ plugs in a scheduler that keeps tables per batch slot instead.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 from collections.abc import Iterable
@@ -49,6 +50,7 @@ class Sequence:
     last_token: float | None = None
     preemptions: int = 0
     finished: bool = False
+    error: str | None = None  # set when the request was shed (ended early, under memory pressure)
 
     def __repr__(self) -> str:
         return f"<Sequence {self.req.request_id!r} {len(self.output)}/{self.req.max_new_tokens}>"
@@ -147,7 +149,14 @@ Scheduled = tuple[Sequence, StepInput]
 
 class Engine:
     """Continuous batching: at most ``max_num_seqs`` running, at most ``max_batch_tokens`` per step
-    (a prompt longer than that runs alone)."""
+    (a prompt longer than that runs alone).
+
+    `run` takes a batch of requests to completion; a server `submit`s requests and calls `step` in a loop
+    (`kvguardian.paged.serve`). ``lock`` is held while the pool's tables change (scheduling and freeing), so
+    another thread (the pre-OOM guard) can evict cached blocks safely. `request_preempt` and `request_shed`
+    are carried out at the next step: preempted requests are recomputed later (none is dropped); shed ones
+    end with ``seq.error`` set.
+    """
 
     def __init__(self, model: PagedLlama, scheduler: Scheduler, *, max_num_seqs: int = 8,
                  max_batch_tokens: int = 512, eos_token_id: int | None = None) -> None:
@@ -159,68 +168,143 @@ class Engine:
         self.max_num_seqs = max_num_seqs
         self.max_batch_tokens = max_batch_tokens
         self.eos_token_id = eos_token_id
+        self.lock = threading.RLock()
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.steps = 0
+        self.preemptions = 0
+        self.shed = 0
+        self._asks = threading.Lock()
+        self._preempt_asked = 0
+        self._shed_asked = 0
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def submit(self, req: Request, *, arrival: float | None = None) -> Sequence:
+        """Queue ``req``; it is admitted at a later step."""
+        seq = Sequence(req, arrival=time.perf_counter() if arrival is None else arrival)
+        with self.lock:
+            if any(s.rid == req.request_id for s in (*self.waiting, *self.running)):
+                raise UsageError(f"request {req.request_id!r} is already in the engine; fix: unique request ids")
+            self.waiting.append(seq)
+        return seq
+
+    def request_preempt(self, n: int = 1) -> int:
+        """Ask for the ``n`` newest running requests to be preempted at the next step; returns how many will be."""
+        with self._asks:
+            k = max(min(n, len(self.running) - self._preempt_asked), 0)
+            self._preempt_asked += k
+        return k
+
+    def request_shed(self, n: int = 1) -> int:
+        """Ask for the ``n`` newest requests (running or waiting) to be ended at the next step."""
+        with self._asks:
+            k = max(min(n, len(self.running) + len(self.waiting) - self._shed_asked), 0)
+            self._shed_asked += k
+        return k
 
     def run(self, requests: Iterable[Request]) -> EngineResult:
         """Submit every request at once and step until all have finished."""
-        t0 = time.perf_counter()
-        seqs = [Sequence(r, arrival=t0) for r in requests]
-        if len({s.rid for s in seqs}) != len(seqs):
+        reqs = list(requests)
+        if len({r.request_id for r in reqs}) != len(reqs):
             raise UsageError("request ids must be unique within a run")
-        waiting: deque[Sequence] = deque(seqs)
-        running: list[Sequence] = []
-        steps = preemptions = 0
-        while waiting or running:
-            batch, preempted = self._schedule(waiting, running)
-            preemptions += preempted
-            if not batch:
-                raise UsageError(
-                    f"the pool ({self.pool.num_blocks} blocks of {self.pool.block_size}) cannot hold the next "
-                    "request alone; fix: a bigger pool or shorter requests"
-                )
-            logits = self.model.forward(self.pool, [inp for _, inp in batch])
-            now = time.perf_counter()
-            next_tokens = logits.argmax(-1).tolist()
-            done = []
-            for (seq, inp), tok in zip(batch, next_tokens):
-                seq.num_computed = inp.start + len(inp.token_ids)
-                seq.output.append(int(tok))
-                if seq.first_token is None:
-                    seq.first_token = now
-                seq.last_token = now
-                if len(seq.output) >= seq.req.max_new_tokens or tok == self.eos_token_id:
-                    seq.finished = True
-                    done.append(seq)
-            if done:
-                for seq in done:
-                    running.remove(seq)
-                self.scheduler.finish(done)
-            steps += 1
+        if self.has_work:
+            raise UsageError("run() needs an idle engine; fix: finish the submitted requests first")
+        t0 = time.perf_counter()
+        seqs = [self.submit(r, arrival=t0) for r in reqs]
+        steps0, preemptions0 = self.steps, self.preemptions
+        while self.has_work:
+            self.step()
         elapsed = time.perf_counter() - t0
         return EngineResult(
             outputs={s.rid: s.output for s in seqs},
             seconds=elapsed,
-            steps=steps,
-            preemptions=preemptions,
+            steps=self.steps - steps0,
+            preemptions=self.preemptions - preemptions0,
             tokens=sum(len(s.output) for s in seqs),
             ttft={s.rid: (s.first_token or t0) - s.arrival for s in seqs},
             tpot={s.rid: ((s.last_token or 0) - (s.first_token or 0)) / max(len(s.output) - 1, 1) for s in seqs},
         )
 
-    def _schedule(self, waiting: deque[Sequence], running: list[Sequence]) -> tuple[list[Scheduled], int]:
+    def step(self) -> list[Sequence]:
+        """One engine step. Returns the sequences that ended in it: finished, or shed (``error`` set)."""
+        with self.lock:
+            ended = self._shed_asked_for()
+            forced = self._preempt_asked_for()
+            batch, preempted = self._schedule(self.waiting, self.running, forced)
+            self.preemptions += preempted
+        if not batch:
+            if ended or forced or not self.has_work:
+                return ended
+            raise UsageError(
+                f"the pool ({self.pool.num_blocks} blocks of {self.pool.block_size}) cannot hold the next "
+                "request alone; fix: a bigger pool or shorter requests"
+            )
+        logits = self.model.forward(self.pool, [inp for _, inp in batch])
+        now = time.perf_counter()
+        next_tokens = logits.argmax(-1).tolist()
+        done = []
+        for (seq, inp), tok in zip(batch, next_tokens):
+            seq.num_computed = inp.start + len(inp.token_ids)
+            seq.output.append(int(tok))
+            if seq.first_token is None:
+                seq.first_token = now
+            seq.last_token = now
+            if len(seq.output) >= seq.req.max_new_tokens or tok == self.eos_token_id:
+                seq.finished = True
+                done.append(seq)
+        if done:
+            with self.lock:
+                for seq in done:
+                    self.running.remove(seq)
+                self.scheduler.finish(done)
+        self.steps += 1
+        return ended + done
+
+    def _preempt_asked_for(self) -> int:
+        with self._asks:
+            n, self._preempt_asked = self._preempt_asked, 0
+        k = 0
+        while k < n and self.running:
+            self._preempt(self.running.pop(), self.waiting)
+            k += 1
+        return k
+
+    def _shed_asked_for(self) -> list[Sequence]:
+        with self._asks:
+            n, self._shed_asked = self._shed_asked, 0
+        victims = sorted((*self.running, *self.waiting), key=lambda s: s.arrival, reverse=True)[:n]
+        for seq in victims:
+            held = seq in self.running or seq.preemptions > 0  # the scheduler holds state for it
+            (self.running if seq in self.running else self.waiting).remove(seq)
+            if held:
+                self.scheduler.finish([seq])
+            seq.finished = True
+            seq.error = "shed under memory pressure (the server was draining and memory still rose)"
+        self.shed += len(victims)
+        return victims
+
+    def _preempt(self, victim: Sequence, waiting: deque[Sequence]) -> None:
+        self.scheduler.preempt(victim)
+        victim.num_computed = 0
+        victim.preemptions += 1
+        waiting.appendleft(victim)
+
+    def _schedule(self, waiting: deque[Sequence], running: list[Sequence],
+                  forced: int = 0) -> tuple[list[Scheduled], int]:
         batch: list[Scheduled] = []
         budget = self.max_batch_tokens
-        preempted = 0
+        preempted = forced  # requests preempted this step (by request, then for blocks) block admission
         i = 0
         while i < len(running):  # running first, oldest first
             seq = running[i]
             slots = self.scheduler.allocate(seq)
             while slots is None:  # out of blocks: preempt the newest running sequence (maybe this one)
                 victim = running.pop()
-                self.scheduler.preempt(victim)
-                victim.num_computed = 0
-                victim.preemptions += 1
+                self._preempt(victim, waiting)
                 preempted += 1
-                waiting.appendleft(victim)
                 if victim is seq:
                     break
                 slots = self.scheduler.allocate(seq)

@@ -111,6 +111,8 @@ class PagedKVPool(RawBlockOps):
             self.v = [torch.zeros(shape, dtype=dtype, device=kv.device) for _ in range(kv.num_layers)]
             self.block_bytes = kv.block_bytes(block_size)
         self.faults_count: Counter[str] = Counter()
+        # optional observer, called with the number of blocks after each allocation (kvguardian.oom samples there)
+        self.on_allocate: Callable[[int], None] | None = None
         self._debug: Any = None
         if debug:
             from kvguardian.paged.debug import DebugChecker
@@ -274,6 +276,8 @@ class PagedKVPool(RawBlockOps):
             self._debug.assign_slots(t, slots)
         self._hash_new_blocks(t, token_ids)
         self._end(np.concatenate(touched) if touched else np.empty(0, dtype=np.int32))
+        if self.on_allocate is not None and (need > 0 or cow):
+            self.on_allocate(max(need, 0) + cow)
         return slots
 
     def fork(self, parent_id: str, child_id: str, *, tenant: str | None = None,

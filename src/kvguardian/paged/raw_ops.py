@@ -32,6 +32,7 @@ class RawBlockOps:
     filled: np.ndarray
     _debug: Any
     _slot: np.ndarray
+    on_allocate: Any  # Callable[[int], None] | None: the allocation observer (see PagedKVPool)
 
     def table(self, request_id: str) -> BlockTable:  # pragma: no cover - PagedKVPool's
         raise NotImplementedError
@@ -60,6 +61,8 @@ class RawBlockOps:
             bs = self.block_size
             self._debug.assign_slots(t, (ids.astype(np.int64)[:, None] * bs + np.arange(bs)).ravel())
         self._end(ids)
+        if self.on_allocate is not None:
+            self.on_allocate(n)
         return ids.copy()
 
     def share_blocks(self, request_id: str, block_ids: Sequence[int] | np.ndarray) -> None:

@@ -1,0 +1,147 @@
+"""``kv-guardian oom-guard``: a sidecar that drains a server before the kernel's OOM killer reaches it.
+
+    kv-guardian oom-guard --pid 1234 --metrics http://127.0.0.1:8000/metrics --port 8081
+    kv-guardian oom-guard --cgroup /sys/fs/cgroup/memory/mygroup
+    kv-guardian oom-guard --pod-uid $POD_UID --cgroup-root /host/cgroup --host 0.0.0.0   # in Kubernetes
+
+Serves /ready (the readiness probe), /drain (preStop), /metrics and /status; see `kvguardian.oom.sidecar`.
+It cannot evict inside vLLM or SGLang: it turns readiness false and drains. Exit codes: 0 on SIGTERM or
+after --duration, 2 for bad input (no such PID or cgroup, no memory limit, watermarks out of order), 3 when
+something it needs is missing (NVML) or the target went away while watched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from kvguardian._errors import EXIT_ENVIRONMENT, EXIT_OK, UsageError
+
+NAME = "oom-guard"
+HELP = "sidecar pre-OOM guard for a server we cannot hook: /ready turns false and /drain waits before an OOM kill"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    target = p.add_mutually_exclusive_group(required=True)
+    target.add_argument("--pid", type=int, help="watch the memory cgroup of this process (found via /proc/PID/cgroup)")
+    target.add_argument("--cgroup", metavar="PATH", help="watch this cgroup directory (v1 or v2)")
+    target.add_argument("--pod-uid", metavar="UID", help="watch this Kubernetes pod's cgroup (with --cgroup-root)")
+    p.add_argument("--cgroup-root", default="/sys/fs/cgroup", metavar="DIR",
+                   help="where the node's cgroupfs is mounted, for --pod-uid (default /sys/fs/cgroup)")
+    p.add_argument("--metrics", metavar="URL", help="the server's Prometheus page; /drain waits for 0 running requests")
+    p.add_argument("--nvml-index", type=int, action="append", default=[], metavar="N",
+                   help="also watch GPU N through NVML (repeatable)")
+    p.add_argument("--memory-limit-mb", type=int, metavar="MB",
+                   help="the limit to judge against when the cgroup has none")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1; 0.0.0.0 in a pod, so the "
+                                                         "kubelet's probes reach it)")
+    p.add_argument("--port", type=int, default=8081, help="TCP port (default 8081; 0 picks one)")
+    p.add_argument("--evict", type=float, default=0.92, help="evict watermark (default 0.92: logged and exported; "
+                                                              "the sidecar cannot evict inside the server)")
+    p.add_argument("--drain", type=float, default=0.97, help="drain watermark: readiness false (default 0.97)")
+    p.add_argument("--shed", type=float, default=0.99, help="shed watermark (default 0.99)")
+    p.add_argument("--hysteresis", type=float, default=0.03, help="release below watermark - this (default 0.03)")
+    p.add_argument("--interval", type=float, default=0.5, help="seconds between samples (default 0.5)")
+    p.add_argument("--drain-deadline", type=float, default=60.0,
+                   help="longest /drain waits, seconds (default 60; keep terminationGracePeriodSeconds longer)")
+    p.add_argument("--settle", type=float, default=5.0, help="without --metrics, how long /drain waits (default 5)")
+    p.add_argument("--once", action="store_true", help="sample once, print the status as JSON and exit")
+    p.add_argument("--duration", type=float, metavar="S", help="stop after S seconds")
+
+
+class _FixedLimit:
+    """A signal whose limit is given (the cgroup has none)."""
+
+    fast = False
+
+    def __init__(self, inner: Any, limit: int) -> None:
+        self.inner, self.limit, self.name = inner, limit, inner.name
+
+    def read(self) -> Any:
+        import dataclasses
+
+        r = self.inner.read()
+        return r if r.error is not None else dataclasses.replace(r, limit=self.limit,
+                                                                 source=f"{r.source}, limit from --memory-limit-mb")
+
+
+def _cgroup(args: argparse.Namespace) -> tuple[Any, Path | None]:
+    from kvguardian.oom.signals.cgroup import cgroup_signal, cgroup_signal_for_pid, cgroup_signal_for_pod
+
+    if args.pid is not None:
+        if args.pid <= 0:
+            raise UsageError(f"--pid {args.pid} is not a process id; fix: the PID of the server")
+        sig = cgroup_signal_for_pid(args.pid)
+        return sig, None
+    if args.cgroup is not None:
+        sig = cgroup_signal(args.cgroup)
+        return sig, Path(args.cgroup)
+    sig = cgroup_signal_for_pod(args.pod_uid, args.cgroup_root)
+    return sig, sig.path
+
+
+def build(args: argparse.Namespace) -> Any:
+    """The `Sidecar` the arguments describe (bad input raises `UsageError` with the fix)."""
+    from kvguardian.oom.guard import OOMGuard
+    from kvguardian.oom.policy import Watermarks
+    from kvguardian.oom.sidecar import Sidecar
+    from kvguardian.oom.signals.nvml import NvmlSignal
+
+    wm = Watermarks(evict=args.evict, drain=args.drain, shed=args.shed, hysteresis=args.hysteresis)
+    if args.metrics is not None:
+        from kvguardian.engines.promtext import check_url
+
+        check_url(args.metrics)
+    cg, cg_dir = _cgroup(args)
+    first = cg.read()
+    if first.error is not None:
+        raise UsageError(f"cannot read {first.source}: {first.error}; fix: check the path and permissions")
+    if first.limit is None:
+        if args.memory_limit_mb is None:
+            raise UsageError(f"{first.source} has no memory limit set, so there is nothing to guard against; fix: "
+                             "set resources.limits.memory on the container, or pass --memory-limit-mb")
+        cg = _FixedLimit(cg, args.memory_limit_mb << 20)
+    elif args.memory_limit_mb is not None:
+        cg = _FixedLimit(cg, min(first.limit, args.memory_limit_mb << 20))
+    signals = [cg, *(NvmlSignal(i) for i in args.nvml_index)]
+    oom = OOMGuard(signals, watermarks=wm, interval=args.interval)
+    return Sidecar(oom, pid=args.pid, cgroup=cg_dir, metrics_url=args.metrics,
+                   drain_deadline=args.drain_deadline, settle=args.settle)
+
+
+def run(args: argparse.Namespace) -> int:
+    sidecar = build(args)
+    oom = sidecar.oom
+    if args.once:
+        oom.sample()
+        print(json.dumps(oom.status(), indent=2))
+        return EXIT_OK
+    host, port = sidecar.serve(args.host, args.port)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    oom.start()
+    sys.stderr.write(f"kv-guardian oom-guard: watching {oom.signals[0].read().source}; /ready /drain /metrics on "
+                     f"http://{host}:{port} (it cannot evict inside the server: it drains)\n")
+    sys.stderr.flush()
+    t0 = time.monotonic()
+    try:
+        while not stop.wait(min(args.interval, 0.5)):
+            gone = sidecar.target_gone()
+            if gone is not None:
+                oom.sample("manual", wait=True)  # the kernel's count after the exit (the cgroup may outlive it)
+                kills = sidecar.oom_kills()
+                sys.stderr.write(f"kv-guardian oom-guard: {gone} (the kernel counted {kills} OOM kill(s) in its "
+                                 "cgroup); stopping\n")
+                return EXIT_ENVIRONMENT
+            if args.duration is not None and time.monotonic() - t0 >= args.duration:
+                break
+    finally:
+        oom.stop()
+        sidecar.close()
+    return EXIT_OK
