@@ -76,11 +76,14 @@ def encode_extra_keys(extra_keys: Sequence[object]) -> bytes:
 
 
 def chain_hash(parent: bytes, token_ids: Sequence[int], extra: bytes = b"") -> bytes:
-    """``hash(parent, token ids, extra keys)`` of one full block."""
-    h = blake2b(parent, digest_size=DIGEST_BYTES)
-    h.update(array("q", token_ids).tobytes())
-    h.update(extra)
-    return h.digest()
+    """``hash(parent, token ids, extra keys)`` of one full block: BLAKE2b of ``parent``, the token ids as
+    little-endian int64 and ``extra``, concatenated."""
+    return blake2b(parent + array("q", token_ids).tobytes() + extra, digest_size=DIGEST_BYTES).digest()
+
+
+def _token_bytes(token_ids: Sequence[int], n: int) -> bytes:
+    """The first ``n`` token ids as int64 bytes, converted once for a whole chain (not once per block)."""
+    return array("q", token_ids[:n]).tobytes()
 
 
 def hash_full_blocks(
@@ -90,9 +93,11 @@ def hash_full_blocks(
     n = len(token_ids) // block_size
     if limit is not None:
         n = min(n, limit)
+    buf = _token_bytes(token_ids, n * block_size)
+    step = 8 * block_size
     out = []
-    for i in range(n):
-        parent = chain_hash(parent, token_ids[i * block_size:(i + 1) * block_size], extra)
+    for i in range(0, n * step, step):
+        parent = blake2b(parent + buf[i:i + step] + extra, digest_size=DIGEST_BYTES).digest()
         out.append(parent)
     return out
 
@@ -101,12 +106,18 @@ def lookup_chain(index: Mapping[bytes, int], root: bytes, token_ids: Sequence[in
                  extra: bytes = b"") -> tuple[list[int], list[bytes]]:
     """Blocks of the longest cached chain of ``token_ids``' full blocks, and their hashes. At least one token
     is left out, so a request always computes its last token."""
-    parent = root
+    n = (len(token_ids) - 1) // block_size
     hits: list[int] = []
     hashes: list[bytes] = []
-    for i in range((len(token_ids) - 1) // block_size):
-        h = chain_hash(parent, token_ids[i * block_size:(i + 1) * block_size], extra)
-        b = index.get(h)
+    if n <= 0:
+        return hits, hashes
+    buf = _token_bytes(token_ids, n * block_size)
+    step = 8 * block_size
+    get = index.get
+    parent = root
+    for i in range(0, n * step, step):
+        h = blake2b(parent + buf[i:i + step] + extra, digest_size=DIGEST_BYTES).digest()
+        b = get(h)
         if b is None:
             break
         hits.append(b)
@@ -120,14 +131,14 @@ def extend_chain(table: BlockTable, token_ids: Sequence[int], block_size: int) -
     ``table.hashes``). Returns (block index in the table, hash) of the newly full blocks."""
     tail = table.tail_tokens
     tail.extend(token_ids)
-    out = []
-    while len(tail) >= block_size:
-        parent = table.hashes[-1] if table.hashes else table.root
-        h = chain_hash(parent, tail[:block_size], table.extra)
-        out.append((len(table.hashes), h))
-        table.hashes.append(h)
-        del tail[:block_size]
-    return out
+    if len(tail) < block_size:
+        return []
+    full = len(tail) // block_size
+    hashes = hash_full_blocks(table.hashes[-1] if table.hashes else table.root, tail, block_size, table.extra)
+    start = len(table.hashes)
+    table.hashes.extend(hashes)
+    del tail[:full * block_size]
+    return list(zip(range(start, start + full), hashes))
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,12 +165,18 @@ class KVEvent:
 
 
 class EventStream:
-    """A bounded buffer of `KVEvent`s; `take` swaps it out so no consumer keeps events twice."""
+    """A bounded buffer of `KVEvent`s; `take` swaps it out so no consumer keeps events twice.
+
+    `emit` stores the raw fields (a tuple); the frozen `KVEvent`, with its hex digests, is built by `take`:
+    the pool's hot paths (an allocation that evicts, a prefix hit) pay ~0.2 us per event, not a dataclass
+    and a ``.hex()`` per hash.
+    """
 
     def __init__(self, capacity: int = 8192, clock: Callable[[], float] = time.monotonic) -> None:
         if capacity < 1:
             raise UsageError(f"event capacity must be >= 1, got {capacity}")
-        self._buf: deque[KVEvent] = deque(maxlen=capacity)
+        self._buf: deque[tuple[int, float, str, tuple[bytes, ...], tuple[int, ...], dict[str, object]]] = deque(
+            maxlen=capacity)
         self._clock = clock
         self.seq = 0  # last sequence number handed out
         self.dropped = 0  # events pushed out of the full buffer before anyone took them
@@ -168,18 +185,18 @@ class EventStream:
     def emit(self, kind: str, hashes: Sequence[bytes], block_ids: Sequence[int], **fields: object) -> None:
         if not self.enabled:
             return
-        if len(self._buf) == self._buf.maxlen:
+        buf = self._buf
+        if len(buf) == buf.maxlen:
             self.dropped += 1
         self.seq += 1
-        self._buf.append(KVEvent(
-            self.seq, self._clock(), kind, tuple(h.hex() for h in hashes), tuple(int(b) for b in block_ids),
-            **fields,  # type: ignore[arg-type]
-        ))
+        buf.append((self.seq, self._clock(), kind, tuple(hashes), tuple(block_ids), fields))
 
     def take(self) -> list[KVEvent]:
-        out = list(self._buf)
+        raw = list(self._buf)
         self._buf.clear()
-        return out
+        return [KVEvent(seq, ts, kind, tuple(h.hex() for h in hashes), tuple(int(b) for b in ids),
+                        **fields)  # type: ignore[arg-type]
+                for seq, ts, kind, hashes, ids, fields in raw]
 
     def __len__(self) -> int:
         return len(self._buf)
