@@ -64,7 +64,8 @@ class BlockPool:
         self.hash_of: list[bytes | None] = [None] * num_blocks  # block -> its prefix hash
         self.by_hash: dict[bytes, int] = {}  # prefix hash -> block (one block per hash)
         self.queue = FreeQueue(num_blocks)
-        self.events = events if events is not None else EventStream()
+        # no stream given: events off, as vLLM's BlockPool defaults to (PagedKVPool passes its own stream)
+        self.events = events if events is not None else EventStream(enabled=False)
         self.evictions = 0  # cached blocks whose hash was dropped to reuse or clear them
         self.allocated = 0  # blocks handed out by get_new_blocks
         self.freed = 0  # references dropped by free_blocks
@@ -104,7 +105,7 @@ class BlockPool:
             PoolExhausted: fewer than ``n`` blocks are free or evictable.
         """
         q = self.queue
-        if n > q.count:
+        if n > len(q.front) and n > q.count:
             raise PoolExhausted(
                 f"block pool has {q.count} free or evictable blocks, {n} requested; "
                 "fix: check can_allocate() first and preempt or wait"
@@ -121,7 +122,7 @@ class BlockPool:
                 evict = True
             ref[b] = 1
         if evict:
-            self._drop_hashes([b for b in ids if hash_of[b] is not None])
+            self._drop_hashes(ids)
         self.allocated += n
         return ids
 
@@ -223,15 +224,18 @@ class BlockPool:
         return n
 
     def _drop_hashes(self, ids: list[int]) -> None:
+        """Evict the prefix hashes of the cached blocks among ``ids`` (uncached ones are skipped)."""
         hashes = []
+        dropped = []
         hash_of, by_hash, cached = self.hash_of, self.by_hash, self._cached
         for b in ids:
             h = hash_of[b]
-            if h is None:
-                raise InternalError(f"block pool bug: block {b} is marked cached but has no hash")
-            del by_hash[h]
-            hash_of[b] = None
-            cached[b] = 0
-            hashes.append(h)
-        self.evictions += len(ids)
-        self.events.emit("removed", hashes, ids)
+            if h is not None:
+                del by_hash[h]
+                hash_of[b] = None
+                cached[b] = 0
+                hashes.append(h)
+                dropped.append(b)
+        self.evictions += len(dropped)
+        if self.events.enabled:
+            self.events.emit("removed", hashes, dropped)

@@ -13,8 +13,9 @@ that causes it, as a KVG2xx finding naming the request, the block(s) and the ope
 The checker keeps its own count of references from open tables (``table_refs``), told by the pool where tables
 change (`on_table_add` / `on_table_remove`, the `PoolObserver` interface) and independent of the allocator's
 ref counts, and its own record of which blocks are in the free queue (``queued``, told by the queue itself):
-after every operation they must agree with the allocator on every block the operation touched. It only observes: with ``raise_on_fault=False`` the faulty operation proceeds unchanged,
-so a buggy scheduler behaves the same with and without the checks.
+after every operation they must agree with the allocator on every block the operation touched. It only
+observes: with ``raise_on_fault=False`` the faulty operation proceeds unchanged, so a buggy scheduler behaves
+the same with and without the checks.
 """
 
 from __future__ import annotations

@@ -107,8 +107,9 @@ class FreeQueue:
 
     def discard(self, block: int) -> bool:
         """Take ``block`` out of the queue wherever it is; False if it was not queued."""
-        if self.in_back(block):
-            self._back[self._back_pos[block]] = _TOMB
+        back, i = self._back, self._back_pos[block]
+        if self._head <= i < len(back) and back[i] == block:  # in_back(block), inlined: a prefix hit's path
+            back[i] = _TOMB
             self._dead += 1
             self._maybe_compact()
         else:
@@ -138,7 +139,9 @@ class FreeQueue:
         """
         front = self.front
         k = len(front)
-        if n <= k:
+        if n == 1 and k:  # decode's one block: the most frequent call
+            out = [front.pop()]
+        elif n <= k:
             out = front[k - n:]
             del front[k - n:]
             out.reverse()
@@ -146,9 +149,13 @@ class FreeQueue:
             if n > self.count:
                 raise InternalError(f"free queue bug: pop of {n} blocks with {self.count} live; "
                                     "the pool must check first")
-            out = front[::-1]
-            front.clear()
-            out += self._pop_back(n - k)
+            more = self._pop_back(n - k)
+            if k:
+                out = front[::-1]
+                front.clear()
+                out += more
+            else:
+                out = more
         if self.observer is not None:
             self.observer.on_dequeued(out)
         return out
@@ -157,7 +164,7 @@ class FreeQueue:
         back, h = self._back, self._head
         seg = back[h:h + n]
         if self._dead == 0 or _TOMB not in seg:
-            self._head = h + n
+            h += n
         else:  # skip tombstones: each is skipped once
             seg = []
             while len(seg) < n:
@@ -167,14 +174,19 @@ class FreeQueue:
                     self._dead -= 1
                 else:
                     seg.append(b)
-            self._head = h
-        self._maybe_compact()
+        self._head = h
+        garbage = h + self._dead
+        if garbage >= _COMPACT_MIN and 2 * garbage >= len(back):
+            self._compact()
         return seg
 
     def _maybe_compact(self) -> None:
         garbage = self._head + self._dead
-        if garbage < _COMPACT_MIN or 2 * garbage < len(self._back):
-            return
+        if garbage >= _COMPACT_MIN and 2 * garbage >= len(self._back):
+            self._compact()
+
+    def _compact(self) -> None:
+        """Drop the popped prefix and the tombstones; rewrite the live entries' indices."""
         live = [b for b in self._back[self._head:] if b != _TOMB]
         pos = self._back_pos
         for i, b in enumerate(live):

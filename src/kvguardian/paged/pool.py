@@ -113,6 +113,7 @@ class PagedKVPool(RawBlockOps):
             self.k = [torch.zeros(shape, dtype=dtype, device=kv.device) for _ in range(kv.num_layers)]
             self.v = [torch.zeros(shape, dtype=dtype, device=kv.device) for _ in range(kv.num_layers)]
             self.block_bytes = kv.block_bytes(block_size)
+        self.events.block_bytes = self.block_bytes
         self.faults_count: Counter[str] = Counter()
         self._debug: DebugChecker | None = None  # the observer of every operation (debug mode)
         if debug:
@@ -238,8 +239,7 @@ class PagedKVPool(RawBlockOps):
             t.num_tokens = len(ids) * self.block_size
             t.state = TableState.OPEN
             self.prefix_hits += t.num_tokens
-            self.events.emit("hit", hashes, hits, request_id=t.request_id, tenant=t.tenant,
-                             namespace=t.namespace, block_bytes=self.block_bytes)
+            self.events.emit("hit", hashes, hits, owner=t.owner)
         self._end(ids)
         return len(ids) * self.block_size
 
@@ -482,6 +482,4 @@ class PagedKVPool(RawBlockOps):
                 stored_h.append(h)
                 stored_b.append(block)
         if stored_h:
-            self.events.emit("stored", stored_h, stored_b, parent_hash=parent0.hex() if parent0 else None,
-                             request_id=t.request_id, tenant=t.tenant, namespace=t.namespace,
-                             block_bytes=self.block_bytes)
+            self.events.emit("stored", stored_h, stored_b, parent_hash=parent0, owner=t.owner)
