@@ -141,6 +141,12 @@ class FreeQueue:
         k = len(front)
         if n == 1 and k:  # decode's one block: the most frequent call
             out = [front.pop()]
+        elif n == 1 and self._dead == 0 and self._head < len(self._back):  # the same from the back part
+            h = self._head
+            out = [self._back[h]]
+            self._head = h + 1
+            if h >= _COMPACT_MIN:
+                self._maybe_compact()
         elif n <= k:
             out = front[k - n:]
             del front[k - n:]
@@ -165,15 +171,15 @@ class FreeQueue:
         seg = back[h:h + n]
         if self._dead == 0 or _TOMB not in seg:
             h += n
-        else:  # skip tombstones: each is skipped once
-            seg = []
-            while len(seg) < n:
-                b = back[h]
-                h += 1
-                if b == _TOMB:
-                    self._dead -= 1
-                else:
-                    seg.append(b)
+        else:  # skip tombstones (each is skipped once), a window at a time
+            got: list[int] = []
+            while len(got) < n:
+                window = back[h:h + n - len(got)]
+                h += len(window)
+                live = [b for b in window if b != _TOMB]
+                self._dead -= len(window) - len(live)
+                got += live
+            seg = got
         self._head = h
         garbage = h + self._dead
         if garbage >= _COMPACT_MIN and 2 * garbage >= len(back):
