@@ -69,7 +69,12 @@ def _output_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _sweep_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--batch", type=int, default=200, help="keys per SCAN COUNT and per probe call (default 200)")
+    p.add_argument("--batch", type=int, default=0,
+                   help="keys per SCAN COUNT and probe call; 0 (default): adapt so no call exceeds --max-call-ms")
+    p.add_argument("--max-call-ms", type=float, default=0.5,
+                   help="with --batch 0: the longest one probe call may hold the server (default 0.5 ms)")
+    p.add_argument("--nice", type=int, default=10,
+                   help="run the sweep's client work this much nicer, in its own thread (default 10; 0: off)")
     p.add_argument("--max-keys-per-sec", type=float, default=None, help="rate limit for the whole sweep")
     p.add_argument("--sample", type=int, default=None, metavar="N", help="stop after N keys (a quick look)")
     p.add_argument("--match", default=None, metavar="GLOB", help="only keys matching this SCAN MATCH glob")
@@ -97,7 +102,8 @@ def run(args: argparse.Namespace) -> int:
 def _options(args: argparse.Namespace) -> Any:
     from kvguardian.keyspace.sweep import SweepOptions, parse_duration
 
-    opts = SweepOptions(batch=args.batch, max_keys_per_sec=args.max_keys_per_sec, sample=args.sample,
+    opts = SweepOptions(batch=args.batch, max_call_ms=args.max_call_ms, nice=args.nice,
+                        max_keys_per_sec=args.max_keys_per_sec, sample=args.sample,
                         mode=args.mode, cold_after=parse_duration(args.cold_after), cold_freq=args.cold_freq,
                         max_patterns=args.max_patterns, collapse_after=args.collapse_after, match=args.match,
                         timeout=args.timeout)
