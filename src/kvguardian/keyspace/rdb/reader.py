@@ -248,7 +248,12 @@ class RdbReader:
             self.header()
         out = Batch()
         while True:
-            full = self._run(out)
+            try:
+                full = self._run(out)
+            except RdbError:
+                if out.keys:  # the keys read before the damage are good: hand them out first
+                    yield out
+                raise
             if out.keys:
                 yield out
             if not full:
