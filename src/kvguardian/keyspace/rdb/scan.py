@@ -29,6 +29,7 @@ import numpy as np
 
 from kvguardian.keyspace.patterns import OVERFLOW, PatternMiner
 from kvguardian.keyspace.rdb.format import VERSIONS, RdbError
+from kvguardian.keyspace.rdb.parallel import ReaderProcess, worth_forking
 from kvguardian.keyspace.rdb.reader import Batch, ByteStream, RdbReader
 from kvguardian.keyspace.result import ScanResult
 from kvguardian.keyspace.stats import PatternStats
@@ -76,7 +77,7 @@ def _probe(b: Batch, now_ms: int) -> np.ndarray:
 class _Run:
     """One pass over a file: stats are built when the first key says which idle metric the file carries."""
 
-    def __init__(self, reader: RdbReader, opts: SweepOptions) -> None:
+    def __init__(self, reader: RdbReader | ReaderProcess, opts: SweepOptions) -> None:
         self.reader, self.opts = reader, opts
         self.stats: PatternStats | None = None
         self.miner: PatternMiner | None = None
@@ -128,6 +129,7 @@ class RdbSource:
     target: str
     limit: int | None = None
     total_bytes: int = 0
+    parallel: bool = True  # read in a forked child while this process mines (kvguardian.keyspace.rdb.parallel)
 
 
 def scan_rdb(source: RdbSource, options: SweepOptions | None = None, *, db: int | None = None,
@@ -138,9 +140,13 @@ def scan_rdb(source: RdbSource, options: SweepOptions | None = None, *, db: int 
         RdbError: the stream is not an RDB at all (a damaged file after its header gives a partial result).
     """
     opts = options or SweepOptions()
-    reader = RdbReader(source.stream, limit=source.limit)
     result = ScanResult(target=source.target, started=time.time(), mode="rdb")
-    reader.header()
+    reader: RdbReader | ReaderProcess
+    if source.parallel and worth_forking(source.stream):
+        reader = ReaderProcess.open(source.stream, limit=source.limit)
+    else:
+        reader = RdbReader(source.stream, limit=source.limit)
+        reader.header()
     run = _Run(reader, opts)
     try:
         run.read(result, _Filter(opts.match, db), progress=progress, total=source.total_bytes, stop=stop)
@@ -153,7 +159,8 @@ def scan_rdb(source: RdbSource, options: SweepOptions | None = None, *, db: int 
     return result
 
 
-def _finish(result: ScanResult, reader: RdbReader, run: _Run, opts: SweepOptions, db: int | None) -> None:
+def _finish(result: ScanResult, reader: RdbReader | ReaderProcess, run: _Run, opts: SweepOptions,
+            db: int | None) -> None:
     aux = reader.aux
     result.finished = time.time()
     result.idle_metric = run.metric()

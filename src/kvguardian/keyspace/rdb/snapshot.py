@@ -50,6 +50,9 @@ class Snapshot:
         self.received += len(out)
         return out
 
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
     def close(self) -> None:
         try:
             self.sock.close()
