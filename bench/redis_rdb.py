@@ -39,9 +39,12 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from redis_sweep import free_port, load, memkeys  # noqa: E402
 
-ONE_PROCESS = ("import sys, resource; from kvguardian.keyspace.rdb.scan import RdbSource, scan_rdb; "
+# peak memory from VmHWM (this process's own address space: ru_maxrss would carry over the bench's, which
+# held the whole load in memory when it forked)
+ONE_PROCESS = ("import sys; from kvguardian.keyspace.rdb.scan import RdbSource, scan_rdb; "
                "r = scan_rdb(RdbSource(open(sys.argv[1], 'rb'), 'f', parallel=False)); "
-               "print(r.keys_scanned, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
+               "hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM')][0].split()[1]; "
+               "print(r.keys_scanned, hwm)")
 
 
 def server_cpu(port: int) -> tuple[float, float]:

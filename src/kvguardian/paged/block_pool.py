@@ -104,14 +104,20 @@ class BlockPool:
         Raises:
             PoolExhausted: fewer than ``n`` blocks are free or evictable.
         """
-        q = self.queue
-        if n > len(q.front) and n > q.count:
+        ids = self.queue.take(n)
+        if ids is None:
             raise PoolExhausted(
-                f"block pool has {q.count} free or evictable blocks, {n} requested; "
+                f"block pool has {self.queue.count} free or evictable blocks, {n} requested; "
                 "fix: check can_allocate() first and preempt or wait"
             )
-        ids = q.pop_front(n)
         ref, hash_of = self._ref, self.hash_of
+        if n == 1 and not ref[ids[0]]:  # decode's one block, inlined (evicting its hash if it was cached)
+            b = ids[0]
+            ref[b] = 1
+            self.allocated += 1
+            if hash_of[b] is not None:
+                self._drop_hashes(ids)
+            return ids
         evict = False
         for b in ids:
             if ref[b] or hash_of[b] is not None:
@@ -137,6 +143,11 @@ class BlockPool:
         """
         ids = as_id_list(ids)
         ref, hash_of = self._ref, self.hash_of
+        if len(ids) == 1 and ref[ids[0]] == 1 and hash_of[ids[0]] is None:  # the last reference to one block
+            ref[ids[0]] = 0
+            self.freed += 1
+            self.queue.push_front(ids)
+            return ids
         odd = False
         n_cached = 0
         for b in ids:
@@ -225,6 +236,17 @@ class BlockPool:
 
     def _drop_hashes(self, ids: list[int]) -> None:
         """Evict the prefix hashes of the cached blocks among ``ids`` (uncached ones are skipped)."""
+        if len(ids) == 1:
+            b = ids[0]
+            h = self.hash_of[b]
+            if h is not None:
+                del self.by_hash[h]
+                self.hash_of[b] = None
+                self._cached[b] = 0
+                self.evictions += 1
+                if self.events.enabled:
+                    self.events.emit("removed", (h,), ids)
+            return
         hashes = []
         dropped = []
         hash_of, by_hash, cached = self.hash_of, self.by_hash, self._cached

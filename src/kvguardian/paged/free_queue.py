@@ -101,7 +101,10 @@ class FreeQueue:
 
     def push_front(self, ids: Sequence[int]) -> None:
         """Insert ``ids`` at the front, ``ids[0]`` first: they are popped before everything already queued."""
-        self.front.extend(reversed(ids))
+        if len(ids) == 1:
+            self.front.append(ids[0])
+        else:
+            self.front.extend(reversed(ids))
         if self.observer is not None:
             self.observer.on_queued(ids)
 
@@ -111,7 +114,8 @@ class FreeQueue:
         if self._head <= i < len(back) and back[i] == block:  # in_back(block), inlined: a prefix hit's path
             back[i] = _TOMB
             self._dead += 1
-            self._maybe_compact()
+            if self._dead >= _COMPACT_MIN:
+                self._maybe_compact()
         else:
             try:
                 self.front.remove(block)  # rare: a free, uncached block leaving from the middle
@@ -130,6 +134,24 @@ class FreeQueue:
         for b in ids:
             if not self.discard(b):
                 raise InternalError(f"free queue bug: removal of block {b}, which is not queued")
+
+    def take(self, n: int) -> list[int] | None:
+        """`pop_front`, or None when fewer than ``n`` blocks are queued (the allocator's call: no count is
+        computed on the one-block paths)."""
+        front = self.front
+        if n == 1 and self.observer is None:
+            if front:
+                return [front.pop()]
+            h = self._head
+            if self._dead == 0 and h < len(self._back):
+                out = [self._back[h]]  # read before a compaction renumbers the list
+                self._head = h + 1
+                if h >= _COMPACT_MIN:
+                    self._maybe_compact()
+                return out
+        if n > len(front) and n > self.count:
+            return None
+        return self.pop_front(n)
 
     def pop_front(self, n: int) -> list[int]:
         """Remove and return the ``n`` oldest block ids, oldest first.

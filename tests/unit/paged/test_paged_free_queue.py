@@ -109,3 +109,20 @@ def test_an_aged_queue_stays_compact_and_in_order():
         ref[b] = None
     assert q.live_ids().tolist() == list(ref)
     assert len(q._back) <= 2 * n + 1024  # compaction keeps garbage below half the list
+
+
+def test_take_is_pop_front_or_none_through_compactions():
+    """`take` (the allocator's call) returns what pop_front would, across the back part's compactions, and None
+    rather than raising when too few blocks are queued."""
+    n = 3000
+    q, ref = FreeQueue(n), FreeQueue(n)
+    for x in (q, ref):
+        x.pop_front(n)
+        x.push_back(list(range(n)))
+    for _ in range(n):
+        got, want = q.take(1), ref.pop_front(1)
+        assert got == want
+        q.push_back(got)
+        ref.push_back(want)
+    assert q.live_ids().tolist() == ref.live_ids().tolist()
+    assert q.take(n + 1) is None and len(q) == n

@@ -265,7 +265,7 @@ class RdbReader:
         (False). String keys with short names and values, most keys of most servers, are read inline here
         without a call per field; everything else goes through `_record`."""
         keys, types, sizes, expires, idles = out.keys, out.types, out.sizes, out.expires, out.idles
-        key_size, str_size = _KEY_SIZE, _STR_SIZE
+        key_size, inline = _KEY_SIZE, _INLINE_TYPES
         batch = self.batch
         buf, pos = self.buf, self.pos
         expire = idle = -1
@@ -275,13 +275,14 @@ class RdbReader:
                 self._fill(_INLINE)
                 buf, pos = self.buf, self.pos
             t = buf[pos] if pos < len(buf) else -1
-            if t == 0 and pos + 132 <= len(buf) and buf[pos + 1] < 64:  # 132: the longest inline record
+            table = inline.get(t)
+            if table is not None and pos + 132 <= len(buf) and buf[pos + 1] < 64:  # 132: the longest header
                 kl = buf[pos + 1]
                 p = pos + 2 + kl
-                vsize, p = _inline_value(buf, p, str_size)
+                vsize, p = _inline_value(buf, p, table)
                 if vsize >= 0 and p <= len(buf):
                     keys.append(buf[pos + 2:pos + 2 + kl])
-                    types.append(0)
+                    types.append(TYPE_CODES[t])
                     sizes.append(key_size[kl] + vsize)
                     expires.append(expire)
                     idles.append(idle)
@@ -547,6 +548,10 @@ _VALUE_READERS: dict[int, Callable[[RdbReader], int]] = {
 #: sizes of short keys and string values by length (the inline path's lookups)
 _KEY_SIZE = [key_bytes(n) for n in range(64)]
 _STR_SIZE = [string_bytes(n, False) for n in range(1 << 14)]
+_BLOB_SIZE = [blob_bytes(n) for n in range(1 << 14)]
+#: value types whose value is one string, read inline: strings, and the single-blob encodings (listpack,
+#: ziplist, intset, zipmap) of small hashes, sets and sorted sets
+_INLINE_TYPES = {0: _STR_SIZE, **{t: _BLOB_SIZE for t in (9, 11, 12, 13, 16, 17, 20)}}
 
 
 def _short_len(buf: bytes, p: int) -> tuple[int, int]:
@@ -574,6 +579,6 @@ def _inline_value(buf: bytes, p: int, str_size: list[int]) -> tuple[int, int]:
         if ulen < 0:
             return -1, p
         return str_size[ulen], q + clen
-    if 0xC0 <= b <= 0xC2:  # an 8-, 16- or 32-bit integer
+    if 0xC0 <= b <= 0xC2 and str_size is _STR_SIZE:  # an 8-, 16- or 32-bit integer (a string value only)
         return 16, p + 1 + (1 << (b & 3))
     return -1, p
