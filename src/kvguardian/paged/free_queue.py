@@ -13,11 +13,13 @@ oldest first]``, and it is kept as exactly those two parts:
   Removing a block from the middle writes a tombstone (``-1``) there; pops skip tombstones, and the list
   is compacted (tombstones and the popped prefix dropped, indices rewritten) once they make up half of it.
 
-Positions are list indices that compaction rewrites, never absolute counters: a pool that has run for
-hours is as fast as a fresh one (the ring of absolute positions this replaces slowed down 1.2-2.4x once
-its head passed the ring's capacity). Block ids are Python ints and every operation is list slicing plus
-one small Python loop: a batch of one block costs a few hundred nanoseconds, not numpy's microseconds of
-per-call dispatch (bench/pool.py).
+Positions are list indices that compaction rewrites, never absolute counters, so no operation takes a slower
+path as the pool ages (the ring of absolute positions this replaces went to a modulo path for good once its
+head passed the ring's capacity: 1.2-2.4x slower). An aged pool is still measurably slower than a fresh one
+(bench/pool.py's ``aged_vs_fresh``): it hands out block ids in a scattered order, the likely cause, not yet
+shown. Block ids are Python ints
+and every operation is list slicing plus one small Python loop: a batch of one block costs a few hundred
+nanoseconds, not numpy's microseconds of per-call dispatch (bench/pool.py).
 
 Removing a block from the front part (a share of a free, uncached block; an over-free of a queued block) is
 a linear search in C: both are rare, caller-error paths.
