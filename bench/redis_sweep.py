@@ -10,8 +10,10 @@ pipelined loader (``redis-cli --pipe``), then measures, on that one data set:
 2. ``kv-guardian redis scan`` through the read-only Lua path and through the pipeline fallback: keys/s
    (type, MEMORY USAGE, PTTL, OBJECT IDLETIME per key, plus pattern mining and per-pattern statistics);
 3. pattern mining alone on the same key names (keys/s; it must keep up with the sweep);
-4. the p99 latency of a concurrent ``redis-benchmark`` GET load: without a sweep (baseline), then during
-   sweeps with ``--batch`` 100, 200 (the default) and 1000.
+4. the p99 latency of a concurrent ``redis-benchmark`` GET load: without a sweep (baseline), during
+   ``redis-cli --memkeys``, then during sweeps along a trade-off curve: the default (adaptive batch, at most
+   0.5 ms a call, client thread at nice +10), adaptive at 0.25 and 1 ms, the default without nice, and fixed
+   batches 25, 50, 100, 200; each row has the sweep's keys/s against memkeys' and its worst call.
 
 Writes ``bench/results/redis_sweep.json`` (ratios against the baselines of the same run) and prints it.
 Numbers depend on the machine: a shared 2-core VM runs redis-server, the sweep and redis-benchmark on
@@ -120,16 +122,19 @@ def memkeys(port: int) -> dict[str, Any]:
             **_costs(port, max(scanned, 1), s0, c0, children=True)}
 
 
-def kvg_sweep(url: str, mode: str, batch: int = 200, port: int = 0) -> dict[str, Any]:
+def kvg_sweep(url: str, mode: str, batch: int = 0, port: int = 0, *, max_call_ms: float = 0.5,
+              nice: int = 10) -> dict[str, Any]:
+    """One sweep at the given pacing (batch 0: adaptive to max_call_ms; nice: the client thread's nice)."""
     from kvguardian.keyspace.sweep import SweepOptions, sweep
 
     s0, c0 = (server_cpu(port), client_cpu()) if port else (0.0, 0.0)
     t0 = time.perf_counter()
-    result = sweep(url, SweepOptions(mode=mode, batch=batch))
+    result = sweep(url, SweepOptions(mode=mode, batch=batch, max_call_ms=max_call_ms, nice=nice))
     dt = time.perf_counter() - t0
-    out = {"mode": result.mode, "batch": batch, "seconds": round(dt, 3), "keys": result.keys_scanned,
-           "keys_per_s": round(result.keys_scanned / dt), "patterns": len(result.patterns),
-           "complete": result.complete, "pattern_names": [p["pattern"] for p in result.patterns]}
+    out = {"mode": result.mode, "batch": batch, "max_call_ms": max_call_ms, "nice": nice, "seconds": round(dt, 3),
+           "keys": result.keys_scanned, "keys_per_s": round(result.keys_scanned / dt),
+           "patterns": len(result.patterns), "complete": result.complete,
+           "pacing": result.server.get("pacing"), "pattern_names": [p["pattern"] for p in result.patterns]}
     if port:
         out.update(_costs(port, max(result.keys_scanned, 1), s0, c0, children=False))
     return out
@@ -176,8 +181,10 @@ def get_load(port: int, requests: int) -> dict[str, Any]:
             "p99_ms": float(data["p99_latency_ms"]), "max_ms": float(data["max_latency_ms"])}
 
 
-def latency_during_sweep(port: int, url: str, batch: int, requests: int) -> dict[str, Any]:
-    """Start a GET load, sweep while it runs; report its p99 and how much of it overlapped the sweep."""
+def latency_during_sweep(port: int, url: str, batch: int, requests: int, *, max_call_ms: float = 0.5,
+                         nice: int = 10, memkeys_instead: bool = False) -> dict[str, Any]:
+    """Start a GET load, sweep (or run redis-cli --memkeys) while it runs; report the load's p99 and how much
+    of it overlapped the sweep."""
     out: dict[str, Any] = {}
     window: dict[str, float] = {}
 
@@ -190,13 +197,15 @@ def latency_during_sweep(port: int, url: str, batch: int, requests: int) -> dict
     t.start()
     time.sleep(0.3)
     window["sweep_start"] = time.perf_counter()
-    sweep = kvg_sweep(url, "auto", batch)
+    sweep = memkeys(port) if memkeys_instead else kvg_sweep(url, "auto", batch, max_call_ms=max_call_ms, nice=nice)
     window["sweep_end"] = time.perf_counter()
     t.join()
     lo = max(window["load_start"], window["sweep_start"])
     hi = min(window["load_end"], window["sweep_end"])
-    out["batch"] = batch
+    out.update({"what": "redis-cli --memkeys" if memkeys_instead else "kvg sweep", "batch": batch,
+                "max_call_ms": max_call_ms, "nice": nice})
     out["sweep_keys_per_s"] = sweep["keys_per_s"]
+    out["worst_call_ms"] = (sweep.get("pacing") or {}).get("worst_call_ms")
     out["load_overlapping_sweep"] = round(max(0.0, hi - lo) / (window["load_end"] - window["load_start"]), 3)
     return out
 
@@ -241,10 +250,24 @@ def main() -> None:
         results["load_average_1m"] = os.getloadavg()[0]  # other work on this machine during the run
         requests = max(20_000, int(results["kvg_scan_lua"]["seconds"] * 8_000))
         results["get_p99_baseline"] = get_load(port, requests)
-        results["get_p99_during_sweep"] = [latency_during_sweep(port, url, b, requests) for b in (100, 200, 1000)]
+        curve = [  # (batch, max_call_ms, nice): the default first
+            (0, 0.5, 10), (0, 0.25, 10), (0, 1.0, 10), (0, 0.5, 0), (25, 0.5, 10), (50, 0.5, 10), (100, 0.5, 10),
+            (200, 0.5, 10), (200, 0.5, 0),
+        ]
+        rows = [latency_during_sweep(port, url, 0, requests, memkeys_instead=True)]
+        for batch, call_ms, nice in curve:
+            rows.append(latency_during_sweep(port, url, batch, requests, max_call_ms=call_ms, nice=nice))
+            print(json.dumps(rows[-1]), file=sys.stderr)
+        results["get_p99_during_sweep"] = rows
         base_p99 = results["get_p99_baseline"]["p99_ms"]
-        for row in results["get_p99_during_sweep"]:
+        for row in rows:
             row["p99_vs_baseline"] = round(row["p99_ms"] / base_p99, 2) if base_p99 else None
+            row["keys_per_s_vs_memkeys"] = round(row["sweep_keys_per_s"] / base, 2)
+        default = rows[1]
+        results["targets"] = {"default_sweep_p99_le_1ms": default["p99_ms"] <= 1.0,
+                              "default_sweep_keys_per_s_ge_memkeys": default["sweep_keys_per_s"] >= base,
+                              "default_p99_ms": default["p99_ms"], "default_keys_per_s": default["sweep_keys_per_s"],
+                              "memkeys_keys_per_s": base}
     finally:
         server.terminate()
         server.wait(10)

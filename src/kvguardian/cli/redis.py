@@ -1,4 +1,4 @@
-"""``kv-guardian redis scan|diff|exporter``: the Redis key-space leak analyzer (the article's chapter 1).
+"""``kv-guardian redis scan|rdb|diff|exporter``: the Redis key-space leak analyzer (the article's chapter 1).
 
 Works without torch: ``pip install 'kv-guardian[redis]'``.
 """
@@ -12,11 +12,11 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from kvguardian._errors import EXIT_ENVIRONMENT, EXIT_OK, UsageError
+from kvguardian._errors import EXIT_ENVIRONMENT, EXIT_OK, EXIT_USAGE, UsageError
 from kvguardian.findings import Report, Severity
 
 NAME = "redis"
-HELP = "find key-space leaks in Redis: read-only sweeps, key patterns, no-TTL/cold/explosion verdicts, diffs"
+HELP = "find key-space leaks in Redis: read-only sweeps or RDB snapshots, key patterns, no-TTL/cold verdicts, diffs"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -27,14 +27,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                       "batch) and report key patterns, TTL and idle-time distributions, and leaks.")
     scan.add_argument("url", help="redis://[USER:PASSWORD@]HOST:PORT[/DB], rediss://…, or unix:///path.sock")
     _sweep_arguments(scan)
-    scan.add_argument("--json", action="store_true", help="print the result as JSON (the schema redis diff reads)")
-    scan.add_argument("--output", "-o", metavar="FILE", help="also write the JSON result to FILE")
-    scan.add_argument("--prometheus", metavar="FILE", help="write the Prometheus exposition to FILE ('-': stdout)")
-    scan.add_argument("--compare", metavar="OLD.json", help="also report growth against an earlier scan")
-    scan.add_argument("--top", type=int, default=20, help="patterns shown in the table (default 20)")
-    scan.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    _output_arguments(scan)
+    scan.add_argument("--rdb", action="store_true",
+                      help="read a snapshot through the replication handshake instead of probing keys (no server "
+                           "CPU per key; the user needs +sync +replconf)")
     _verdict_arguments(scan)
     scan.set_defaults(_redis=run_scan)
+
+    from kvguardian.cli.redis_rdb import ScanHooks, add_rdb_command
+
+    add_rdb_command(sub, ScanHooks(_sweep_arguments, _output_arguments, _verdict_arguments, _options, emit_scan))
 
     diff = sub.add_parser("diff", help="per-pattern growth between two scan JSON files (KVG303/KVG304)")
     diff.add_argument("old", metavar="OLD.json")
@@ -57,8 +59,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     exp.set_defaults(_redis=run_exporter)
 
 
+def _output_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print the result as JSON (the schema redis diff reads)")
+    p.add_argument("--output", "-o", metavar="FILE", help="also write the JSON result to FILE")
+    p.add_argument("--prometheus", metavar="FILE", help="write the Prometheus exposition to FILE ('-': stdout)")
+    p.add_argument("--compare", metavar="OLD.json", help="also report growth against an earlier scan")
+    p.add_argument("--top", type=int, default=20, help="patterns shown in the table (default 20)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+
+
 def _sweep_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--batch", type=int, default=200, help="keys per SCAN COUNT and per probe call (default 200)")
+    p.add_argument("--batch", type=int, default=0,
+                   help="keys per SCAN COUNT and probe call; 0 (default): adapt so no call exceeds --max-call-ms")
+    p.add_argument("--max-call-ms", type=float, default=0.5,
+                   help="with --batch 0: the longest one probe call may hold the server (default 0.5 ms)")
+    p.add_argument("--nice", type=int, default=10,
+                   help="run the sweep's client work this much nicer, in its own thread (default 10; 0: off)")
     p.add_argument("--max-keys-per-sec", type=float, default=None, help="rate limit for the whole sweep")
     p.add_argument("--sample", type=int, default=None, metavar="N", help="stop after N keys (a quick look)")
     p.add_argument("--match", default=None, metavar="GLOB", help="only keys matching this SCAN MATCH glob")
@@ -86,7 +102,8 @@ def run(args: argparse.Namespace) -> int:
 def _options(args: argparse.Namespace) -> Any:
     from kvguardian.keyspace.sweep import SweepOptions, parse_duration
 
-    opts = SweepOptions(batch=args.batch, max_keys_per_sec=args.max_keys_per_sec, sample=args.sample,
+    opts = SweepOptions(batch=args.batch, max_call_ms=args.max_call_ms, nice=args.nice,
+                        max_keys_per_sec=args.max_keys_per_sec, sample=args.sample,
                         mode=args.mode, cold_after=parse_duration(args.cold_after), cold_freq=args.cold_freq,
                         max_patterns=args.max_patterns, collapse_after=args.collapse_after, match=args.match,
                         timeout=args.timeout)
@@ -112,17 +129,28 @@ def _exit_code(report: Report, fail_on: str) -> int:
 
 
 def run_scan(args: argparse.Namespace) -> int:
-    from kvguardian.keyspace.render import print_diff, print_scan, progress_bar
+    from kvguardian.keyspace.render import progress_bar
     from kvguardian.keyspace.result import load_result
     from kvguardian.keyspace.sweep import sweep
-    from kvguardian.keyspace.verdicts import Thresholds, diff
 
     opts = _options(args)
     old = load_result(args.compare) if args.compare else None  # a bad file fails before the sweep
+    if args.rdb:
+        from kvguardian.cli.redis_rdb import run_scan_rdb
+
+        return run_scan_rdb(args, opts, old, emit_scan)
     stop = threading.Event()
     show_progress = not args.no_progress and sys.stderr.isatty()
     with progress_bar(show_progress) as progress:
         result = sweep(args.url, opts, progress=progress, stop=stop)
+    return emit_scan(args, result, old, command="scan")
+
+
+def emit_scan(args: argparse.Namespace, result: Any, old: Any, *, command: str) -> int:
+    """Findings, outputs and the exit code of a finished scan (live or from an RDB)."""
+    from kvguardian.keyspace.render import print_diff, print_scan
+    from kvguardian.keyspace.verdicts import Thresholds, diff
+
     result = _finalize(args)(result)
     diff_out = None
     if old is not None:
@@ -142,12 +170,16 @@ def run_scan(args: argparse.Namespace) -> int:
         if diff_out is not None:
             print_diff(diff_out[0], Report(findings=diff_out[1]), diff_out[2], top=args.top)
     if result.incomplete_reason == "interrupted":
-        sys.stderr.write("kv-guardian redis scan: interrupted; the result above is partial (complete: false)\n")
+        sys.stderr.write(f"kv-guardian redis {command}: interrupted; the result above is partial (complete: false)\n")
         return 130
     if result.incomplete_reason and result.incomplete_reason.startswith("connection lost"):
-        sys.stderr.write(f"kv-guardian redis scan: error: {result.incomplete_reason}; the result above is partial "
-                         "(complete: false)\n")
+        sys.stderr.write(f"kv-guardian redis {command}: error: {result.incomplete_reason}; the result above is "
+                         "partial (complete: false)\n")
         return EXIT_ENVIRONMENT
+    if result.incomplete_reason and result.incomplete_reason.startswith("damaged or truncated"):
+        sys.stderr.write(f"kv-guardian redis {command}: error: {result.incomplete_reason}; the result above is "
+                         "partial (complete: false)\n")
+        return EXIT_USAGE
     return _exit_code(result.report(), args.fail_on)
 
 

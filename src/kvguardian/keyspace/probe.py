@@ -14,6 +14,7 @@ batch *i+1* leave in one write, so the server works while the caller mines the p
 from __future__ import annotations
 
 import hashlib
+import time
 from typing import Any
 
 import numpy as np
@@ -25,9 +26,12 @@ __all__ = ["LUA_PROBE", "Lane", "choose_mode"]
 
 LUA_PROBE = """#!lua flags=no-writes,allow-cross-slot-keys
 -- kv-guardian key probe: read-only, keys come as ARGV[2..n]; ARGV[1] is IDLETIME or FREQ
+-- the last four numbers are TIME at the start and at the end (s, us): the script's own run time
+-- (-1s when the ACL user may not call TIME: the client then times the round trip)
 local call, pcall = redis.call, redis.pcall
 local codes = {string = 0, list = 1, set = 2, zset = 3, hash = 4, stream = 5, none = -1}
 local sub = ARGV[1]
+local t0 = pcall('TIME')
 local out = {}
 local n = 0
 for i = 2, #ARGV do
@@ -46,6 +50,14 @@ for i = 2, #ARGV do
   out[n + 4] = idle
   n = n + 4
 end
+local t1 = pcall('TIME')
+if type(t0) ~= 'table' or t0.err or type(t1) ~= 'table' or t1.err then
+  t0, t1 = {-1, -1}, {-1, -1}
+end
+out[n + 1] = tonumber(t0[1])
+out[n + 2] = tonumber(t0[2])
+out[n + 3] = tonumber(t1[1])
+out[n + 4] = tonumber(t1[2])
 return out
 """
 LUA_SHA = hashlib.sha1(LUA_PROBE.encode()).hexdigest()
@@ -71,6 +83,15 @@ def choose_mode(client: Any, version: tuple[int, ...], sub: str, wanted: str = "
         if wanted == "lua":
             raise UsageError(f"--mode lua: {why}; use --mode auto", exit_code=EXIT_ENVIRONMENT) from None
         return "pipeline", why
+
+
+def _split_timing(reply: Any) -> tuple[np.ndarray, float]:
+    """The probe script's reply: the [N, 4] probe and the script's run time in seconds (its last row)."""
+    arr = np.asarray(reply, dtype=np.int64).reshape(-1, 4)
+    t = arr[-1]
+    if t[0] < 0:  # no TIME for this user
+        return arr[:-1], -1.0
+    return arr[:-1], float(t[2] - t[0]) + (t[3] - t[1]) / 1e6
 
 
 def _resp(args: tuple[Any, ...]) -> bytes:
@@ -99,6 +120,8 @@ class Lane:
         self.batch = batch
         self.match = match
         self.cursor = 0  # the next SCAN cursor (0 after the last batch)
+        self.last_call_s = -1.0  # server time of the last probe: the script's own TIME, or the round trip
+        self._sent_at = 0.0
         self._conn = client.connection_pool.get_connection()
         self._sent: tuple[list[bytes], bool] | None = None  # (keys probed, scan sent) of the request in flight
 
@@ -127,6 +150,7 @@ class Lane:
             cmds.append(tuple(self._scan_args()))
         self._conn.send_packed_command([b"".join(_resp(c) for c in cmds)], check_health=False)
         self._sent = (keys, scan)
+        self._sent_at = time.perf_counter()
 
     def receive(self) -> tuple[list[bytes], np.ndarray | None, list[bytes]]:
         """Read what `send` asked for: (probed keys, probe [N, 4] or None, keys of the next SCAN batch)."""
@@ -140,13 +164,16 @@ class Lane:
         if keys:
             if self.mode == "lua":
                 try:
-                    probe = np.asarray(self._conn.read_response(), dtype=np.int64).reshape(-1, 4)
+                    probe, self.last_call_s = _split_timing(self._conn.read_response())
+                    if self.last_call_s < 0:
+                        self.last_call_s = time.perf_counter() - self._sent_at  # an upper bound: the round trip
                 except redis.exceptions.NoPermissionError as exc:
                     raise _permission_error(exc, self.where) from None
                 except redis.ResponseError as exc:
                     failed = exc  # read the SCAN reply first, then redo this batch
             else:
                 probe = self._read_pipeline(len(keys))
+                self.last_call_s = time.perf_counter() - self._sent_at  # an upper bound: the round trip
         next_keys: list[bytes] = []
         if scan:
             try:
@@ -162,8 +189,9 @@ class Lane:
         """The script failed for this batch: reload it (NOSCRIPT after SCRIPT FLUSH or a restart), or probe
         command by command (a key that moved to another Cluster node answers MOVED and counts as gone)."""
         if "NOSCRIPT" in str(failed):
-            reply = self.client.execute_command("EVAL_RO", LUA_PROBE, 0, self.sub, *keys)
-            return np.asarray(reply, dtype=np.int64).reshape(-1, 4)
+            probe, self.last_call_s = _split_timing(
+                self.client.execute_command("EVAL_RO", LUA_PROBE, 0, self.sub, *keys))
+            return probe
         cmds = [c for k in keys for c in (("TYPE", k), ("MEMORY", "USAGE", k), ("PTTL", k), ("OBJECT", self.sub, k))]
         self._conn.send_packed_command([b"".join(_resp(c) for c in cmds)], check_health=False)
         return self._read_pipeline(len(keys))

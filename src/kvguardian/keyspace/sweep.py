@@ -23,6 +23,7 @@ import numpy as np
 
 from kvguardian._errors import UsageError
 from kvguardian.keyspace.connect import Topology, connect, discover, display_url
+from kvguardian.keyspace.pacing import BatchSizer, lower_priority
 from kvguardian.keyspace.patterns import OVERFLOW, OVERFLOW_ID, PatternMiner
 from kvguardian.keyspace.probe import Lane, choose_mode
 from kvguardian.keyspace.result import ScanResult, key_text
@@ -35,9 +36,12 @@ Progress = Callable[[int, int], None]  # (keys probed so far, total expected)
 
 @dataclass
 class SweepOptions:
-    """How to sweep. Defaults keep a concurrent GET load's p99 near its baseline (see bench/redis_sweep.py)."""
+    """How to sweep. Defaults bound what one call costs the server (adaptive batch, ≤ 0.5 ms a call) and run
+    the client work at a lower CPU priority, so a concurrent load keeps its latency (bench/redis_sweep.py)."""
 
-    batch: int = 200  # keys per SCAN COUNT and per probe call (100–300 keeps latency impact small)
+    batch: int = 0  # keys per SCAN COUNT and probe call; 0: adapt to max_call_ms (kvguardian.keyspace.pacing)
+    max_call_ms: float = 0.5  # with batch 0: the longest a probe call may hold the server
+    nice: int = 10  # the sweep's client work runs in a thread reniced by this much (0: as the caller)
     max_keys_per_sec: float | None = None  # rate limit over the whole sweep
     sample: int | None = None  # stop after this many keys (a quick look)
     mode: str = "auto"  # "auto", "lua" or "pipeline"
@@ -49,8 +53,12 @@ class SweepOptions:
     timeout: float = 10.0  # socket timeout: a dead server ends the sweep, never hangs it
 
     def check(self) -> None:
-        if not 1 <= self.batch <= 10_000:
-            raise UsageError(f"--batch {self.batch} is out of range; use 1..10000 (100–300 is the safe default)")
+        if not 0 <= self.batch <= 10_000:
+            raise UsageError(f"--batch {self.batch} is out of range; use 1..10000, or 0 to adapt to --max-call-ms")
+        if not 0.05 <= self.max_call_ms <= 1000:
+            raise UsageError(f"--max-call-ms {self.max_call_ms:g} is out of range; use 0.05..1000 (default 0.5)")
+        if not 0 <= self.nice <= 19:
+            raise UsageError(f"--nice {self.nice} is out of range; use 0..19")
         if self.max_keys_per_sec is not None and self.max_keys_per_sec <= 0:
             raise UsageError(f"--max-keys-per-sec {self.max_keys_per_sec} must be > 0")
         if self.sample is not None and self.sample <= 0:
@@ -84,11 +92,42 @@ def sweep(url: str, options: SweepOptions | None = None, *, progress: Progress |
           stop: threading.Event | None = None, client: Any = None) -> ScanResult:
     """Sweep the Redis (or Redis Cluster) at ``url``; see the module docstring for how it ends.
 
+    With ``options.nice`` (the default) the sweep runs in a thread of its own at a lower CPU priority; the
+    calling thread waits for it (Ctrl-C there stops the sweep: a partial result, as always).
+
     Raises:
         UsageError: bad options or URL, a server that cannot be reached at the start, a missing ACL permission.
     """
     opts = options or SweepOptions()
     opts.check()
+    if opts.nice <= 0:
+        return _sweep(url, opts, progress, stop, client)
+    stop = stop if stop is not None else threading.Event()
+    box: dict[str, Any] = {}
+    done = threading.Event()
+
+    def work() -> None:
+        lower_priority(opts.nice)
+        try:
+            box["result"] = _sweep(url, opts, progress, stop, client)
+        except BaseException as exc:  # handed to the caller's thread
+            box["error"] = exc
+        finally:
+            done.set()
+
+    threading.Thread(target=work, name="kvguardian-sweep", daemon=True).start()
+    while not done.is_set():  # an Event, not Thread.join: a join interrupted by Ctrl-C can lose track of the thread
+        try:
+            done.wait(0.2)
+        except KeyboardInterrupt:
+            stop.set()
+    if "error" in box:
+        raise box["error"]
+    return box["result"]  # type: ignore[no-any-return]
+
+
+def _sweep(url: str, opts: SweepOptions, progress: Progress | None, stop: threading.Event | None,
+           client: Any) -> ScanResult:
     seed = client if client is not None else connect(url, timeout=opts.timeout)
     topo = discover(seed, url)
     sub = "FREQ" if topo.idle_metric == "freq" else "IDLETIME"
@@ -101,7 +140,9 @@ def sweep(url: str, options: SweepOptions | None = None, *, progress: Progress |
                         warnings=list(topo.warnings))
     _warn_uptime(topo, result, opts)
     match = opts.match.encode() if opts.match else None
-    lanes = [Lane(n.client, n.addr, mode=mode, sub=sub, batch=opts.batch, match=match) for n in topo.nodes]
+    sizers = [BatchSizer(opts.max_call_ms / 1000) for _ in topo.nodes] if opts.batch == 0 else []
+    lanes = [Lane(n.client, n.addr, mode=mode, sub=sub, batch=opts.batch or sizers[i].batch, match=match)
+             for i, n in enumerate(topo.nodes)]
     scanned = [0] * len(lanes)
     total = min(topo.dbsize, opts.sample) if opts.sample else topo.dbsize
     t0 = time.monotonic()
@@ -117,6 +158,8 @@ def sweep(url: str, options: SweepOptions | None = None, *, progress: Progress |
             for li in list(active):
                 lane = lanes[li]
                 keys, probe, next_keys = lane.receive()
+                if sizers:
+                    lane.batch = sizers[li].observe(len(keys), lane.last_call_s)
                 more = lane.cursor != 0
                 if opts.sample is not None and done + len(keys) >= opts.sample:
                     keys = keys[: opts.sample - done]
@@ -156,12 +199,24 @@ def sweep(url: str, options: SweepOptions | None = None, *, progress: Progress |
         "nodes": [{"addr": n.addr, "role": n.role, "dbsize": n.dbsize, "uptime_s": n.uptime_s,
                    "keys_scanned": scanned[i]} for i, n in enumerate(topo.nodes)],
     }
+    result.server["pacing"] = _pacing(opts, sizers, lanes)
     result.patterns = build_patterns(miner, stats)
     result.bytes = sum(p["bytes"] for p in result.patterns)
     if any(p["overflow"] and p["keys"] for p in result.patterns):
         result.warnings.append(f"more than {opts.max_patterns} patterns: the rest are counted under {OVERFLOW}; "
                                "raise --max-patterns to split them")
     return result
+
+
+def _pacing(opts: SweepOptions, sizers: list[BatchSizer], lanes: list[Lane]) -> dict[str, Any]:
+    """How the sweep paced itself (server.pacing in the JSON)."""
+    if not sizers:
+        return {"batch": opts.batch, "adaptive": False, "nice": opts.nice}
+    worst = max(s.worst_call_s for s in sizers)
+    per_key = [s.per_key_s for s in sizers if s.per_key_s is not None]
+    return {"adaptive": True, "max_call_ms": opts.max_call_ms, "nice": opts.nice,
+            "batch_last": [lane.batch for lane in lanes], "worst_call_ms": round(worst * 1000, 3),
+            "server_us_per_key": round(1e6 * sum(per_key) / len(per_key), 2) if per_key else None}
 
 
 def _warn_uptime(topo: Topology, result: ScanResult, opts: SweepOptions) -> None:

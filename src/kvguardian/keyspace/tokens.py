@@ -48,7 +48,10 @@ _UUID = rf"{_HEX}{{8}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{12}}"
 _H = "[0-9a-fA-F]"
 _DATE_SHAPE = (rf"{_H}{{4}}-{_H}{{2}}-{_H}{{2}}(?:[T ]{_H}{{2}}:{_H}{{2}}(?::{_H}{{2}}(?:\.{_H}+)?)?"
                rf"(?:Z|[+-]{_H}{{2}}:?{_H}{{2}})?)?")
-_IP_SHAPE = rf"(?:{_H}{{1,3}}\.){{3}}{_H}{{1,3}}(?::{_H}{{1,5}})?"
+# An IP (and its port) ends where a token ends: ``rate:10.0.0.7:28333512`` is an ip, ``:``, then an int; a
+# 5-digit "port" cut out of a longer digit run used to swallow the separator (``rate:{ip}{int}``).
+_END = r"(?![0-9A-Za-z])"
+_IP_SHAPE = rf"(?:{_H}{{1,3}}\.){{3}}{_H}{{1,3}}{_END}(?::{_H}{{1,5}}{_END})?"
 _DATE = r"(?:19|20)\d\d-[01]\d-[0-3]\d(?:[T ][0-2]\d:[0-5]\d(?::[0-5]\d(?:\.\d+)?)?(?:Z|[+-][0-2]\d:?\d\d)?)?"
 _IP = r"(?:\d{1,3}\.){3}\d{1,3}(?::\d{1,5})?"
 _TAG = r"\{[^{}]*\}"

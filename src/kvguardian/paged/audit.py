@@ -25,8 +25,8 @@ from kvguardian._errors import InternalError
 from kvguardian.findings import Finding, Severity
 
 if TYPE_CHECKING:  # pragma: no cover
-    from kvguardian.paged.pool import PagedKVPool
     from kvguardian.paged.records import BlockTable
+    from kvguardian.paged.view import PoolView
 
 __all__ = ["audit", "table_references"]
 
@@ -53,7 +53,7 @@ def _references(tables: list[BlockTable], num_blocks: int) -> tuple[np.ndarray, 
     return blocks, ns, np.bincount(blocks, minlength=num_blocks), lengths
 
 
-def audit(pool: PagedKVPool) -> list[Finding]:
+def audit(pool: PoolView) -> list[Finding]:
     """Every invariant of ``pool`` at once; an empty list means the pool is consistent.
 
     The common case (nothing wrong) costs one pass per invariant; the masks that locate a violation are
@@ -62,8 +62,8 @@ def audit(pool: PagedKVPool) -> list[Finding]:
     bp = pool.blocks
     n = pool.num_blocks
     ref = bp.ref
-    tables = list(pool._tables.values())
-    closed = list(pool._closed.values())
+    tables = pool.tables()
+    closed = pool.closed_tables()
     live_blocks, live_ns, live_refs, lengths = _references(tables, n)
     closed_refs = table_references(closed, n)[2] if closed else None
     out: list[Finding] = []

@@ -1,7 +1,6 @@
 """The block allocator: per-block ref counts, the LRU free queue and the prefix-cache index.
 
-It knows blocks, not requests: `PagedKVPool` binds blocks to (request, tenant) tables on top of it. Every
-batch operation is a few numpy calls, so its cost per block falls with the batch size (bench/pool.py).
+It knows blocks, not requests: `PagedKVPool` binds blocks to (request, tenant) tables on top of it.
 
 A block is in exactly one of three states, and the pool keeps them apart:
 
@@ -10,9 +9,17 @@ A block is in exactly one of three states, and the pool keeps them apart:
 - **referenced**: ref count > 0 (by one or more block tables), not in the free queue; may also be cached.
 
 Allocation pops the queue's front and evicts the prefix hash of any cached block it pops.
+
+Block ids are Python ints and ref counts a Python list: the operations a scheduler makes most often take
+one block (decode allocates one block per request every ``block_size`` tokens) or a few dozen (a finished
+request frees its table), where a tight Python loop over a list costs 40-60 ns a block and numpy's dispatch
+alone costs 300-600 ns a call. Whole-pool readers (audit, metrics) get numpy snapshots (`ref`, `cached`).
+bench/pool.py measures all of it against vLLM's own ``BlockPool`` at batch sizes 1 to 1,024.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -20,29 +27,45 @@ from kvguardian._errors import InternalError, UsageError
 from kvguardian.paged.free_queue import FreeQueue
 from kvguardian.paged.prefix import EventStream
 
-__all__ = ["BlockPool", "PoolExhausted"]
+__all__ = ["BlockIds", "BlockPool", "PoolExhausted"]
+
+#: What the pool's batch operations accept: a list of ints (what they return) or a numpy array of ids.
+BlockIds = Sequence[int] | np.ndarray
 
 
 class PoolExhausted(UsageError):
     """Not enough free or evictable blocks; the scheduler should wait, or preempt a request first."""
 
 
+def as_id_list(ids: BlockIds | Iterable[int]) -> list[int]:
+    """Block ids as a list of Python ints (lists pass through unchanged)."""
+    if type(ids) is list:
+        return ids
+    if isinstance(ids, np.ndarray):
+        return ids.tolist()  # type: ignore[no-any-return]
+    return [int(b) for b in ids]
+
+
 class BlockPool:
     """``num_blocks`` blocks with ref counts, an LRU free queue and a hash -> block prefix index.
 
-    Only `BlockPool` methods mutate ``ref``, ``cached``, the queue and the index; `PagedKVPool` calls them.
+    Only `BlockPool` methods change ref counts, cached flags, the queue and the index; `PagedKVPool` calls
+    them. Batch methods take ``ids`` as a list of ints or a numpy array, unique within the call.
     """
 
     def __init__(self, num_blocks: int, *, events: EventStream | None = None) -> None:
         if not isinstance(num_blocks, int) or num_blocks < 1:
             raise UsageError(f"num_blocks must be a positive int, got {num_blocks!r}")
         self.num_blocks = num_blocks
-        self.ref = np.zeros(num_blocks, dtype=np.int32)  # references from block tables
-        self.cached = np.zeros(num_blocks, dtype=bool)  # registered in the prefix index
+        self._ref = [0] * num_blocks  # references from block tables
+        self._cached = bytearray(num_blocks)  # 1: registered in the prefix index
+        self._cached_view = np.frombuffer(self._cached, dtype=bool)
+        self._cached_view.flags.writeable = False
         self.hash_of: list[bytes | None] = [None] * num_blocks  # block -> its prefix hash
         self.by_hash: dict[bytes, int] = {}  # prefix hash -> block (one block per hash)
         self.queue = FreeQueue(num_blocks)
-        self.events = events if events is not None else EventStream()
+        # no stream given: events off, as vLLM's BlockPool defaults to (PagedKVPool passes its own stream)
+        self.events = events if events is not None else EventStream(enabled=False)
         self.evictions = 0  # cached blocks whose hash was dropped to reuse or clear them
         self.allocated = 0  # blocks handed out by get_new_blocks
         self.freed = 0  # references dropped by free_blocks
@@ -50,40 +73,66 @@ class BlockPool:
     def __repr__(self) -> str:
         return f"<BlockPool {self.num_blocks} blocks, {self.queue.count} free/cached>"
 
-    # ------------------------------------------------------------------ counts
+    # ------------------------------------------------------------------ reading
     @property
     def num_available(self) -> int:
         """Blocks an allocation can take now: free plus cached-unreferenced (evictable)."""
         return self.queue.count
 
+    @property
+    def ref(self) -> np.ndarray:
+        """A snapshot of every block's ref count (int64; writing to it changes nothing)."""
+        return np.array(self._ref, dtype=np.int64)
+
+    @property
+    def cached(self) -> np.ndarray:
+        """Read-only view of the per-block "registered in the prefix index" flags."""
+        return self._cached_view
+
+    def ref_count(self, block: int) -> int:
+        return self._ref[block]
+
+    def ref_counts(self, ids: BlockIds | Iterable[int]) -> np.ndarray:
+        """The ref counts of ``ids`` (int64), in order."""
+        ref = self._ref
+        return np.array([ref[b] for b in as_id_list(ids)], dtype=np.int64)
+
     # ------------------------------------------------------------------ allocate / free / touch
-    def get_new_blocks(self, n: int) -> np.ndarray:
+    def get_new_blocks(self, n: int) -> list[int]:
         """Pop ``n`` blocks from the front of the free queue, evict their hashes, set their ref counts to 1.
 
         Raises:
             PoolExhausted: fewer than ``n`` blocks are free or evictable.
         """
-        if n > self.queue.count:
+        ids = self.queue.take(n)
+        if ids is None:
             raise PoolExhausted(
                 f"block pool has {self.queue.count} free or evictable blocks, {n} requested; "
                 "fix: check can_allocate() first and preempt or wait"
             )
-        ids = self.queue.pop_front(n)
-        if n == 0:
+        ref, hash_of = self._ref, self.hash_of
+        if n == 1 and not ref[ids[0]]:  # decode's one block, inlined (evicting its hash if it was cached)
+            b = ids[0]
+            ref[b] = 1
+            self.allocated += 1
+            if hash_of[b] is not None:
+                self._drop_hashes(ids)
             return ids
-        # (take/put/count_nonzero: the cheapest numpy calls, the per-call cost dominates small batches)
-        evict = self.cached.take(ids)
-        if np.count_nonzero(evict):
-            self._drop_hashes(ids[evict])
-        # invariant: a queued block is unreferenced (free_blocks queues a block only when its count hits 0,
-        # touch dequeues it before counting a reference)
-        if np.count_nonzero(self.ref.take(ids)):
-            raise InternalError(f"block pool bug: allocated blocks {ids[self.ref[ids] != 0][:8].tolist()} had refs")
-        self.ref.put(ids, 1)
+        evict = False
+        for b in ids:
+            if ref[b] or hash_of[b] is not None:
+                # invariant: a queued block is unreferenced (free_blocks queues a block only when its count
+                # reaches 0, touch dequeues it before counting a reference)
+                if ref[b]:
+                    raise InternalError(f"block pool bug: allocated block {b} had {ref[b]} reference(s)")
+                evict = True
+            ref[b] = 1
+        if evict:
+            self._drop_hashes(ids)
         self.allocated += n
         return ids
 
-    def free_blocks(self, ids: np.ndarray) -> np.ndarray:
+    def free_blocks(self, ids: BlockIds) -> list[int]:
         """Drop one reference to each of ``ids`` (unique). Blocks reaching 0 go back to the queue: uncached
         ones at the front (``ids[0]`` first), cached ones at the back (``ids[0]`` evicted first). Callers
         pass a table's blocks in reverse, so a request's tail blocks are reused before its prefix.
@@ -92,40 +141,60 @@ class BlockPool:
         and is never handed out again: the audit reports it, and the queue keeps its invariant (a queued
         block has count 0).
         """
-        if len(ids) == 0:
+        ids = as_id_list(ids)
+        ref, hash_of = self._ref, self.hash_of
+        if len(ids) == 1 and ref[ids[0]] == 1 and hash_of[ids[0]] is None:  # the last reference to one block
+            ref[ids[0]] = 0
+            self.freed += 1
+            self.queue.push_front(ids)
             return ids
-        after = self.ref.take(ids) - 1
-        self.ref.put(ids, after)
+        odd = False
+        n_cached = 0
+        for b in ids:
+            r = ref[b] - 1
+            ref[b] = r
+            if r:
+                odd = True
+            elif hash_of[b] is not None:
+                n_cached += 1
         self.freed += len(ids)
-        low = after <= 0
-        if not np.count_nonzero(low):  # every block is still referenced by someone else
-            return ids[:0]
-        zero = ids[low]
-        below = after[low] < 0
-        if np.count_nonzero(below):
-            # over-freed: take it out of the queue so it is never handed out again; the audit reports it
-            neg = zero[below]
-            queued = self.queue.contains(neg)
-            if np.count_nonzero(queued):
-                self.queue.remove(neg[queued])
-            zero = zero[~below]
-        cached = self.cached.take(zero)
-        if np.count_nonzero(cached):
-            self.queue.push_front(zero[~cached])
-            self.queue.push_back(zero[cached])
+        if odd:
+            return self._requeue(ids)
+        if not n_cached:
+            self.queue.push_front(ids)
+        elif n_cached == len(ids):
+            self.queue.push_back(ids)
         else:
-            self.queue.push_front(zero)
-        return zero
+            return self._requeue(ids)
+        return ids
 
-    def touch(self, ids: np.ndarray) -> None:
+    def _requeue(self, ids: list[int]) -> list[int]:
+        """The general case of `free_blocks`, after the counts were dropped: some blocks are still referenced,
+        cached and uncached ones are mixed, or a count went below zero."""
+        ref, hash_of, q = self._ref, self.hash_of, self.queue
+        front: list[int] = []
+        back: list[int] = []
+        for b in ids:
+            r = ref[b]
+            if r == 0:
+                (front if hash_of[b] is None else back).append(b)
+            elif r == -1:  # it was queued (count 0) and is now over-freed: never hand it out again
+                q.discard(b)
+        if front:
+            q.push_front(front)
+        if back:
+            q.push_back(back)
+        return front + back
+
+    def touch(self, ids: BlockIds) -> None:
         """Take one more reference to each of ``ids`` (unique): a prefix hit or a share. Unreferenced
         blocks leave the free queue first, so they cannot be allocated to someone else."""
-        if len(ids) == 0:
-            return
-        queued = self.queue.contains(ids)
-        if np.count_nonzero(queued):
-            self.queue.remove(ids[queued])
-        self.ref.put(ids, self.ref.take(ids) + 1)
+        ref, q = self._ref, self.queue
+        for b in as_id_list(ids):
+            r = ref[b]
+            if r == 0:
+                q.discard(b)
+            ref[b] = r + 1
 
     # ------------------------------------------------------------------ prefix index
     def lookup(self, h: bytes) -> int | None:
@@ -134,21 +203,22 @@ class BlockPool:
     def cache_block(self, block: int, h: bytes) -> bool:
         """Register ``block`` under hash ``h``. False when another block already holds ``h`` (two requests
         computed the same prefix; the second copy stays uncached) or the block is already cached."""
-        if h in self.by_hash or self.cached[block]:
+        if h in self.by_hash or self._cached[block]:
             return False
         self.by_hash[h] = block
         self.hash_of[block] = h
-        self.cached[block] = True
+        self._cached[block] = 1
         return True
 
     def evict_cached(self, max_blocks: int | None = None) -> int:
         """Drop the hashes of up to ``max_blocks`` unreferenced cached blocks, least recently freed first.
         They stay in the free queue as free blocks. Returns how many were evicted."""
-        live = self.queue.live_ids()
-        victims = live[self.cached[live]]
+        cached = self._cached
+        victims = [b for b in self.queue.back_ids() if cached[b]]
+        victims += [b for b in reversed(self.queue.front) if cached[b]]  # cached while queued: rare
         if max_blocks is not None:
             victims = victims[:max_blocks]
-        if len(victims):
+        if victims:
             self._drop_hashes(victims)
         return len(victims)
 
@@ -156,24 +226,38 @@ class BlockPool:
         """Drop every hash (referenced blocks stay in use, uncached). Returns how many were dropped."""
         n = len(self.by_hash)
         if n:
-            ids = np.fromiter(self.by_hash.values(), dtype=np.int32, count=n)
-            for b in ids.tolist():
+            for b in self.by_hash.values():
                 self.hash_of[b] = None
-            self.cached[ids] = False
+                self._cached[b] = 0
             self.by_hash.clear()
             self.evictions += n
         self.events.emit("cleared", (), ())
         return n
 
-    def _drop_hashes(self, ids: np.ndarray) -> None:
-        hashes = []
-        for b in ids.tolist():
+    def _drop_hashes(self, ids: list[int]) -> None:
+        """Evict the prefix hashes of the cached blocks among ``ids`` (uncached ones are skipped)."""
+        if len(ids) == 1:
+            b = ids[0]
             h = self.hash_of[b]
-            if h is None:
-                raise InternalError(f"block pool bug: block {b} is marked cached but has no hash")
-            del self.by_hash[h]
-            self.hash_of[b] = None
-            hashes.append(h)
-        self.cached[ids] = False
-        self.evictions += len(ids)
-        self.events.emit("removed", hashes, ids.tolist())
+            if h is not None:
+                del self.by_hash[h]
+                self.hash_of[b] = None
+                self._cached[b] = 0
+                self.evictions += 1
+                if self.events.enabled:
+                    self.events.emit("removed", (h,), ids)
+            return
+        hashes = []
+        dropped = []
+        hash_of, by_hash, cached = self.hash_of, self.by_hash, self._cached
+        for b in ids:
+            h = hash_of[b]
+            if h is not None:
+                del by_hash[h]
+                hash_of[b] = None
+                cached[b] = 0
+                hashes.append(h)
+                dropped.append(b)
+        self.evictions += len(dropped)
+        if self.events.enabled:
+            self.events.emit("removed", hashes, dropped)

@@ -10,10 +10,12 @@ that causes it, as a KVG2xx finding naming the request, the block(s) and the ope
 | cross-tenant share: a block of one namespace enters a table of another | the share / hit / fork | KVG205 |
 | lost or doubled block: an unreferenced block outside the free queue, or a referenced one in it | any op | KVG206 |
 
-The checker keeps its own count of references from open tables (``table_refs``), updated where tables change
-and independent of the allocator's ref counts: after every operation the two must agree on every block the
-operation touched. It only observes: with ``raise_on_fault=False`` the faulty operation proceeds unchanged,
-so a buggy scheduler behaves the same with and without the checks.
+The checker keeps its own count of references from open tables (``table_refs``), told by the pool where tables
+change (`on_table_add` / `on_table_remove`, the `PoolObserver` interface) and independent of the allocator's
+ref counts, and its own record of which blocks are in the free queue (``queued``, told by the queue itself):
+after every operation they must agree with the allocator on every block the operation touched. It only
+observes: with ``raise_on_fault=False`` the faulty operation proceeds unchanged, so a buggy scheduler behaves
+the same with and without the checks.
 """
 
 from __future__ import annotations
@@ -28,7 +30,9 @@ from kvguardian.findings import Finding, Severity
 from kvguardian.paged.records import BlockTable
 
 if TYPE_CHECKING:  # pragma: no cover
-    from kvguardian.paged.pool import PagedKVPool
+    from collections.abc import Sequence
+
+    from kvguardian.paged.view import PoolView
 
 __all__ = ["DebugChecker", "PoolFault"]
 
@@ -47,9 +51,10 @@ class PoolFault(KVGuardianError, RuntimeError):
 
 
 class DebugChecker:
-    """Observes a `PagedKVPool`'s operations; only the pool calls it."""
+    """Observes a `PagedKVPool`'s operations (a `PoolObserver`, and its free queue's `QueueObserver`); only
+    the pool and its queue call it."""
 
-    def __init__(self, pool: PagedKVPool, *, capacity: int = 1024, raise_on_fault: bool = False) -> None:
+    def __init__(self, pool: PoolView, *, capacity: int = 1024, raise_on_fault: bool = False) -> None:
         n = pool.num_blocks
         self.pool = pool
         self.raise_on_fault = raise_on_fault
@@ -58,6 +63,7 @@ class DebugChecker:
         self.released_at = np.zeros(n, dtype=np.int64)  # op number of each block's last release (0: never)
         self.released_by = np.full(n, -1, dtype=np.int64)  # table code of that release's request
         self.slot_owner = np.full(n * pool.block_size, -1, dtype=np.int64)  # table code producing each slot
+        self.queued = pool.blocks.queue.contains(range(n))  # blocks in the free queue, as the queue reports
         self.findings: deque[Finding] = deque(maxlen=capacity)
         self.first: dict[str, Finding] = {}  # "*" -> the first finding; id -> the first of that id
         self._who: OrderedDict[int, tuple[str, str]] = OrderedDict()  # table code -> (request, tenant), bounded
@@ -76,6 +82,20 @@ class DebugChecker:
             if who is not None and who != (table.request_id, table.tenant):
                 raise InternalError(f"pool bug: {table!r} changed its owner since open ({who!r})")
 
+    def on_table_add(self, table: BlockTable, ids: np.ndarray) -> None:
+        """``table`` now lists ``ids`` (one more reference each)."""
+        self.table_refs[ids] += 1
+
+    def on_table_remove(self, table: BlockTable, ids: np.ndarray) -> None:
+        """``table`` no longer lists ``ids``."""
+        self.table_refs[ids] -= 1
+
+    def on_queued(self, ids: Sequence[int]) -> None:
+        self.queued[list(ids)] = True
+
+    def on_dequeued(self, ids: Sequence[int]) -> None:
+        self.queued[list(ids)] = False
+
     def on_open(self, table: BlockTable) -> None:
         self._who[table.code] = (table.request_id, table.tenant)
         if len(self._who) > _WHO_LIMIT:
@@ -92,7 +112,7 @@ class DebugChecker:
         if self._reported:
             blocks = blocks[~np.isin(blocks, np.fromiter(self._reported, dtype=np.int64))]
         bp = self.pool.blocks
-        ref = bp.ref[blocks]
+        ref = bp.ref_counts(blocks)
         expected = self.table_refs[blocks] + self.leaked_refs[blocks]
         neg = ref < 0
         if neg.any():
@@ -102,11 +122,11 @@ class DebugChecker:
             b = int(blocks[drift][0])
             self._report(
                 "KVG203", blocks[drift],
-                f"left block {b} with ref count {int(bp.ref[b])} while live tables hold "
+                f"left block {b} with ref count {bp.ref_count(b)} while live tables hold "
                 f"{int(expected[drift][0])} reference(s)",
                 holders=self._holders(b),
             )
-        queued = bp.queue.contains(blocks)
+        queued = self.queued[blocks]
         lost = (ref == 0) & ~queued & ~drift
         if lost.any():
             self._report("KVG206", blocks[lost], "left an unreferenced block outside the free queue (lost)")
@@ -119,18 +139,19 @@ class DebugChecker:
         """Before dropping ``t``'s references to ``ids`` (``held``: taken from ``t``'s own table)."""
         bp = self.pool.blocks
         if held:
-            gone = ids[bp.ref[ids] <= 0]
+            gone = ids[bp.ref_counts(ids) <= 0]
             if len(gone):
                 b = int(gone[0])
                 self._report("KVG201", gone, f"freed block {b} whose references were already dropped"
                              f"{self._released_note(b)}: the request used it after that free")
         else:
             not_held = ids[~np.isin(ids, t.block_ids)]
-            free = not_held[bp.ref[not_held] <= 0]
+            counts = bp.ref_counts(not_held)
+            free = not_held[counts <= 0]
             if len(free):
                 b = int(free[0])
                 self._report("KVG201", free, f"released block {b} which is already free{self._released_note(b)}")
-            taken = not_held[bp.ref[not_held] > 0]
+            taken = not_held[counts > 0]
             if len(taken):
                 b = int(taken[0])
                 holders = self._holders(b)
@@ -187,7 +208,7 @@ class DebugChecker:
             why = f"wrote block {b} but has no open block table (freed or never opened){self._released_note(b)}"
         else:
             held = np.isin(sb, t.block_ids)
-            ref, tr, lk = bp.ref[sb], self.table_refs[sb], self.leaked_refs[sb]
+            ref, tr, lk = bp.ref_counts(sb), self.table_refs[sb], self.leaked_refs[sb]
             consistent = ref == tr + lk
             exclusive = (tr == 1) & (lk == 0) & (ref == 1)
             ok = held & consistent & (exclusive | (self.slot_owner[s] == t.code))
@@ -200,9 +221,9 @@ class DebugChecker:
             if b not in t.block_ids:
                 why = (f"wrote block {b}, which its table does not hold"
                        + (f"; {others} holds it" if others else "; it is free") + self._released_note(b))
-            elif bp.ref[b] != self.table_refs[b] + self.leaked_refs[b]:
+            elif bp.ref_count(b) != self.table_refs[b] + self.leaked_refs[b]:
                 listed = self._holders(b)
-                why = (f"wrote block {b}, whose ref count ({int(bp.ref[b])}) does not cover the tables that list it "
+                why = (f"wrote block {b}, whose ref count ({bp.ref_count(b)}) does not cover the tables that list it "
                        f"({', '.join(repr(h) for h in listed)}): a reference was dropped while in use"
                        + self._released_note(b))
             else:
@@ -248,7 +269,7 @@ class DebugChecker:
     def _holders(self, block: int, limit: int = 4) -> list[str]:
         """Requests whose open tables list ``block`` (scans the tables: only when reporting)."""
         out = []
-        for t in self.pool._tables.values():
+        for t in self.pool.tables():
             if block in t.block_ids:
                 out.append(t.request_id)
                 if len(out) == limit:
@@ -263,7 +284,4 @@ class DebugChecker:
         return f" (released at op #{at} by {who[0]!r})" if who else f" (released at op #{at})"
 
     def _ns_name(self, code: int) -> str:
-        for name, c in self.pool._ns_codes.items():
-            if c == code:
-                return name
-        return "?"
+        return self.pool.namespace_name(code)

@@ -1,167 +1,245 @@
-"""The free list of the block pool: an LRU queue of block ids with vectorised batch operations.
+"""The free list of the block pool: an LRU queue of block ids (vLLM's free-block queue) in two parts.
 
-Blocks are popped from the front (least recently freed first) and pushed at the back (cached blocks, kept
-for a later prefix hit as long as possible) or at the front (uncached blocks, reused first), as in vLLM's
-free-block queue. A cached block that gets a prefix hit leaves the queue from the middle.
+Blocks are popped from the front (least recently freed first) and pushed at the front (uncached blocks,
+reused first) or at the back (cached blocks, kept for a later prefix hit as long as possible). A cached
+block that gets a prefix hit leaves the queue from the middle.
 
-The queue is a ring of block ids indexed by absolute positions (``head <= position < tail``; ``head`` may go
-negative when blocks are pushed at the front). ``pos_of[block]`` is the position of the block's live entry,
-or `NOT_QUEUED`. Removing from the middle only marks the entry dead (``pos_of`` no longer points at it), so
-every operation is a handful of numpy calls whatever the batch size; dead entries are skipped when popping
-and dropped by `_compact` when the ring fills.
+Nothing pushed at the front ever lands behind something pushed at the back, so the queue is always
+``[everything pushed at the front, newest first][the initial blocks, then everything pushed at the back,
+oldest first]``, and it is kept as exactly those two parts:
+
+- ``front``: a Python list used as a stack (its end is the queue's front);
+- the back: a Python list read from ``head`` on, with ``back_pos[block]`` the index of a block's entry.
+  Removing a block from the middle writes a tombstone (``-1``) there; pops skip tombstones, and the list
+  is compacted (tombstones and the popped prefix dropped, indices rewritten) once they make up half of it.
+
+Positions are list indices that compaction rewrites, never absolute counters, so no operation takes a slower
+path as the pool ages (the ring of absolute positions this replaces went to a modulo path for good once its
+head passed the ring's capacity: 1.2-2.4x slower). An aged pool is still measurably slower than a fresh one
+(bench/pool.py's ``aged_vs_fresh``): it hands out block ids in a scattered order, the likely cause, not yet
+shown. Block ids are Python ints
+and every operation is list slicing plus one small Python loop: a batch of one block costs a few hundred
+nanoseconds, not numpy's microseconds of per-call dispatch (bench/pool.py).
+
+Removing a block from the front part (a share of a free, uncached block; an over-free of a queued block) is
+a linear search in C: both are rare, caller-error paths.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Protocol
 
 import numpy as np
 
 from kvguardian._errors import InternalError, UsageError
 
-__all__ = ["NOT_QUEUED", "FreeQueue"]
+__all__ = ["FreeQueue", "QueueObserver"]
 
-#: ``pos_of`` value of a block that is not in the queue.
-NOT_QUEUED = np.iinfo(np.int64).min
+_TOMB = -1
+_COMPACT_MIN = 1024  # entries of garbage (popped prefix + tombstones) before a compaction is worth it
+
+
+class QueueObserver(Protocol):
+    """Told of every block the queue takes in or gives out (the pool's debug checker keeps its own record)."""
+
+    def on_queued(self, ids: Sequence[int]) -> None: ...
+
+    def on_dequeued(self, ids: Sequence[int]) -> None: ...
 
 
 class FreeQueue:
     """LRU queue of ``num_blocks`` block ids, initially ``0, 1, ..., num_blocks - 1`` in that order.
 
-    Only the block pool mutates a queue. Callers guarantee that a pushed block is not queued and that a
-    removed block is; `BlockPool` states both where its ref counts change.
-
-    Live entries sit in the middle of a ring twice their number, so pushes at either end and pops usually
-    touch one contiguous slice whose positions equal their ring indices (the fast paths below); the general
-    path wraps positions modulo the ring size.
+    Only the block pool mutates a queue. Callers guarantee that a pushed block is not queued; `BlockPool`
+    states it where its ref counts change.
     """
 
-    __slots__ = ("_cap", "_idx", "_ring", "count", "head", "pos_of", "tail")
+    __slots__ = ("_back", "_back_pos", "_dead", "_head", "front", "observer")
 
     def __init__(self, num_blocks: int) -> None:
         if num_blocks < 1:
             raise UsageError(f"a free queue needs at least 1 block, got {num_blocks}")
-        self._cap = 2 * num_blocks  # room for as many dead entries as live ones before compacting
-        self._ring = np.empty(self._cap, dtype=np.int32)  # block ids at position % cap
-        self._idx = np.arange(self._cap, dtype=np.int64)  # ring indices, sliced instead of np.arange per call
-        self.pos_of = np.full(num_blocks, NOT_QUEUED, dtype=np.int64)  # block -> position of its live entry
-        self.head = self.tail = num_blocks // 2  # [head, tail): oldest entry .. one past the newest
-        self.count = 0  # live entries
-        self.push_back(np.arange(num_blocks, dtype=np.int32))
+        self.front: list[int] = list(range(num_blocks - 1, -1, -1))  # a stack: front[-1] is popped first
+        self._back: list[int] = []  # entries from _head on, oldest first; _TOMB where a block left
+        self._back_pos: list[int] = [-1] * num_blocks  # index of a block's entry in _back (valid if it holds it)
+        self._head = 0
+        self._dead = 0  # tombstones at or after _head
+        self.observer: QueueObserver | None = None
+
+    @property
+    def count(self) -> int:
+        """Blocks in the queue."""
+        return len(self.front) + len(self._back) - self._head - self._dead
 
     def __len__(self) -> int:
         return self.count
 
     def __repr__(self) -> str:
-        return f"<FreeQueue {self.count} live, {self.tail - self.head - self.count} dead>"
+        return f"<FreeQueue {len(self.front)} at the front, {self.back_count} at the back>"
 
-    def contains(self, ids: np.ndarray) -> np.ndarray:
-        """Boolean mask: which of ``ids`` are in the queue."""
-        return self.pos_of.take(ids) != NOT_QUEUED
+    @property
+    def back_count(self) -> int:
+        return len(self._back) - self._head - self._dead
+
+    def in_back(self, block: int) -> bool:
+        i = self._back_pos[block]  # may be stale: valid only if that entry, after the head, still holds it
+        return self._head <= i < len(self._back) and self._back[i] == block
+
+    def __contains__(self, block: int) -> bool:
+        return self.in_back(block) or block in self.front
 
     # ------------------------------------------------------------------ mutations
-    def push_back(self, ids: np.ndarray) -> None:
+    def push_back(self, ids: Sequence[int]) -> None:
         """Append ``ids`` (in order) at the back: they are popped after everything already queued."""
-        n = len(ids)
-        if n == 0:
-            return
-        self._make_room(n)
-        self._place(self.tail, ids)
-        self.tail += n
+        back, pos = self._back, self._back_pos
+        i = len(back)
+        back.extend(ids)
+        for b in ids:
+            pos[b] = i
+            i += 1
+        if self.observer is not None:
+            self.observer.on_queued(ids)
 
-    def push_front(self, ids: np.ndarray) -> None:
+    def push_front(self, ids: Sequence[int]) -> None:
         """Insert ``ids`` at the front, ``ids[0]`` first: they are popped before everything already queued."""
-        n = len(ids)
-        if n == 0:
-            return
-        self._make_room(n)
-        self._place(self.head - n, ids)
-        self.head -= n
+        if len(ids) == 1:
+            self.front.append(ids[0])
+        else:
+            self.front.extend(reversed(ids))
+        if self.observer is not None:
+            self.observer.on_queued(ids)
 
-    def remove(self, ids: np.ndarray) -> None:
-        """Take ``ids`` out of the queue wherever they are (a prefix hit on a cached, unreferenced block)."""
-        if len(ids) == 0:
-            return
-        self.pos_of.put(ids, NOT_QUEUED)
-        self.count -= len(ids)
+    def discard(self, block: int) -> bool:
+        """Take ``block`` out of the queue wherever it is; False if it was not queued."""
+        back, i = self._back, self._back_pos[block]
+        if self._head <= i < len(back) and back[i] == block:  # in_back(block), inlined: a prefix hit's path
+            back[i] = _TOMB
+            self._dead += 1
+            if self._dead >= _COMPACT_MIN:
+                self._maybe_compact()
+        else:
+            try:
+                self.front.remove(block)  # rare: a free, uncached block leaving from the middle
+            except ValueError:
+                return False
+        if self.observer is not None:
+            self.observer.on_dequeued((block,))
+        return True
 
-    def pop_front(self, n: int) -> np.ndarray:
-        """Remove and return the ``n`` oldest live block ids, oldest first.
+    def remove(self, ids: Iterable[int]) -> None:
+        """Take ``ids`` out of the queue wherever they are (a prefix hit on a cached, unreferenced block).
 
         Raises:
-            InternalError: fewer than ``n`` live entries (the pool checks availability before popping).
+            InternalError: a block is not queued (the pool must check first).
         """
-        if n > self.count:
-            raise InternalError(f"free queue bug: pop of {n} blocks with {self.count} live; the pool must check first")
-        if n == 0:
-            return np.empty(0, dtype=np.int32)
-        h = self.head
-        if h >= 0 and h + n <= self._cap and self.tail - h == self.count:
-            # fast path: no dead entry anywhere, one slice of the ring
-            out = self._ring[h:h + n].copy()
-            self.head = h + n
-            self.pos_of.put(out, NOT_QUEUED)
-            self.count -= n
-            return out
-        parts = []
-        got = 0
-        while got < n:
-            want = min(self.tail - self.head, (n - got) + 64)
-            pos = np.arange(self.head, self.head + want, dtype=np.int64)
-            ids = self._ring[pos % self._cap]
-            live = self.pos_of[ids] == pos
-            if live.all():
-                take = ids[: n - got]
-                consumed = len(take)
+        for b in ids:
+            if not self.discard(b):
+                raise InternalError(f"free queue bug: removal of block {b}, which is not queued")
+
+    def take(self, n: int) -> list[int] | None:
+        """`pop_front`, or None when fewer than ``n`` blocks are queued (the allocator's call: no count is
+        computed on the one-block paths)."""
+        front = self.front
+        if n == 1 and self.observer is None:
+            if front:
+                return [front.pop()]
+            h = self._head
+            if self._dead == 0 and h < len(self._back):
+                out = [self._back[h]]  # read before a compaction renumbers the list
+                self._head = h + 1
+                if h >= _COMPACT_MIN:
+                    self._maybe_compact()
+                return out
+        if n > len(front) and n > self.count:
+            return None
+        return self.pop_front(n)
+
+    def pop_front(self, n: int) -> list[int]:
+        """Remove and return the ``n`` oldest block ids, oldest first.
+
+        Raises:
+            InternalError: fewer than ``n`` entries (the pool checks availability before popping).
+        """
+        front = self.front
+        k = len(front)
+        if n == 1 and k:  # decode's one block: the most frequent call
+            out = [front.pop()]
+        elif n == 1 and self._dead == 0 and self._head < len(self._back):  # the same from the back part
+            h = self._head
+            out = [self._back[h]]
+            self._head = h + 1
+            if h >= _COMPACT_MIN:
+                self._maybe_compact()
+        elif n <= k:
+            out = front[k - n:]
+            del front[k - n:]
+            out.reverse()
+        else:
+            if n > self.count:
+                raise InternalError(f"free queue bug: pop of {n} blocks with {self.count} live; "
+                                    "the pool must check first")
+            more = self._pop_back(n - k)
+            if k:
+                out = front[::-1]
+                front.clear()
+                out += more
             else:
-                live_ix = np.flatnonzero(live)[: n - got]
-                take = ids[live_ix]
-                # consume up to the last taken entry, or the whole window if it had too few live ones
-                consumed = int(live_ix[-1]) + 1 if len(take) == n - got else want
-            parts.append(take)
-            got += len(take)
-            self.head += consumed
-        out = parts[0] if len(parts) == 1 else np.concatenate(parts)
-        self.pos_of[out] = NOT_QUEUED
-        self.count -= n
+                out = more
+        if self.observer is not None:
+            self.observer.on_dequeued(out)
         return out
 
-    # ------------------------------------------------------------------ reading (audits)
-    def live_ids(self) -> np.ndarray:
-        """Every live block id, front first (a duplicate would show twice: the audit looks for that)."""
-        if self.head >= 0 and self.tail <= self._cap:  # no wrap: a slice, no modulo
-            ids = self._ring[self.head:self.tail]
-            return ids[self.pos_of[ids] == self._idx[self.head:self.tail]]
-        pos = np.arange(self.head, self.tail, dtype=np.int64)
-        ids = self._ring[pos % self._cap]
-        return ids[self.pos_of[ids] == pos]
-
-    # ------------------------------------------------------------------ internals
-    def _place(self, start: int, ids: np.ndarray) -> None:
-        n = len(ids)
-        if start >= 0 and start + n <= self._cap:
-            self._ring[start:start + n] = ids
-            self.pos_of.put(ids, self._idx[start:start + n])
-        else:
-            pos = np.arange(start, start + n, dtype=np.int64)
-            self._ring[pos % self._cap] = ids
-            self.pos_of[ids] = pos
-        self.count += n
-
-    def _make_room(self, n: int) -> None:
-        if self.tail - self.head + n > self._cap:
+    def _pop_back(self, n: int) -> list[int]:
+        back, h = self._back, self._head
+        seg = back[h:h + n]
+        if self._dead == 0 or _TOMB not in seg:
+            h += n
+        else:  # skip tombstones (each is skipped once), a window at a time
+            got: list[int] = []
+            while len(got) < n:
+                window = back[h:h + n - len(got)]
+                h += len(window)
+                live = [b for b in window if b != _TOMB]
+                self._dead -= len(window) - len(live)
+                got += live
+            seg = got
+        self._head = h
+        garbage = h + self._dead
+        if garbage >= _COMPACT_MIN and 2 * garbage >= len(back):
             self._compact()
-            if self.tail - self.head + n > self._cap:
-                raise InternalError(
-                    f"free queue bug: {self.count} live + {n} pushed exceeds capacity {self._cap // 2}; "
-                    "a block was pushed while already queued (double free not caught by the pool)"
-                )
+        return seg
+
+    def _maybe_compact(self) -> None:
+        garbage = self._head + self._dead
+        if garbage >= _COMPACT_MIN and 2 * garbage >= len(self._back):
+            self._compact()
 
     def _compact(self) -> None:
-        """Drop dead entries; the live ones move to the middle of the ring, in order."""
-        live = self.live_ids()
-        k = len(live)
-        if k != self.count:
-            raise InternalError(f"free queue bug: {k} live entries found, count says {self.count}")
-        start = (self._cap - k) // 2
-        self._ring[start:start + k] = live
-        self.pos_of[live] = self._idx[start:start + k]
-        self.head, self.tail = start, start + k
+        """Drop the popped prefix and the tombstones; rewrite the live entries' indices."""
+        live = [b for b in self._back[self._head:] if b != _TOMB]
+        pos = self._back_pos
+        for i, b in enumerate(live):
+            pos[b] = i
+        self._back = live
+        self._head = self._dead = 0
+
+    # ------------------------------------------------------------------ reading (audits)
+    def back_ids(self) -> list[int]:
+        """The back part (cached blocks, and blocks whose hash was dropped while queued), oldest first."""
+        return [b for b in self._back[self._head:] if b != _TOMB]
+
+    def live_ids(self) -> np.ndarray:
+        """Every queued block id, front first (a duplicate would show twice: the audit looks for that)."""
+        back = self.back_ids()
+        ids = np.empty(len(self.front) + len(back), dtype=np.int64)
+        k = len(self.front)
+        ids[:k] = self.front[::-1]
+        ids[k:] = back
+        return ids
+
+    def contains(self, ids: Iterable[int]) -> np.ndarray:
+        """Boolean mask: which of ``ids`` are queued (a set of the front part is built: for checks, not hot
+        paths)."""
+        front = set(self.front)
+        return np.fromiter((b in front or self.in_back(b) for b in map(int, ids)), dtype=bool)

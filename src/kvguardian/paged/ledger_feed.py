@@ -11,8 +11,8 @@ a gap in sequence numbers (events dropped by the pool's bounded buffer) is count
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, ClassVar
 
 from kvguardian.ledger import Ledger, RequestInfo
 from kvguardian.paged.prefix import KVEvent
@@ -43,42 +43,53 @@ class LedgerFeed:
 
     def apply(self, events: Iterable[KVEvent]) -> int:
         n = 0
-        led = self.ledger
         for ev in events:
             if ev.seq > self.last_seq + 1:  # the stream starts at 1: anything skipped was dropped
                 self.gaps += ev.seq - self.last_seq - 1
             self.last_seq = ev.seq
-            req = self._request(ev.request_id)
-            if ev.kind == "stored":
-                fresh = []
-                for h in ev.block_hashes:
-                    key = (self.name, h)
-                    if key in self._keys:
-                        led.touch_entry(key, req)
-                    elif len(self._keys) < self.max_entries:
-                        led.add_entry(key, kind="block", nbytes=ev.block_bytes, request=req, source="paged-pool")
-                        self._keys.add(key)
-                        fresh.append(key)
-                if fresh:
-                    led.retain_keys(fresh, self.retain_reason)
-            elif ev.kind == "hit":
-                for h in ev.block_hashes:
-                    key = (self.name, h)
-                    if key in self._keys:
-                        led.touch_entry(key, req)
-            elif ev.kind == "removed":
-                for h in ev.block_hashes:
-                    key = (self.name, h)
-                    if key in self._keys:
-                        self._keys.discard(key)
-                        led.release_entry(key, detail="evicted")
-            elif ev.kind == "cleared":
-                for key in list(self._keys):
-                    led.release_entry(key, detail="cleared")
-                self._keys.clear()
+            handler = self._HANDLERS.get(ev.kind)
+            if handler is not None:
+                handler(self, ev)
             n += 1
         self.applied += n
         return n
+
+    def _stored(self, ev: KVEvent) -> None:
+        led, req = self.ledger, self._request(ev.request_id)
+        fresh = []
+        for h in ev.block_hashes:
+            key = (self.name, h)
+            if key in self._keys:
+                led.touch_entry(key, req)
+            elif len(self._keys) < self.max_entries:
+                led.add_entry(key, kind="block", nbytes=ev.block_bytes, request=req, source="paged-pool")
+                self._keys.add(key)
+                fresh.append(key)
+        if fresh:
+            led.retain_keys(fresh, self.retain_reason)
+
+    def _hit(self, ev: KVEvent) -> None:
+        req = self._request(ev.request_id)
+        for h in ev.block_hashes:
+            key = (self.name, h)
+            if key in self._keys:
+                self.ledger.touch_entry(key, req)
+
+    def _removed(self, ev: KVEvent) -> None:
+        for h in ev.block_hashes:
+            key = (self.name, h)
+            if key in self._keys:
+                self._keys.discard(key)
+                self.ledger.release_entry(key, detail="evicted")
+
+    def _cleared(self, ev: KVEvent) -> None:
+        for key in list(self._keys):
+            self.ledger.release_entry(key, detail="cleared")
+        self._keys.clear()
+
+    _HANDLERS: ClassVar[dict[str, Callable[[LedgerFeed, KVEvent], None]]] = {
+        "stored": _stored, "hit": _hit, "removed": _removed, "cleared": _cleared,
+    }
 
     def _request(self, request_id: str | None) -> RequestInfo | None:
         if request_id is None:

@@ -24,7 +24,7 @@ import numpy as np
 from kvguardian.paged.audit import table_references
 
 if TYPE_CHECKING:  # pragma: no cover
-    from kvguardian.paged.pool import PagedKVPool
+    from kvguardian.paged.view import PoolView
 
 __all__ = ["METRIC_KEYS", "pool_metrics"]
 
@@ -38,7 +38,7 @@ METRIC_KEYS = (
 )
 
 
-def pool_metrics(pool: PagedKVPool) -> dict[str, float | int]:
+def pool_metrics(pool: PoolView) -> dict[str, float | int]:
     bp = pool.blocks
     n = pool.num_blocks
     bs = pool.block_size
@@ -48,7 +48,8 @@ def pool_metrics(pool: PagedKVPool) -> dict[str, float | int]:
     n_ref = int(referenced.sum())
     n_cached = int((unreferenced & bp.cached).sum())
     n_free = n - n_ref - n_cached
-    _, _, live_refs = table_references(list(pool._tables.values()), n)
+    tables = pool.tables()
+    _, _, live_refs = table_references(tables, n)
     n_orphaned = int((referenced & (live_refs == 0)).sum())  # referenced, yet no live table lists it
     allocated = referenced | bp.cached
     n_alloc = int(allocated.sum())
@@ -70,8 +71,8 @@ def pool_metrics(pool: PagedKVPool) -> dict[str, float | int]:
         "block_size": bs,
         "block_bytes": pool.block_bytes,
         "blocks_orphaned": n_orphaned,
-        "requests_open": len(pool._tables),
-        "requests_lost_free": len(pool._closed) + pool.closed_forgotten,
+        "requests_open": len(tables),
+        "requests_lost_free": len(pool.closed_tables()) + pool.closed_forgotten,
         "preemptions_total": pool.preemptions,
         "cow_copies_total": pool.cow_copies,
         "blocks_allocated_total": bp.allocated,

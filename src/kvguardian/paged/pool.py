@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -40,6 +40,9 @@ from kvguardian.paged.prefix import (
 )
 from kvguardian.paged.raw_ops import RawBlockOps
 from kvguardian.paged.records import BlockTable, KVSpec, TableState
+
+if TYPE_CHECKING:  # pragma: no cover
+    from kvguardian.paged.debug import DebugChecker
 
 __all__ = ["PagedKVPool", "PoolExhausted"]
 
@@ -110,14 +113,16 @@ class PagedKVPool(RawBlockOps):
             self.k = [torch.zeros(shape, dtype=dtype, device=kv.device) for _ in range(kv.num_layers)]
             self.v = [torch.zeros(shape, dtype=dtype, device=kv.device) for _ in range(kv.num_layers)]
             self.block_bytes = kv.block_bytes(block_size)
+        self.events.block_bytes = self.block_bytes
         self.faults_count: Counter[str] = Counter()
         # optional observer, called with the number of blocks after each allocation (kvguardian.oom samples there)
         self.on_allocate: Callable[[int], None] | None = None
-        self._debug: Any = None
+        self._debug: DebugChecker | None = None  # the observer of every operation (debug mode)
         if debug:
             from kvguardian.paged.debug import DebugChecker
 
             self._debug = DebugChecker(self, capacity=fault_capacity, raise_on_fault=(on_fault == "raise"))
+            self.blocks.queue.observer = self._debug
 
     def __repr__(self) -> str:
         return (f"<PagedKVPool {self.num_blocks}x{self.block_size} tables={len(self._tables)} "
@@ -177,6 +182,18 @@ class PagedKVPool(RawBlockOps):
         """Tables closed while still holding blocks: their frees were lost."""
         return list(self._closed.values())
 
+    @property
+    def num_tables(self) -> int:
+        """Open and preempted tables."""
+        return len(self._tables)
+
+    def namespace_name(self, code: int) -> str:
+        """The prefix-cache namespace with integer ``code`` ("?" if unknown)."""
+        for name, c in self._ns_codes.items():
+            if c == code:
+                return name
+        return "?"
+
     def block_ids(self, request_id: str) -> np.ndarray:
         """A copy of the request's block ids, in token order."""
         return self.table(request_id).block_ids.copy()
@@ -201,7 +218,7 @@ class PagedKVPool(RawBlockOps):
         """Free-queue blocks that `match_prefix` + `append` of ``token_ids`` would take from the empty table:
         new blocks for the uncached part, plus cached hits that nobody references (they leave the queue)."""
         hits, _ = self._lookup(self.table(request_id), token_ids)
-        idle_hits = int(np.count_nonzero(self.blocks.ref.take(np.asarray(hits, dtype=np.int64)) == 0)) if hits else 0
+        idle_hits = int(np.count_nonzero(self.blocks.ref_counts(hits) == 0)) if hits else 0
         return -(-(len(token_ids) - len(hits) * self.block_size) // self.block_size) + idle_hits
 
     def match_prefix(self, request_id: str, token_ids: Sequence[int]) -> int:
@@ -224,8 +241,7 @@ class PagedKVPool(RawBlockOps):
             t.num_tokens = len(ids) * self.block_size
             t.state = TableState.OPEN
             self.prefix_hits += t.num_tokens
-            self.events.emit("hit", hashes, hits, request_id=t.request_id, tenant=t.tenant,
-                             namespace=t.namespace, block_bytes=self.block_bytes)
+            self.events.emit("hit", hashes, hits, owner=t.owner)
         self._end(ids)
         return len(ids) * self.block_size
 
@@ -258,7 +274,7 @@ class PagedKVPool(RawBlockOps):
         if cow:
             touched.append(self._copy_on_write(t))
         if need > 0:
-            new = self.blocks.get_new_blocks(need)
+            new = np.array(self.blocks.get_new_blocks(need), dtype=np.int32)
             self.ns_of[new] = t.ns_code
             self.filled[new] = 0
             self._table_add(t, new)
@@ -410,18 +426,18 @@ class PagedKVPool(RawBlockOps):
     def _table_add(self, t: BlockTable, ids: np.ndarray) -> None:
         t.push(ids)
         if self._debug is not None:
-            self._debug.table_refs[ids] += 1
+            self._debug.on_table_add(t, ids)
 
     def _table_remove(self, t: BlockTable, ids: np.ndarray) -> None:
         removed = t.remove(ids, self._mark)
         if self._debug is not None:
-            self._debug.table_refs[removed] -= 1
+            self._debug.on_table_remove(t, removed)
 
     def _release_all(self, t: BlockTable) -> int:
         ids = t.clear()[::-1].copy()  # tail first: a request's last blocks are reused before its prefix
         if self._debug is not None:
             self._debug.pre_release(t, ids, held=True)
-            self._debug.table_refs[ids] -= 1
+            self._debug.on_table_remove(t, ids)
         self.blocks.free_blocks(ids)
         self._end(ids)
         return len(ids)
@@ -438,12 +454,11 @@ class PagedKVPool(RawBlockOps):
     def _shared_partial_tail(self, t: BlockTable) -> bool:
         return bool(t.num_blocks and t.num_tokens % self.block_size
                     and t.num_tokens > (t.num_blocks - 1) * self.block_size
-                    and self.blocks.ref[t.blocks[t.num_blocks - 1]] > 1)
+                    and self.blocks.ref_count(int(t.blocks[t.num_blocks - 1])) > 1)
 
     def _copy_on_write(self, t: BlockTable) -> np.ndarray:
         old = int(t.blocks[t.num_blocks - 1])
-        new = self.blocks.get_new_blocks(1)
-        b = int(new[0])
+        b = self.blocks.get_new_blocks(1)[0]
         for layer in range(len(self.k)):
             self.k[layer][b].copy_(self.k[layer][old])
             self.v[layer][b].copy_(self.v[layer][old])
@@ -451,10 +466,10 @@ class PagedKVPool(RawBlockOps):
         self.ns_of[b] = t.ns_code
         t.blocks[t.num_blocks - 1] = b
         if self._debug is not None:
-            self._debug.table_refs[old] -= 1
-            self._debug.table_refs[b] += 1
+            self._debug.on_table_remove(t, np.array([old], dtype=np.int32))
+            self._debug.on_table_add(t, np.array([b], dtype=np.int32))
             self._debug.assign_slots(t, b * self.block_size + np.arange(self.block_size))
-        self.blocks.free_blocks(np.array([old], dtype=np.int32))
+        self.blocks.free_blocks([old])
         self.cow_copies += 1
         return np.array([old, b], dtype=np.int32)
 
@@ -471,6 +486,4 @@ class PagedKVPool(RawBlockOps):
                 stored_h.append(h)
                 stored_b.append(block)
         if stored_h:
-            self.events.emit("stored", stored_h, stored_b, parent_hash=parent0.hex() if parent0 else None,
-                             request_id=t.request_id, tenant=t.tenant, namespace=t.namespace,
-                             block_bytes=self.block_bytes)
+            self.events.emit("stored", stored_h, stored_b, parent_hash=parent0, owner=t.owner)

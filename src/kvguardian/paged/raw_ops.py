@@ -7,8 +7,8 @@ wrong, at the operation. `PagedKVPool` inherits them; they use only its internal
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -17,6 +17,7 @@ from kvguardian._errors import UsageError
 if TYPE_CHECKING:  # pragma: no cover
     from kvguardian.paged.block_pool import BlockPool
     from kvguardian.paged.records import BlockTable
+    from kvguardian.paged.view import PoolObserver
 
 __all__ = ["RawBlockOps"]
 
@@ -30,9 +31,9 @@ class RawBlockOps:
     num_blocks: int
     ns_of: np.ndarray
     filled: np.ndarray
-    _debug: Any
+    _debug: PoolObserver | None
     _slot: np.ndarray
-    on_allocate: Any  # Callable[[int], None] | None: the allocation observer (see PagedKVPool)
+    on_allocate: Callable[[int], None] | None  # the allocation observer (see PagedKVPool)
 
     def table(self, request_id: str) -> BlockTable:  # pragma: no cover - PagedKVPool's
         raise NotImplementedError
@@ -53,7 +54,7 @@ class RawBlockOps:
         """Allocate ``n`` blocks to the request's table (raw path: counted as full, never prefix-cached)."""
         t = self.table(request_id)
         self._begin("allocate_blocks", t)
-        ids = self.blocks.get_new_blocks(n)
+        ids = np.array(self.blocks.get_new_blocks(n), dtype=np.int32)
         self.ns_of[ids] = t.ns_code
         self.filled[ids] = self.block_size
         self._table_add(t, ids)

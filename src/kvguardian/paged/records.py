@@ -81,6 +81,10 @@ class BlockTable:
     tail_tokens: list[int] = field(default_factory=list)  # token ids of the partial last block (hashing only)
     state: TableState = TableState.OPEN
     preemptions: int = 0  # times its blocks were taken back to make room
+    owner: tuple[str, str, str] = field(init=False)  # (request_id, tenant, namespace), for events
+
+    def __post_init__(self) -> None:
+        self.owner = (self.request_id, self.tenant, self.namespace)
 
     def __repr__(self) -> str:  # ids only: a table is logged by whom it belongs to
         return f"<BlockTable {self.request_id!r} tenant={self.tenant!r} {self.num_blocks} blocks {self.state.value}>"

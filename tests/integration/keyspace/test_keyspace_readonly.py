@@ -14,7 +14,8 @@ pytestmark = pytest.mark.services
 
 # what a sweep may send: reads without side effects, plus the facts it needs
 ALLOWED = {"scan", "type", "memory|usage", "pttl", "object|idletime", "object|freq", "evalsha_ro", "eval_ro",
-           "info", "dbsize", "ping", "cluster|nodes", "client|setinfo", "hello", "select"}
+           "info", "dbsize", "ping", "cluster|nodes", "client|setinfo", "hello", "select",
+           "time"}  # the probe script times itself (a user without +time gets round-trip pacing)
 RO_COMMANDS = ("+scan +type +pttl +memory|usage +object|idletime +object|freq +info +dbsize +ping +evalsha_ro "
                "+eval_ro +select +cluster|nodes")
 

@@ -126,7 +126,9 @@ def test_bad_urls_are_one_line(kv_cli, url, code, text):
 
 
 def test_bad_options_are_one_line(kv_cli, redis_proc):
-    for args, text in ((("--batch", "0"), "--batch 0 is out of range"), (("--cold-after", "soon"), "bad duration"),
+    for args, text in ((("--batch", "-1"), "--batch -1 is out of range"),  # 0 is valid: the adaptive batch
+                       (("--max-call-ms", "0"), "--max-call-ms 0 is out of range"),
+                       (("--cold-after", "soon"), "bad duration"),
                        (("--compare", "/nonexistent.json"), "cannot read scan file")):
         rc, _, err = kv_cli("redis", "scan", redis_proc.url, *args)
         assert rc == 2 and text in err and err.count("\n") == 1, err

@@ -96,3 +96,18 @@ def test_hash_tags_collapse_into_tag_placeholders():
     assert _names(m, [f"{{shard{i}}}:queue" for i in range(3)]) == {"{shard0}:queue", "{shard1}:queue",
                                                                     "{shard2}:queue"}
     assert _names(m, [f"{{user{i}}}:queue" for i in range(10)]) == {"{tag}:queue"}
+
+
+def test_separator_after_an_ip_placeholder_is_kept():
+    """Issue 18 item 6: ``rate:{ip}:{int}`` keys rendered ``rate:{ip}{int}`` (a 5-digit "port" was cut out of
+    the digit run after the IP, swallowing the ``:``)."""
+    from kvguardian.keyspace.patterns import PatternMiner
+
+    m = PatternMiner()
+    for i in range(300):
+        m.pattern_id(f"rate:10.{i % 7}.{i % 250}.{i % 13}:{28_333_000 + i * 37}")  # minute windows, 8 digits
+        m.pattern_id(f"conn:192.168.{i % 5}.{i % 200}:{6000 + i}")  # a real port stays part of the address
+    names = set(m.patterns().values())
+    assert "rate:{ip}:{int}" in names, names
+    assert "conn:{ip}" in names, names
+    assert not any("{ip}{" in n for n in names), names

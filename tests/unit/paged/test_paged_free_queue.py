@@ -15,7 +15,7 @@ def ids(*xs):
 def test_starts_full_in_id_order_and_pops_front():
     q = FreeQueue(5)
     assert len(q) == 5
-    assert q.pop_front(2).tolist() == [0, 1]
+    assert q.pop_front(2) == [0, 1]
     assert q.live_ids().tolist() == [2, 3, 4]
 
 
@@ -26,7 +26,7 @@ def test_push_front_is_popped_first_and_push_back_last():
     q.push_front(ids(0, 1))  # 0 first
     q.push_back(ids(2))
     assert q.live_ids().tolist() == [0, 1, 4, 5, 2]
-    assert q.pop_front(5).tolist() == [0, 1, 4, 5, 2]
+    assert q.pop_front(5) == [0, 1, 4, 5, 2]
 
 
 def test_remove_from_the_middle_is_skipped_by_pop():
@@ -34,7 +34,7 @@ def test_remove_from_the_middle_is_skipped_by_pop():
     q.remove(ids(1, 3))
     assert len(q) == 4
     assert q.contains(ids(0, 1, 3, 5)).tolist() == [True, False, False, True]
-    assert q.pop_front(3).tolist() == [0, 2, 4]
+    assert q.pop_front(3) == [0, 2, 4]
 
 
 def test_pop_more_than_live_is_an_internal_error():
@@ -49,17 +49,17 @@ def test_needs_a_block():
         FreeQueue(0)
 
 
-def test_random_operations_match_a_reference_lru_including_wrap_and_compaction():
-    n = 64
+@pytest.mark.parametrize("n", [64, 3000])  # 3000: enough back-pushes to compact the back part many times
+def test_random_operations_match_a_reference_lru_including_wrap_and_compaction(n):
     q = FreeQueue(n)
     ref: OrderedDict[int, None] = OrderedDict((i, None) for i in range(n))
     held: set[int] = set()
     rnd = random.Random(7)
-    for _ in range(4000):
+    for _ in range(4000 if n < 1000 else 20000):
         op = rnd.random()
         if op < 0.35 and ref:
             k = rnd.randint(1, min(8, len(ref)))
-            got = q.pop_front(k).tolist()
+            got = q.pop_front(k)
             want = [ref.popitem(last=False)[0] for _ in range(k)]
             assert got == want
             held.update(got)
@@ -84,3 +84,45 @@ def test_random_operations_match_a_reference_lru_including_wrap_and_compaction()
             held.update(batch)
         assert len(q) == len(ref)
     assert q.live_ids().tolist() == list(ref)
+
+
+def test_an_aged_queue_stays_compact_and_in_order():
+    """Cached blocks pushed at the back and hit from the middle, for 20 x the queue's size: the back part's
+    garbage (popped entries and tombstones) is bounded and the order is still the LRU order."""
+    n = 2048
+    q = FreeQueue(n)
+    q.pop_front(n)
+    q.push_back(list(range(n)))
+    ref: OrderedDict[int, None] = OrderedDict((i, None) for i in range(n))
+    rnd = random.Random(3)
+    for _ in range(20 * n):
+        b = rnd.randrange(n)
+        if b in ref:  # a prefix hit takes it from the middle, its request frees it to the back again
+            q.remove([b])
+            del ref[b]
+        else:
+            got = q.pop_front(1)
+            want = ref.popitem(last=False)[0]
+            assert got == [want]
+            b = want
+        q.push_back([b])
+        ref[b] = None
+    assert q.live_ids().tolist() == list(ref)
+    assert len(q._back) <= 2 * n + 1024  # compaction keeps garbage below half the list
+
+
+def test_take_is_pop_front_or_none_through_compactions():
+    """`take` (the allocator's call) returns what pop_front would, across the back part's compactions, and None
+    rather than raising when too few blocks are queued."""
+    n = 3000
+    q, ref = FreeQueue(n), FreeQueue(n)
+    for x in (q, ref):
+        x.pop_front(n)
+        x.push_back(list(range(n)))
+    for _ in range(n):
+        got, want = q.take(1), ref.pop_front(1)
+        assert got == want
+        q.push_back(got)
+        ref.push_back(want)
+    assert q.live_ids().tolist() == ref.live_ids().tolist()
+    assert q.take(n + 1) is None and len(q) == n

@@ -1,0 +1,88 @@
+"""``kv-guardian redis rdb FILE`` and ``redis scan --rdb URL``: the same analysis from an RDB snapshot.
+
+A saved file (``dump.rdb``, a backup, ``redis-cli --rdb``'s output) or a snapshot streamed from a running
+server through the replication handshake (`kvguardian.keyspace.rdb.snapshot`) is read without probing a
+single key: the server spends no CPU per key. Output, JSON schema, verdicts and ``redis diff`` are those of
+``redis scan``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvguardian._errors import UsageError
+
+__all__ = ["ScanHooks", "add_rdb_command", "run_rdb", "run_scan_rdb"]
+
+
+@dataclass(frozen=True)
+class ScanHooks:
+    """What ``redis scan`` shares with ``redis rdb`` (passed in, so this module does not import cli.redis)."""
+
+    sweep_arguments: Callable[[argparse.ArgumentParser], None]
+    output_arguments: Callable[[argparse.ArgumentParser], None]
+    verdict_arguments: Callable[[argparse.ArgumentParser], None]
+    options: Callable[[argparse.Namespace], Any]  # argparse namespace -> SweepOptions
+    emit: Callable[..., int]  # (args, result, old, command=...) -> exit code
+
+
+def add_rdb_command(sub: Any, hooks: ScanHooks) -> None:
+    rdb = sub.add_parser("rdb", help="analyze an RDB snapshot file offline (no server involved)",
+                         description="Read an RDB file (Redis 5.0-8.x, RDB versions 9-12) and report key patterns, "
+                                     "TTLs, idle times (under LRU/LFU policies) and leaks, as redis scan does.")
+    rdb.add_argument("file", metavar="FILE", help="the RDB file (dump.rdb, a backup, redis-cli --rdb output)")
+    hooks.sweep_arguments(rdb)
+    rdb.add_argument("--db", type=int, default=None, help="only keys of this database (default: all)")
+    hooks.output_arguments(rdb)
+    hooks.verdict_arguments(rdb)
+    rdb.set_defaults(_redis=lambda args: run_rdb(args, hooks))
+
+
+def _progress_and_stop(args: argparse.Namespace) -> tuple[Any, threading.Event]:
+    from kvguardian.keyspace.render import progress_bar
+
+    return progress_bar(not args.no_progress and sys.stderr.isatty()), threading.Event()
+
+
+def run_rdb(args: argparse.Namespace, hooks: ScanHooks) -> int:
+    from kvguardian.keyspace.rdb.scan import RdbSource, scan_rdb
+    from kvguardian.keyspace.result import load_result
+
+    opts = hooks.options(args)
+    old = load_result(args.compare) if args.compare else None
+    path = Path(args.file)
+    try:
+        f = path.open("rb")
+    except OSError as exc:
+        raise UsageError(f"cannot read RDB file {str(path)!r}: {exc.strerror or exc}") from None
+    bar, stop = _progress_and_stop(args)
+    with f, bar as progress:
+        size = path.stat().st_size if path.is_file() else 0
+        result = scan_rdb(RdbSource(f, str(path), total_bytes=size), opts, db=args.db, progress=progress, stop=stop)
+    return hooks.emit(args, result, old, command="rdb")
+
+
+def run_scan_rdb(args: argparse.Namespace, opts: Any, old: Any, emit: Callable[..., int]) -> int:
+    """``redis scan --rdb URL``: a snapshot through the replication handshake, read as it streams in."""
+    from kvguardian.keyspace.connect import display_url
+    from kvguardian.keyspace.rdb.scan import RdbSource, scan_rdb
+    from kvguardian.keyspace.rdb.snapshot import open_snapshot
+
+    where = display_url(args.url)
+    snap = open_snapshot(args.url, where, timeout=opts.timeout)
+    bar, stop = _progress_and_stop(args)
+    try:
+        with bar as progress:
+            result = scan_rdb(RdbSource(snap, where, limit=snap.length, total_bytes=snap.length or 0), opts,
+                              progress=progress, stop=stop)
+    finally:
+        snap.close()
+    how = "diskless" if snap.length is None else "from disk"
+    result.mode_reason += f"; fetched through the replication handshake ({how})"
+    return emit(args, result, old, command="scan")

@@ -1,0 +1,63 @@
+"""How much work one sweep call gives the server, and how the sweep's own client work yields the CPU.
+
+Redis runs one command at a time: while a probe script runs, every other client waits. A probe of ``b`` keys
+costs the server ``b`` × ~5-9 µs (TYPE, MEMORY USAGE, PTTL, OBJECT), so the batch sets the worst stall a
+concurrent request can meet. `BatchSizer` keeps that stall under a budget (``max_call_s``, default 0.5 ms):
+the probe script reports its own run time (two ``TIME`` calls, exact), and the next ``SCAN COUNT`` is the
+number of keys that fit the budget at the measured cost per key (smoothed, halved at once when a call runs
+over, grown by at most 1.5x a step). Pipelining several small scripts in one write would not help: the
+server runs every command a client sent before serving the next client.
+
+`lower_priority` renices the calling thread (Linux nice values are per thread): a sweep's mining and
+statistics then take only CPU that the server and its other clients leave, on a host they share.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+__all__ = ["BatchSizer", "lower_priority"]
+
+
+class BatchSizer:
+    """The next batch size from the measured server time per key."""
+
+    def __init__(self, max_call_s: float = 0.0005, *, start: int = 50, low: int = 10, high: int = 1000) -> None:
+        self.max_call_s = max_call_s
+        self.low, self.high = low, high
+        self.batch = max(low, min(start, high))
+        self.per_key_s: float | None = None  # smoothed server seconds per key
+        self.worst_call_s = 0.0  # the longest probe call seen
+        self.calls = 0
+
+    def observe(self, keys: int, server_s: float) -> int:
+        """One probe of ``keys`` keys took ``server_s`` on the server; returns the next batch size."""
+        if keys <= 0 or server_s < 0:
+            return self.batch
+        self.calls += 1
+        self.worst_call_s = max(self.worst_call_s, server_s)
+        cost = server_s / keys
+        self.per_key_s = cost if self.per_key_s is None else 0.7 * self.per_key_s + 0.3 * cost
+        fit = int(self.max_call_s / max(self.per_key_s, 1e-7))
+        if server_s > self.max_call_s:  # over budget: shrink at once
+            fit = min(fit, int(self.max_call_s / cost), self.batch // 2)
+        else:
+            fit = min(fit, int(self.batch * 1.5) + 1)
+        self.batch = max(self.low, min(fit, self.high))
+        return self.batch
+
+
+def lower_priority(nice: int = 10) -> bool:
+    """Raise the calling thread's nice value by ``nice`` (Linux: per thread; elsewhere the whole process).
+    An unprivileged process cannot lower it back, so call it from a thread that does only the sweep. False if
+    the platform has no nice values."""
+    if nice <= 0 or not hasattr(os, "setpriority"):
+        return False
+    try:
+        tid = threading.get_native_id()
+        current = os.getpriority(os.PRIO_PROCESS, tid)
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, current + nice))
+        return True
+    except OSError:
+        return False

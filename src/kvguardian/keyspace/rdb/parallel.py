@@ -1,0 +1,111 @@
+"""The RDB reader in a child process: parsing and mining overlap on two cores.
+
+Reading a key (~1.8 µs here) and mining its pattern plus counting it (~1.7 µs) cost about the same, so a
+forked child runs `RdbReader` and sends each batch (plain lists, pickled: ~0.3 µs a key) through a pipe
+while the parent mines the previous one: on a free second core the scan runs ~1.7x faster than in one
+process. The child inherits the open stream (a file or the replication socket) through ``fork``; the parent
+never reads it. Where ``fork`` is unavailable the caller reads in-process.
+
+The child reports what the reader learnt (AUX fields, version, IDLE/FREQ seen, offsets) with every batch, and
+an `RdbError` as a message: the parent re-raises it after the batches before it, exactly as the in-process
+reader does.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import pickle
+from collections.abc import Iterator
+from typing import Any
+
+from kvguardian.keyspace.rdb.format import RdbError
+from kvguardian.keyspace.rdb.reader import Batch, ByteStream, RdbReader
+
+__all__ = ["ReaderProcess", "can_fork", "worth_forking"]
+
+
+def can_fork() -> bool:
+    return "fork" in mp.get_all_start_methods()
+
+
+def _state(r: RdbReader) -> dict[str, Any]:
+    return {"aux": r.aux, "version": r.version, "saw_idle": r.saw_idle, "saw_freq": r.saw_freq,
+            "modules_skipped": r.modules_skipped, "functions": r.functions, "done": r.done, "offset": r.offset}
+
+
+def _child(reader: RdbReader, conn: Any) -> None:
+    try:
+        for b in reader.batches():
+            conn.send_bytes(pickle.dumps(("batch", (b.keys, b.types, b.sizes, b.expires, b.idles, b.db),
+                                          _state(reader)), protocol=pickle.HIGHEST_PROTOCOL))
+        conn.send_bytes(pickle.dumps(("end", None, _state(reader))))
+    except RdbError as exc:
+        conn.send_bytes(pickle.dumps(("error", (str(exc), exc.offset), _state(reader))))
+    except BaseException as exc:  # anything else: the parent says so in one line
+        conn.send_bytes(pickle.dumps(("error", (f"reader process failed: {type(exc).__name__}: {exc}", -1),
+                                      _state(reader))))
+    finally:
+        conn.close()
+
+
+class ReaderProcess:
+    """`RdbReader`'s interface (``batches``, ``aux``, ``version``, ...) over a forked child that reads."""
+
+    def __init__(self, reader: RdbReader) -> None:
+        self._reader = reader  # header already read: version known, the child goes on from there
+        self.aux: dict[str, str] = dict(reader.aux)
+        self.version = reader.version
+        self.saw_idle = self.saw_freq = False
+        self.modules_skipped = self.functions = 0
+        self.done = False
+        self.offset = reader.offset
+
+    @classmethod
+    def open(cls, stream: ByteStream, *, limit: int | None = None) -> ReaderProcess:
+        reader = RdbReader(stream, limit=limit)
+        reader.header()
+        return cls(reader)
+
+    def _update(self, state: dict[str, Any]) -> None:
+        for name, value in state.items():
+            setattr(self, name, value)
+
+    def batches(self) -> Iterator[Batch]:
+        ctx = mp.get_context("fork")
+        recv, send = ctx.Pipe(duplex=False)
+        child = ctx.Process(target=_child, args=(self._reader, send), name="kvguardian-rdb-reader", daemon=True)
+        child.start()
+        send.close()
+        try:
+            yield from self._receive(recv)
+        finally:
+            recv.close()
+            if child.is_alive():
+                child.terminate()  # a stop or an error in the parent: the child we started, by its handle
+            child.join(5)
+
+    def _receive(self, recv: Any) -> Iterator[Batch]:
+        while True:
+            try:
+                kind, payload, state = pickle.loads(recv.recv_bytes())
+            except EOFError:
+                raise RdbError("the reader process ended without a result", self.offset) from None
+            self._update(state)
+            if kind == "batch":
+                keys, types, sizes, expires, idles, db = payload
+                yield Batch(keys, types, sizes, expires, idles, db)
+            elif kind == "error":
+                message, offset = payload
+                raise RdbError(message, offset if offset >= 0 else self.offset)
+            else:
+                return
+
+
+def worth_forking(stream: Any) -> bool:
+    """A real file or socket (a descriptor the child can read), and more than one core."""
+    try:
+        stream.fileno()
+    except (AttributeError, OSError, ValueError):
+        return False
+    return can_fork() and (os.cpu_count() or 1) > 1

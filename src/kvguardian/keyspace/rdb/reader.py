@@ -1,0 +1,584 @@
+"""A streaming reader of RDB snapshots: per key its name, type, estimated memory, expiry and idle time / LFU
+counter, a batch at a time; values are skipped by their lengths, never built.
+
+Memory stays flat in the file's size: the file is read in 1 MiB chunks and only the current batch of key
+names is kept. Strings (most keys) are handled inline in the main loop; collections go through one small
+reader per RDB value type (`_VALUE_READERS`). Module values are skipped through their self-describing
+opcodes (module v2 format), without the module.
+
+A damaged or truncated file raises `RdbError` with the byte offset; the batches read before it stay valid,
+so a caller can report a partial result.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import ClassVar, Protocol
+
+from kvguardian.keyspace.rdb.format import OP, TYPE_CODES, VERSIONS, RdbError
+from kvguardian.keyspace.rdb.size import blob_bytes, je, key_bytes, sds, string_bytes, table_bytes
+
+__all__ = ["Batch", "ByteStream", "RdbReader", "lzf_decompress"]
+
+
+class ByteStream(Protocol):
+    """A file opened in binary mode, or a replication payload (`kvguardian.keyspace.rdb.snapshot.Snapshot`)."""
+
+    def read(self, n: int, /) -> bytes: ...
+
+CHUNK = 1 << 20
+_HEADROOM = 64  # bytes a record's opcode, expiry, idle and length prefixes fit in
+_ZSET_NODE = 53  # a skiplist node (24 bytes + 16 a level), averaged over levels (p = 1/4) and size classes
+_QUICKLIST = 40  # struct quicklist
+_QL_NODE = 32  # struct quicklistNode
+_RAX_NODE = 48  # a stream's radix-tree node per listpack (key + child pointer), on average
+_STREAM_NODE_PREALLOC = 4096  # a server appending to a stream allocates each node's listpack 4 KiB up front
+_PEL_ENTRY = 48  # a pending entry: streamNACK + its radix-tree slot
+_U64 = struct.Struct("<Q")
+_INLINE = 4096  # bytes kept ahead of the inline path: a short string key and value always fit
+_EOF, _NEW_DB = 1, 2  # what `_record` met
+_D = struct.Struct("<d")
+
+
+def lzf_decompress(data: bytes, out_len: int) -> bytes:
+    """LZF as Redis writes it (liblzf's format): literal runs and back references."""
+    out = bytearray()
+    i, n = 0, len(data)
+    while i < n:
+        ctrl = data[i]
+        i += 1
+        if ctrl < 32:  # a literal run of ctrl + 1 bytes
+            out += data[i:i + ctrl + 1]
+            i += ctrl + 1
+            continue
+        length = ctrl >> 5
+        if length == 7:
+            length += data[i]
+            i += 1
+        ref = len(out) - ((ctrl & 0x1F) << 8) - data[i] - 1
+        i += 1
+        length += 2
+        if ref < 0:
+            raise ValueError("LZF back reference before the start")
+        if ref + length <= len(out):
+            out += out[ref:ref + length]
+        else:  # overlapping copy: byte by byte
+            for k in range(length):
+                out.append(out[ref + k])
+    if len(out) != out_len:
+        raise ValueError(f"LZF data decompressed to {len(out)} bytes, {out_len} expected")
+    return bytes(out)
+
+
+@dataclass
+class Batch:
+    """Parallel lists, one entry per key."""
+
+    keys: list[bytes] = field(default_factory=list)
+    types: list[int] = field(default_factory=list)  # kvguardian.keyspace.stats.TYPES codes
+    sizes: list[int] = field(default_factory=list)  # estimated memory (see kvguardian.keyspace.rdb.size)
+    expires: list[int] = field(default_factory=list)  # absolute Unix ms, -1: none
+    idles: list[int] = field(default_factory=list)  # idle seconds (IDLE) or LFU counter (FREQ), -1: none
+    db: int = 0  # the database every key of the batch is in
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+
+class RdbReader:
+    """Reads an RDB from a binary stream (a file, or a replication socket's payload).
+
+    Attributes after `batches` ends: ``aux`` (the AUX fields: redis-ver, ctime, used-mem, ...), ``version``,
+    ``saw_idle`` / ``saw_freq`` (keys carried IDLE / FREQ opcodes), ``modules_skipped``, ``offset``.
+    """
+
+    def __init__(self, stream: ByteStream, *, batch: int = 4096, limit: int | None = None) -> None:
+        self.f = stream
+        self.batch = batch
+        self.limit = limit  # bytes the stream holds (a replication payload), None: up to EOF
+        self.buf = b""
+        self.pos = 0
+        self.base = 0  # offset of buf[0] in the stream
+        self.version = 0
+        self.aux: dict[str, str] = {}
+        self.saw_idle = self.saw_freq = False
+        self.modules_skipped = 0
+        self.functions = 0
+        self.done = False  # the EOF opcode was read
+        self.db = 0  # the database being read
+        self.expire = self.idle = -1  # what the per-key opcodes before the next key set
+
+    # ------------------------------------------------------------------ the buffer
+    @property
+    def offset(self) -> int:
+        return self.base + self.pos
+
+    def _fill(self, n: int) -> bool:
+        """Make ``n`` bytes available at ``pos``; False if the stream ends first."""
+        have = len(self.buf) - self.pos
+        parts = [self.buf[self.pos:]]
+        while have < n:
+            want = max(CHUNK, n - have)
+            if self.limit is not None:
+                want = min(want, self.limit - self.base - self.pos - have)
+                if want <= 0:
+                    break
+            chunk = self.f.read(want)
+            if not chunk:
+                break
+            parts.append(chunk)
+            have += len(chunk)
+        self.base += self.pos
+        self.buf = b"".join(parts)
+        self.pos = 0
+        return have >= n
+
+    def need(self, n: int) -> None:
+        if self.pos + n > len(self.buf) and not self._fill(n):
+            raise RdbError(f"the file ends in the middle of a record (needed {n} more bytes)", self.offset)
+
+    def skip(self, n: int) -> None:
+        left = len(self.buf) - self.pos
+        if n <= left:
+            self.pos += n
+            return
+        n -= left
+        self.base += len(self.buf)
+        self.buf, self.pos = b"", 0
+        while n > 0:
+            chunk = self.f.read(min(n, CHUNK))
+            if not chunk:
+                raise RdbError(f"the file ends inside a value ({n} bytes missing)", self.base)
+            n -= len(chunk)
+            self.base += len(chunk)
+
+    def raw(self, n: int) -> bytes:
+        self.need(n)
+        out = self.buf[self.pos:self.pos + n]
+        self.pos += n
+        return out
+
+    def byte(self) -> int:
+        self.need(1)
+        b = self.buf[self.pos]
+        self.pos += 1
+        return b
+
+    # ------------------------------------------------------------------ lengths and strings
+    def length(self) -> tuple[int, int]:
+        """(length, -1), or (-1, special encoding 0-3) for an integer or LZF string."""
+        self.need(9)
+        buf, pos = self.buf, self.pos
+        b = buf[pos]
+        t = b >> 6
+        if t == 0:
+            self.pos = pos + 1
+            return b & 0x3F, -1
+        if t == 1:
+            self.pos = pos + 2
+            return ((b & 0x3F) << 8) | buf[pos + 1], -1
+        if b == 0x80:
+            self.pos = pos + 5
+            return int.from_bytes(buf[pos + 1:pos + 5], "big"), -1
+        if b == 0x81:
+            self.pos = pos + 9
+            return int.from_bytes(buf[pos + 1:pos + 9], "big"), -1
+        if t == 3:
+            self.pos = pos + 1
+            return -1, b & 0x3F
+        raise RdbError(f"bad length byte 0x{b:02x}", self.offset)
+
+    def plain_length(self) -> int:
+        n, enc = self.length()
+        if enc >= 0:
+            raise RdbError("a string encoding where a length belongs", self.offset)
+        return n
+
+    def string(self) -> bytes:
+        """A string's bytes (integers as their decimal digits, LZF decompressed)."""
+        n, enc = self.length()
+        if enc < 0:
+            return self.raw(n)
+        if enc <= 2:
+            width = 1 << enc
+            return str(int.from_bytes(self.raw(width), "little", signed=True)).encode()
+        if enc == 3:
+            clen, ulen = self.plain_length(), self.plain_length()
+            at = self.offset
+            try:
+                return lzf_decompress(self.raw(clen), ulen)
+            except (ValueError, IndexError) as exc:
+                raise RdbError(f"damaged LZF string: {exc}", at) from None
+        raise RdbError(f"unknown string encoding {enc}", self.offset)
+
+    def string_len(self) -> tuple[int, bool]:
+        """Skip a string; (its length in memory, whether it was saved as an integer)."""
+        n, enc = self.length()
+        if enc < 0:
+            self.skip(n)
+            return n, False
+        if enc <= 2:
+            width = 1 << enc
+            return len(str(int.from_bytes(self.raw(width), "little", signed=True))), True
+        if enc == 3:
+            clen, ulen = self.plain_length(), self.plain_length()
+            self.skip(clen)
+            return ulen, False
+        raise RdbError(f"unknown string encoding {enc}", self.offset)
+
+    # ------------------------------------------------------------------ the file
+    def header(self) -> int:
+        if not self._fill(9) or self.buf[:5] != b"REDIS":
+            raise RdbError("not an RDB file (it does not start with REDIS and a version)", 0)
+        try:
+            self.version = int(self.buf[5:9])
+        except ValueError:
+            raise RdbError(f"bad RDB version {self.buf[5:9]!r}", 5) from None
+        if self.version not in VERSIONS and self.version < VERSIONS.start:
+            raise RdbError(f"RDB version {self.version} is older than this reader reads (9-12: Redis 5.0 to 8.x)", 5)
+        self.pos = 9
+        return self.version
+
+    def batches(self) -> Iterator[Batch]:
+        """Every key, ``batch`` at a time (a batch holds keys of one database). Raises `RdbError` at a damaged
+        record; the batches before it are good."""
+        if not self.version:
+            self.header()
+        out = Batch()
+        while True:
+            try:
+                full = self._run(out)
+            except RdbError:
+                if out.keys:  # the keys read before the damage are good: hand them out first
+                    yield out
+                raise
+            if out.keys:
+                yield out
+            if not full:
+                return
+            out = Batch(db=self.db)
+
+    def _run(self, out: Batch) -> bool:
+        """Fill ``out`` until it holds ``batch`` keys (True), the database changes (True) or the file ends
+        (False). String keys with short names and values, most keys of most servers, are read inline here
+        without a call per field; everything else goes through `_record`."""
+        keys, types, sizes, expires, idles = out.keys, out.types, out.sizes, out.expires, out.idles
+        key_size, inline = _KEY_SIZE, _INLINE_TYPES
+        batch = self.batch
+        buf, pos = self.buf, self.pos
+        expire = idle = -1
+        while len(keys) < batch:
+            if pos + _INLINE > len(buf):
+                self.pos = pos
+                self._fill(_INLINE)
+                buf, pos = self.buf, self.pos
+            t = buf[pos] if pos < len(buf) else -1
+            table = inline.get(t)
+            if table is not None and pos + 132 <= len(buf) and buf[pos + 1] < 64:  # 132: the longest header
+                kl = buf[pos + 1]
+                p = pos + 2 + kl
+                vsize, p = _inline_value(buf, p, table)
+                if vsize >= 0 and p <= len(buf):
+                    keys.append(buf[pos + 2:pos + 2 + kl])
+                    types.append(TYPE_CODES[t])
+                    sizes.append(key_size[kl] + vsize)
+                    expires.append(expire)
+                    idles.append(idle)
+                    expire = idle = -1
+                    pos = p
+                    continue
+            if t == OP.EXPIRETIME_MS and pos + 9 <= len(buf):
+                expire = int.from_bytes(buf[pos + 1:pos + 9], "little")
+                pos += 9
+                continue
+            if t == OP.IDLE and pos + 3 <= len(buf) and buf[pos + 1] < 128:  # 6- or 14-bit seconds
+                b = buf[pos + 1]
+                if b < 64:
+                    idle = b
+                    pos += 2
+                else:
+                    idle = ((b & 0x3F) << 8) | buf[pos + 2]
+                    pos += 3
+                self.saw_idle = True
+                continue
+            if t == OP.FREQ and pos + 2 <= len(buf):
+                idle = buf[pos + 1]
+                pos += 2
+                self.saw_freq = True
+                continue
+            self.pos = pos + 1
+            if t < 0:
+                raise RdbError("the file ends without its EOF marker (truncated)", self.offset - 1)
+            self.expire, self.idle = expire, idle
+            got = self._record(t, out)
+            buf, pos = self.buf, self.pos
+            expire, idle = self.expire, self.idle
+            if got == _EOF:
+                return False
+            if got == _NEW_DB and keys:
+                return True
+        self.pos = pos
+        return True
+
+    def _record(self, t: int, out: Batch) -> int:
+        """One record at ``pos`` (just after its type byte ``t``): a key/value (added to ``out``, with the
+        pending ``expire`` / ``idle``) or an opcode. Returns `_EOF`, `_NEW_DB` or 0."""
+        if t in TYPE_CODES:
+            self._key_value(t, out, self.expire, self.idle)
+            self.expire = self.idle = -1
+        elif t == OP.EXPIRETIME_MS:
+            self.expire = _U64.unpack(self.raw(8))[0]
+        elif t == OP.IDLE:
+            self.saw_idle = True
+            self.idle = self.plain_length()
+        elif t == OP.FREQ:
+            self.saw_freq = True
+            self.idle = self.byte()
+        elif t == OP.SELECTDB:
+            self.db = self.plain_length()
+            if not out.keys:
+                out.db = self.db
+            return _NEW_DB
+        elif t == OP.EOF:
+            self.done = True
+            return _EOF
+        else:
+            handler = self._OPCODES.get(t)
+            if handler is None:
+                raise RdbError(f"unknown record type {t} (0x{t:02x}): not an RDB 9-12 value or opcode",
+                               self.offset - 1)
+            handler(self)
+        return 0
+
+    def _key_value(self, t: int, out: Batch, expire: int, idle: int) -> None:
+        start = self.offset - 1
+        key = self.string()
+        if t == 0:
+            n, is_int = self.string_len()
+            size = string_bytes(n, is_int)
+        else:
+            reader = _VALUE_READERS.get(t)
+            if reader is None:
+                raise RdbError(f"value type {t} is not readable (a pre-release module format)", start)
+            size = reader(self)
+        out.keys.append(key)
+        out.types.append(TYPE_CODES[t])
+        out.sizes.append(key_bytes(len(key)) + size)
+        out.expires.append(expire)
+        out.idles.append(idle)
+
+    # ------------------------------------------------------------------ opcodes other than per-key ones
+    def _aux(self) -> None:
+        name = self.string().decode("utf-8", "replace")
+        value = self.string().decode("utf-8", "replace")
+        self.aux[name] = value[:200]
+
+    def _resizedb(self) -> None:
+        self.plain_length()
+        self.plain_length()
+
+    def _expire_s(self) -> None:  # EXPIRETIME in seconds: pre-RDB 9 writers only
+        raise RdbError("an EXPIRETIME (seconds) record: written by Redis older than 5.0, not read", self.offset - 1)
+
+    def _module_aux(self) -> None:
+        self.plain_length()  # module id
+        self.plain_length()  # when opcode
+        self.plain_length()  # when
+        self.module_opcodes()
+
+    def _function(self) -> None:
+        self.string_len()
+        self.functions += 1
+
+    def _function_pre_ga(self) -> None:
+        raise RdbError("a pre-release function record (Redis 7.0 release candidates): not read", self.offset - 1)
+
+    def _slot_info(self) -> None:
+        for _ in range(3):
+            self.plain_length()
+
+    def module_opcodes(self) -> int:
+        """Skip a module value in the v2 format: typed items until the EOF item. Returns bytes skipped."""
+        start = self.offset
+        while True:
+            op = self.plain_length()
+            if op == 0:  # EOF
+                return self.offset - start
+            if op in (1, 2):  # signed / unsigned integer
+                self.plain_length()
+            elif op == 3:  # float
+                self.skip(4)
+            elif op == 4:  # double
+                self.skip(8)
+            elif op == 5:  # string
+                self.string_len()
+            else:
+                raise RdbError(f"unknown module value item {op}", self.offset)
+
+    _OPCODES: ClassVar[dict[int, Callable[[RdbReader], None]]] = {
+        OP.AUX: _aux, OP.RESIZEDB: _resizedb, OP.EXPIRETIME: _expire_s, OP.MODULE_AUX: _module_aux,
+        OP.FUNCTION2: _function, OP.FUNCTION_PRE_GA: _function_pre_ga, OP.SLOT_INFO: _slot_info,
+    }
+
+
+# ---------------------------------------------------------------------- value readers: bytes estimated
+def _list_linked(r: RdbReader) -> int:
+    n = r.plain_length()
+    total = 0
+    for _ in range(n):
+        total += sds(r.string_len()[0]) + _QL_NODE
+    return blob_bytes(_QUICKLIST) + total
+
+
+def _set_table(r: RdbReader) -> int:
+    n = r.plain_length()
+    total = 0
+    for _ in range(n):
+        total += sds(r.string_len()[0]) + 24
+    return table_bytes(n, total)
+
+
+def _hash_table(r: RdbReader) -> int:
+    n = r.plain_length()
+    total = 0
+    for _ in range(n):
+        total += sds(r.string_len()[0]) + sds(r.string_len()[0]) + 24
+    return table_bytes(n, total)
+
+
+def _hash_metadata(r: RdbReader, *, min_expire: bool) -> int:
+    if min_expire:
+        r.skip(8)
+    n = r.plain_length()
+    total = 0
+    for _ in range(n):
+        ttl = r.plain_length()
+        total += sds(r.string_len()[0]) + sds(r.string_len()[0]) + 24 + (8 if ttl else 0)
+    return table_bytes(n, total)
+
+
+def _zset_table(r: RdbReader, *, binary_scores: bool) -> int:
+    n = r.plain_length()
+    total = 0
+    for _ in range(n):
+        total += sds(r.string_len()[0]) + 24 + _ZSET_NODE
+        if binary_scores:
+            r.skip(8)
+        else:
+            k = r.byte()
+            if k < 253:
+                r.skip(k)
+    return table_bytes(n, total, extra=16 + 32 + je(32 + 32 * 16))  # zset, zskiplist, 32-level header node
+
+
+def _blob(r: RdbReader) -> int:
+    return blob_bytes(r.string_len()[0])
+
+
+def _list_ziplist(r: RdbReader) -> int:
+    return blob_bytes(_QUICKLIST) + _QL_NODE + je(r.string_len()[0])
+
+
+def _hash_listpack_ex(r: RdbReader) -> int:
+    r.skip(8)  # the smallest field expiry
+    return blob_bytes(r.string_len()[0])
+
+
+def _quicklist(r: RdbReader, *, containers: bool) -> int:
+    nodes = r.plain_length()
+    total = 0
+    for _ in range(nodes):
+        if containers:
+            r.plain_length()  # 1: a plain node (one big element), 2: a listpack
+        total += _QL_NODE + je(r.string_len()[0])
+    return blob_bytes(_QUICKLIST) + total
+
+
+def _stream(r: RdbReader, version: int) -> int:
+    nodes = r.plain_length()
+    total = 0
+    for _ in range(nodes):
+        r.string_len()  # the node's master ID (16 bytes)
+        total += _RAX_NODE + je(max(r.string_len()[0], _STREAM_NODE_PREALLOC))
+    for _ in range(3 if version == 1 else 8):  # length, last id (ms, seq) [, first id, max deleted id, added]
+        r.plain_length()
+    for _ in range(r.plain_length()):  # consumer groups
+        total += 64 + sds(r.string_len()[0])
+        r.plain_length()
+        r.plain_length()  # last delivered id
+        if version >= 2:
+            r.plain_length()  # entries read
+        pending = r.plain_length()
+        for _ in range(pending):
+            r.skip(16 + 8)  # raw id, delivery time
+            r.plain_length()  # delivery count
+        total += pending * _PEL_ENTRY
+        for _ in range(r.plain_length()):  # consumers
+            total += 48 + sds(r.string_len()[0])
+            r.skip(8 if version < 3 else 16)  # seen time [, active time]
+            own = r.plain_length()
+            r.skip(16 * own)
+            total += own * 24
+    return blob_bytes(88) + total
+
+
+def _module(r: RdbReader) -> int:
+    r.plain_length()  # module id
+    r.modules_skipped += 1
+    return blob_bytes(r.module_opcodes())
+
+
+def _module_pre_ga(r: RdbReader) -> int:
+    raise RdbError("a pre-release module value (RDB type 6) cannot be skipped without its module", r.offset)
+
+
+_VALUE_READERS: dict[int, Callable[[RdbReader], int]] = {
+    1: _list_linked, 2: _set_table, 3: lambda r: _zset_table(r, binary_scores=False), 4: _hash_table,
+    5: lambda r: _zset_table(r, binary_scores=True), 6: _module_pre_ga, 7: _module,
+    9: _blob, 10: _list_ziplist, 11: _blob, 12: _blob, 13: _blob, 16: _blob, 17: _blob, 20: _blob, 23: _blob,
+    14: lambda r: _quicklist(r, containers=False), 18: lambda r: _quicklist(r, containers=True),
+    15: lambda r: _stream(r, 1), 19: lambda r: _stream(r, 2), 21: lambda r: _stream(r, 3),
+    22: lambda r: _hash_metadata(r, min_expire=False), 24: lambda r: _hash_metadata(r, min_expire=True),
+    25: _hash_listpack_ex,
+}
+
+
+#: sizes of short keys and string values by length (the inline path's lookups)
+_KEY_SIZE = [key_bytes(n) for n in range(64)]
+_STR_SIZE = [string_bytes(n, False) for n in range(1 << 14)]
+_BLOB_SIZE = [blob_bytes(n) for n in range(1 << 14)]
+#: value types whose value is one string, read inline: strings, and the single-blob encodings (listpack,
+#: ziplist, intset, zipmap) of small hashes, sets and sorted sets
+_INLINE_TYPES = {0: _STR_SIZE, **{t: _BLOB_SIZE for t in (9, 11, 12, 13, 16, 17, 20)}}
+
+
+def _short_len(buf: bytes, p: int) -> tuple[int, int]:
+    """A 6- or 14-bit length at ``p``: (length, position after it), or (-1, p) for any other form."""
+    b = buf[p]
+    if b < 64:
+        return b, p + 1
+    if b < 128:
+        return ((b & 0x3F) << 8) | buf[p + 1], p + 2
+    return -1, p
+
+
+def _inline_value(buf: bytes, p: int, str_size: list[int]) -> tuple[int, int]:
+    """A string value at ``p`` in one of its common forms: (estimated bytes, position after it); (-1, p) for
+    the rest (the caller then reads the record the general way). The position may lie past the buffer."""
+    b = buf[p]
+    if b < 64:
+        return str_size[b], p + 1 + b
+    if b < 128:
+        n = ((b & 0x3F) << 8) | buf[p + 1]
+        return str_size[n], p + 2 + n
+    if b == 0xC3:  # LZF: compressed length, original length, data
+        clen, q = _short_len(buf, p + 1)
+        ulen, q = _short_len(buf, q) if clen >= 0 else (-1, q)
+        if ulen < 0:
+            return -1, p
+        return str_size[ulen], q + clen
+    if 0xC0 <= b <= 0xC2 and str_size is _STR_SIZE:  # an 8-, 16- or 32-bit integer (a string value only)
+        return 16, p + 1 + (1 << (b & 3))
+    return -1, p

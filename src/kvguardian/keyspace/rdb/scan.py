@@ -1,0 +1,198 @@
+"""An RDB snapshot → the `ScanResult` a live sweep gives: same pattern mining, statistics, JSON, verdicts, diff.
+
+What differs from a live sweep, and is said in the result:
+
+- ``mode`` is ``"rdb"``; ``server.nodes`` is the file (or the server the snapshot came from);
+- bytes are estimates from the serialized values (`kvguardian.keyspace.rdb.size`), counting every element
+  (a live sweep's ``MEMORY USAGE`` samples 5 elements of a collection);
+- the idle metric is whatever the file carries: ``IDLE`` records (an LRU ``maxmemory-policy``) give idle
+  seconds at save time, ``FREQ`` records (LFU) the counter; under other policies there is none, so no key can
+  be called cold (a warning says so);
+- TTLs are relative to the snapshot's ``ctime``; keys already expired then count as vanished;
+- every database in the file is read unless ``db`` is given.
+
+A damaged or truncated file ends the result early: ``complete`` false and ``incomplete_reason`` naming the
+byte offset; what was read before stays in the result.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvguardian.keyspace.patterns import OVERFLOW, PatternMiner
+from kvguardian.keyspace.rdb.format import VERSIONS, RdbError
+from kvguardian.keyspace.rdb.parallel import ReaderProcess, worth_forking
+from kvguardian.keyspace.rdb.reader import Batch, ByteStream, RdbReader
+from kvguardian.keyspace.result import ScanResult
+from kvguardian.keyspace.stats import PatternStats
+from kvguardian.keyspace.sweep import SweepOptions, build_patterns, mine_and_count
+
+__all__ = ["RdbSource", "scan_rdb"]
+
+Progress = Callable[[int, int], None]  # (bytes read, total bytes or 0)
+
+
+class _Filter:
+    """The ``--match`` glob and ``--db`` choice applied to a batch."""
+
+    def __init__(self, match: str | None, db: int | None) -> None:
+        self.rx = re.compile(fnmatch.translate(match).encode("latin-1"), re.S) if match else None
+        self.db = db
+
+    def apply(self, b: Batch) -> Batch:
+        if self.db is not None and b.db != self.db:
+            return Batch(db=b.db)
+        if self.rx is None:
+            return b
+        keep = [i for i, k in enumerate(b.keys) if self.rx.match(k)]
+        return _take(b, keep)
+
+
+def _take(b: Batch, idx: list[int] | range) -> Batch:
+    return Batch([b.keys[i] for i in idx], [b.types[i] for i in idx], [b.sizes[i] for i in idx],
+                 [b.expires[i] for i in idx], [b.idles[i] for i in idx], b.db)
+
+
+def _probe(b: Batch, now_ms: int) -> np.ndarray:
+    """The live probe's [N, 4] layout: type code, bytes, PTTL (-1 none, -2 expired by then), idle or freq."""
+    probe = np.empty((len(b), 4), dtype=np.int64)
+    probe[:, 0] = b.types
+    probe[:, 1] = b.sizes
+    exp = np.array(b.expires, dtype=np.int64)
+    pttl = np.where(exp >= 0, exp - now_ms, -1)
+    pttl[(exp >= 0) & (pttl <= 0)] = -2
+    probe[:, 2] = pttl
+    probe[:, 3] = b.idles
+    return probe
+
+
+class _Run:
+    """One pass over a file: stats are built when the first key says which idle metric the file carries."""
+
+    def __init__(self, reader: RdbReader | ReaderProcess, opts: SweepOptions) -> None:
+        self.reader, self.opts = reader, opts
+        self.stats: PatternStats | None = None
+        self.miner: PatternMiner | None = None
+        self.done = 0
+        self.per_db: Counter[int] = Counter()
+
+    def metric(self) -> str:
+        return "freq" if self.reader.saw_freq else "idletime"
+
+    def cold(self) -> float:
+        return float(self.opts.cold_freq) if self.metric() == "freq" else self.opts.cold_after
+
+    def add(self, b: Batch, now_ms: int) -> None:
+        if self.stats is None:
+            self.stats = PatternStats(cold_after=int(self.cold()), idle_metric=self.metric())
+            self.miner = PatternMiner(max_patterns=self.opts.max_patterns, collapse_after=self.opts.collapse_after,
+                                      on_merge=self.stats.merge)
+        assert self.miner is not None
+        mine_and_count(self.miner, self.stats, b.keys, _probe(b, now_ms))
+        self.done += len(b)
+        self.per_db[b.db] += len(b)
+
+    def read(self, result: ScanResult, keep: _Filter, *, progress: Progress | None, total: int,
+             stop: threading.Event | None) -> None:
+        reader, sample = self.reader, self.opts.sample
+        now_ms = 0
+        for batch in reader.batches():
+            if not now_ms:  # AUX fields come before the first key
+                now_ms = int(reader.aux.get("ctime", "0") or 0) * 1000 or int(time.time() * 1000)
+            b = keep.apply(batch)
+            if sample is not None and self.done + len(b) >= sample:
+                self.add(_take(b, range(sample - self.done)), now_ms)
+                result.complete, result.incomplete_reason = False, "sample"
+                return
+            if len(b):
+                self.add(b, now_ms)
+            if progress is not None:
+                progress(reader.offset, total)
+            if stop is not None and stop.is_set():
+                raise KeyboardInterrupt
+
+
+@dataclass
+class RdbSource:
+    """Where an RDB comes from: a binary stream, what reports call it, and (for a replication payload) how
+    many bytes it holds; ``total_bytes`` (0: unknown) is for progress."""
+
+    stream: ByteStream
+    target: str
+    limit: int | None = None
+    total_bytes: int = 0
+    parallel: bool = True  # read in a forked child while this process mines (kvguardian.keyspace.rdb.parallel)
+
+
+def scan_rdb(source: RdbSource, options: SweepOptions | None = None, *, db: int | None = None,
+             progress: Progress | None = None, stop: threading.Event | None = None) -> ScanResult:
+    """Read the RDB of ``source`` into a `ScanResult` (``db``: only that database).
+
+    Raises:
+        RdbError: the stream is not an RDB at all (a damaged file after its header gives a partial result).
+    """
+    opts = options or SweepOptions()
+    result = ScanResult(target=source.target, started=time.time(), mode="rdb")
+    reader: RdbReader | ReaderProcess
+    if source.parallel and worth_forking(source.stream):
+        reader = ReaderProcess.open(source.stream, limit=source.limit)
+    else:
+        reader = RdbReader(source.stream, limit=source.limit)
+        reader.header()
+    run = _Run(reader, opts)
+    try:
+        run.read(result, _Filter(opts.match, db), progress=progress, total=source.total_bytes, stop=stop)
+    except RdbError as exc:
+        result.complete = False
+        result.incomplete_reason = f"damaged or truncated RDB at byte {exc.offset}: {exc}"
+    except KeyboardInterrupt:
+        result.complete, result.incomplete_reason = False, "interrupted"
+    _finish(result, reader, run, opts, db)
+    return result
+
+
+def _finish(result: ScanResult, reader: RdbReader | ReaderProcess, run: _Run, opts: SweepOptions,
+            db: int | None) -> None:
+    aux = reader.aux
+    result.finished = time.time()
+    result.idle_metric = run.metric()
+    result.cold_after = run.cold()
+    result.keys_scanned = run.done
+    result.dbsize = run.done
+    writer = aux.get("redis-ver", "?")
+    result.mode_reason = f"RDB version {reader.version} written by Redis {writer}: no server CPU per key"
+    policy = ("an LFU policy (FREQ records)" if reader.saw_freq else "an LRU policy (IDLE records)"
+              if reader.saw_idle else "no LRU/LFU policy (no idle records)")
+    result.server = {
+        "version": writer, "cluster": False, "maxmemory_policy": policy,
+        "nodes": [{"addr": result.target, "role": "rdb", "dbsize": run.done, "uptime_s": None,
+                   "keys_scanned": run.done}],
+        "rdb": {"version": reader.version, "ctime": int(aux.get("ctime", "0") or 0),
+                "used_mem": int(aux.get("used-mem", "0") or 0), "bytes_read": reader.offset,
+                "databases": {str(k): v for k, v in sorted(run.per_db.items())}, "db": db,
+                "modules_skipped": reader.modules_skipped, "functions": reader.functions},
+    }
+    if reader.version not in VERSIONS:
+        result.warnings.append(f"RDB version {reader.version} is newer than the 9-12 this reader was tested on")
+    if run.done and not (reader.saw_idle or reader.saw_freq):
+        result.warnings.append("the file carries no idle times (maxmemory-policy was neither LRU nor LFU when it "
+                               "was saved): no key can be called cold")
+    if db is None and len(run.per_db) > 1:
+        result.warnings.append(f"keys of {len(run.per_db)} databases are counted together; pick one with --db")
+    if reader.modules_skipped:
+        result.warnings.append(f"{reader.modules_skipped} module value(s) skipped; their bytes are the serialized size")
+    if run.stats is not None and run.miner is not None:
+        result.keys_vanished = run.stats.keys_vanished
+        result.patterns = build_patterns(run.miner, run.stats)
+        result.bytes = sum(p["bytes"] for p in result.patterns)
+        if any(p["overflow"] and p["keys"] for p in result.patterns):
+            result.warnings.append(f"more than {opts.max_patterns} patterns: the rest are counted under {OVERFLOW}; "
+                                   "raise --max-patterns to split them")

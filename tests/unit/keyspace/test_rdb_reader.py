@@ -1,0 +1,135 @@
+"""The RDB reader on hand-built files: what Redis 7.0 here cannot write (RDB 12 hash field TTLs, module values and
+module AUX, functions, slot info), length and string encodings, LZF; the size classes; the batch sizer."""
+
+from __future__ import annotations
+
+import io
+import struct
+
+import pytest
+
+from kvguardian.keyspace.pacing import BatchSizer
+from kvguardian.keyspace.rdb.format import RdbError
+from kvguardian.keyspace.rdb.reader import RdbReader, lzf_decompress
+from kvguardian.keyspace.rdb.scan import RdbSource, scan_rdb
+from kvguardian.keyspace.rdb.size import je, sds
+
+
+def ln(n: int) -> bytes:
+    if n < 64:
+        return bytes([n])
+    if n < 16384:
+        return bytes([0x40 | (n >> 8), n & 0xFF])
+    if n < 2**32:
+        return b"\x80" + n.to_bytes(4, "big")
+    return b"\x81" + n.to_bytes(8, "big")
+
+
+def st(b: bytes | str) -> bytes:
+    b = b.encode() if isinstance(b, str) else b
+    return ln(len(b)) + b
+
+
+def rdb(*records: bytes, version: int = 12) -> bytes:
+    return b"REDIS%04d" % version + st_aux("redis-ver", "7.4.0") + b"\xfe\x00\xfb\x02\x00" + b"".join(records) \
+        + b"\xff" + bytes(8)
+
+
+def st_aux(k: str, v: str) -> bytes:
+    return b"\xfa" + st(k) + st(v)
+
+
+def read(data: bytes) -> tuple[RdbReader, list]:
+    r = RdbReader(io.BytesIO(data))
+    rows = []
+    for b in r.batches():
+        rows += list(zip(b.keys, b.types, b.sizes, b.expires, b.idles))
+    return r, rows
+
+
+def test_rdb12_records_redis_70_cannot_write():
+    module_value = ln(2) + ln(5) + ln(5) + st("abc") + ln(4) + struct.pack("<d", 1.5) + ln(3) + b"\0\0\0\0" + ln(0)
+    data = rdb(
+        b"\xf4" + ln(7) + ln(3) + ln(1),  # SLOT_INFO
+        b"\xf5" + st("#!lua name=lib\nredis.register_function('f', function() return 1 end)"),  # FUNCTION2
+        b"\xf7" + ln(12345) + ln(2) + ln(1) + module_value,  # MODULE_AUX
+        b"\xfc" + struct.pack("<Q", 4_000_000_000_000) + b"\xf8" + ln(300) + b"\x00" + st("plain") + st("v" * 10),
+        bytes([24]) + st("hfe") + struct.pack("<Q", 1_000) + ln(2) + ln(0) + st("f1") + st("v1") + ln(5) + st("f2")
+        + st("v2"),  # HASH_METADATA: min expiry, then (ttl, field, value) with ttl relative (+1)
+        bytes([22]) + st("hfe-rc") + ln(1) + ln(1_700_000_000_000) + st("f") + st("v"),  # the RC format
+        bytes([25]) + st("hlpex") + struct.pack("<Q", 1_000) + st(b"\x01" * 40),  # HASH_LISTPACK_EX
+        bytes([7]) + st("mod") + ln(777) + module_value,  # a module value: skipped through its opcodes
+        b"\xf9\x07" + bytes([20]) + st("setlp") + st(b"\x02" * 30),  # FREQ, then SET_LISTPACK
+    )
+    r, rows = read(data)
+    assert r.done and r.version == 12 and r.functions == 1 and r.modules_skipped == 1
+    keys = {k: (t, e, i) for k, t, _, e, i in rows}
+    assert keys == {b"plain": (0, 4_000_000_000_000, 300), b"hfe": (4, -1, -1), b"hfe-rc": (4, -1, -1),
+                    b"hlpex": (4, -1, -1), b"mod": (6, -1, -1), b"setlp": (2, -1, 7)}
+    assert r.saw_idle and r.saw_freq
+
+
+def test_stream_v3_with_groups_and_consumers():
+    node = st(bytes(16)) + st(b"\x10" * 100)
+    group = (st("g") + ln(5) + ln(0) + ln(3)  # name, last id, entries read
+             + ln(1) + bytes(16) + struct.pack("<Q", 99) + ln(2)  # one pending entry
+             + ln(1) + st("c") + struct.pack("<Q", 1) + struct.pack("<Q", 2) + ln(1) + bytes(16))  # a consumer
+    data = rdb(bytes([21]) + st("x") + ln(2) + node + node + ln(10) + ln(5) + ln(0) + ln(1) + ln(0) + ln(0) + ln(0)
+               + ln(10) + ln(1) + group)
+    r, rows = read(data)
+    assert [(k, t) for k, t, *_ in rows] == [(b"x", 5)] and r.done
+
+
+def test_lengths_and_string_encodings():
+    big = b"y" * 70_000
+    data = rdb(b"\x00" + st("a") + b"\xc0\x7f", b"\x00" + st("b") + b"\xc1\x00\x80", b"\x00" + st("c") + b"\xc2"
+               + struct.pack("<i", -5), b"\x00" + st("d") + st(big), b"\x00" + b"\xc0\x05" + st("int-key"))
+    _r, rows = read(data)
+    assert [k for k, *_ in rows] == [b"a", b"b", b"c", b"d", b"5"]
+    assert rows[3][2] > 70_000  # a 70 kB value, read past the 4 kB inline window and the buffer
+
+
+def test_lzf():
+    # literal run "abc", then a back reference of length 6 at distance 3 (overlapping): "abcabcabc"
+    assert lzf_decompress(b"\x02abc" + bytes([(4 << 5) | 0, 2]), 9) == b"abcabcabc"
+    with pytest.raises(ValueError):
+        lzf_decompress(b"\x02abc", 5)
+    key = b"\x02abc" + bytes([(4 << 5) | 0, 2])
+    _, rows = read(rdb(b"\x00" + b"\xc3" + ln(len(key)) + ln(9) + key + st("v")))
+    assert rows[0][0] == b"abcabcabc"
+
+
+@pytest.mark.parametrize("damage", ["truncated", "bad type"])
+def test_damage_is_an_error_with_an_offset_and_keeps_what_was_read(damage):
+    good = b"".join(b"\x00" + st(f"k{i}") + st("v") for i in range(100))
+    last = b"\x00" + st("last") + st("x" * 50)
+    data = rdb(good, last)
+    at = data.index(last)
+    data = data[:at + 20] if damage == "truncated" else data[:at] + b"\xee" + data[at + 1:]
+    res = scan_rdb(RdbSource(io.BytesIO(data), "t"))
+    assert not res.complete and res.incomplete_reason.startswith("damaged or truncated RDB at byte")
+    assert ("ends" if damage == "truncated" else "unknown record type 238") in res.incomplete_reason
+    assert res.keys_scanned == 100 and res.patterns  # everything before the damage
+    with pytest.raises(RdbError, match="not an RDB"):
+        scan_rdb(RdbSource(io.BytesIO(b"HELLO"), "t"))
+
+
+def test_old_versions_are_refused_newer_ones_warned():
+    with pytest.raises(RdbError, match="older than this reader reads"):
+        read(rdb(version=8))
+    res = scan_rdb(RdbSource(io.BytesIO(rdb(b"\x00" + st("k") + st("v"), version=13)), "t"))
+    assert res.complete and any("newer than" in w for w in res.warnings)
+
+
+def test_jemalloc_classes_and_sds():
+    assert [je(n) for n in (1, 8, 9, 17, 128, 129, 161, 257, 4097)] == [8, 8, 16, 32, 128, 160, 192, 320, 5120]
+    assert sds(10) == 16 and sds(40) == 48 and sds(300) == 320
+
+
+def test_batch_sizer_fits_the_budget_and_reacts_to_slow_calls():
+    s = BatchSizer(0.0005, start=50)
+    for _ in range(20):
+        n = s.observe(s.batch, s.batch * 5e-6)  # 5 us a key: 100 keys fit 0.5 ms
+    assert 90 <= n <= 100
+    assert s.observe(n, 0.003) <= n // 2  # a call over budget halves the batch at once
+    assert BatchSizer(0.0005).observe(0, 0.1) == 50  # an empty batch says nothing
