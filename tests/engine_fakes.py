@@ -235,7 +235,8 @@ class VllmPublisher:
     """PUB (as XPUB) + replay ROUTER on free loopback ports; sequence numbers from 0, a bounded replay buffer."""
 
     def __init__(self, fmt: str = "map-events", topic: str = "", buffer_steps: int = 10_000,
-                 port: int | None = None, replay_port: int | None = None, reply_shape: str = "0.32") -> None:
+                 port: int | None = None, replay_port: int | None = None, reply_shape: str = "0.32",
+                 connect: str | None = None) -> None:
         self.fmt = fmt
         self.reply_shape = reply_shape  # "0.32": (b"", topic, seq, payload); "old" (and SGLang): (b"", seq, payload)
         self.topic = topic.encode()
@@ -243,7 +244,10 @@ class VllmPublisher:
         self.pub = self.ctx.socket(zmq.XPUB)
         self.pub.setsockopt(zmq.LINGER, 0)
         self.port = port or free_port()
-        self.pub.bind(f"tcp://127.0.0.1:{self.port}")
+        if connect:  # as vLLM with a tcp://HOST:PORT endpoint: it connects to the (bound) subscriber
+            self.pub.connect(connect)
+        else:
+            self.pub.bind(f"tcp://127.0.0.1:{self.port}")
         self.replay_port = replay_port or free_port()
         self.endpoint = f"tcp://127.0.0.1:{self.port}"
         self.replay_endpoint = f"tcp://127.0.0.1:{self.replay_port}"

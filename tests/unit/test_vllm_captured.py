@@ -86,7 +86,8 @@ def _split_at_clear():
     return items[:i], items[i]
 
 
-def test_sleep_and_wake_as_vllm_publishes_them_is_not_stale():
+def _slept_and_woke():
+    """The captured stream up to the sleep, then sleep and wake as the metrics show them."""
     before, first_after = _split_at_clear()
     board = FindingBoard()
     audit = PrefixIndexAudit(board, capacity_blocks=64)
@@ -94,18 +95,17 @@ def test_sleep_and_wake_as_vllm_publishes_them_is_not_stale():
     audit.note_sleep(2.0)
     audit.note_wake(3.0)  # the metrics show the engine awake; the clear has not been published yet
     assert not board.all()
+    return board, audit, first_after
+
+
+def test_sleep_and_wake_as_vllm_publishes_them_is_not_stale():
+    board, audit, first_after = _slept_and_woke()
     _feed(audit, [first_after], now=4.0)  # the first step after waking carries the clear
     assert not board.all() and audit.clears == 1
 
 
 def test_a_wake_whose_first_batch_has_no_clear_is_stale():
-    before, first_after = _split_at_clear()
-    board = FindingBoard()
-    audit = PrefixIndexAudit(board, capacity_blocks=64)
-    _feed(audit, before)
-    audit.note_sleep(2.0)
-    audit.note_wake(3.0)
-    seq, batch = first_after
+    board, audit, (seq, batch) = _slept_and_woke()
     stripped = type(batch)(batch.ts, tuple(e for e in batch.events if not isinstance(e, AllBlocksCleared)),
                            batch.dp_rank)
     _feed(audit, [(seq, stripped)], now=4.0)
