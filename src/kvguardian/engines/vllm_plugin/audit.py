@@ -300,7 +300,7 @@ class VllmPoolAudit:
                 first = owner.setdefault(b.block_id, (rid, ns))
                 if first[1] != ns or self._foreign(b, ns):
                     foreign.append(b)
-            if foreign:
+            if foreign and not self.board.is_active(("KVG205", rid)):  # keep the finding of the hit itself
                 self._cross_namespace(rid, ns, foreign, now, how="it shares")
 
     def _cross_namespace(self, rid: str, ns: str, blocks: list[Any], now: float, *, how: str) -> None:
