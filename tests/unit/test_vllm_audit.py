@@ -60,6 +60,8 @@ class FreeQueue:
 
 
 class Pool:
+    enable_caching = True
+
     def __init__(self, n):
         self.blocks = [Block(i, self) for i in range(n)]
         self.free_block_queue = FreeQueue(self.blocks)
@@ -169,7 +171,7 @@ class Scheduler:
 def sched():
     s = Scheduler()
     assert hooks.missing_internals(s) == []
-    owner = hooks.install(s, min_interval=0.0)
+    owner = hooks.install(s, min_interval=0.0, duty=1.0)
     return s, owner
 
 

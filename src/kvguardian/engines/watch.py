@@ -268,9 +268,8 @@ class Watch:
         errors = ", ".join(f"{k} {v}" for k, v in sorted(s["scrape_errors"].items())) or "none"
         lines = [f"watched {s['engine']} for {s['seconds_watched']:.1f} s: {s['scrapes']} scrape(s), "
                  f"scrape errors: {errors}"]
-        if "idle_kv_seconds" in s:
-            lines.append(f"KV usage while idle: {s['idle_kv_seconds']:.1f} s (grace {self.vllm.grace:g} s)"
-                         if self.vllm is not None else "")
+        if self.vllm is not None:
+            lines.append(f"KV usage while idle: {s['idle_kv_seconds']:.1f} s (grace {self.vllm.grace:g} s)")
         ev = s.get("kv_events")
         if ev:
             decode = ", ".join(f"{k} {v}" for k, v in sorted(ev["decode_errors"].items())) or "none"
@@ -279,4 +278,4 @@ class Watch:
                 f"{ev['lost']} lost), decode errors: {decode}; index {ev['index_blocks']} block(s), "
                 f"{ev['clears']} clear(s), {ev['blocks_reannounced']} re-announced"
                 + ("; INCOMPLETE" if s["incomplete"] else ""))
-        return [x for x in lines if x]
+        return lines

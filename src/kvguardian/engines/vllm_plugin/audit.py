@@ -22,9 +22,11 @@ Invariants, at step boundaries (between the scheduler's calls the structures are
    the hash or the salt handling is broken (the CVE-2025-46570 class);
 5. no free of a block more times than it is referenced (KVG201, checked at the free).
 
-Cost: the full audit is O(blocks + table entries). It runs when the scheduler has just become idle (no cost
-to throughput: the engine waits for work) and otherwise at most a ``duty`` fraction of the time (default
-0.5%: an audit that took 1 ms waits 200 ms). The per-call checks are O(blocks freed / hit / cached).
+Cost: the full audit is O(blocks + table entries), about 1 us per block here. While the engine works it runs
+in the engine thread at most a ``duty`` fraction of the time (default 0.5%: an audit that took 20 ms waits
+4 s); once the engine has been quiet for half a second, the reporting thread runs it (holding the lock the
+scheduler's entry points take, so it sees a consistent pool; a request arriving meanwhile waits for it).
+The per-call checks are O(blocks freed / hit / cached).
 Bounded: evidence lists at most ``_SHOW`` blocks, at most ``_MAX_REQUEST_FINDINGS`` requests get their own
 finding, the namespace map holds one entry per block, the finished-request memory is a bounded LRU. The
 audit keeps only a weak reference to the scheduler; it never changes a block, a table or a count.
@@ -125,6 +127,10 @@ class VllmPoolAudit:
     def before_free_blocks(self, pool: Any, blocks: list[Any], now: float) -> None:
         """``BlockPool.free_blocks`` is about to release ``blocks``: none more often than it is referenced."""
         self._dirty = True
+        if len({id(b) for b in blocks}) == len(blocks):  # the usual case: each block once
+            bad = [b for b in blocks if b.ref_cnt <= 0 and not b.is_null and (b.pool is None or b.pool is pool)]
+            if not bad:
+                return
         counts = Counter(map(id, blocks))  # KVCacheBlock compares by value and is unhashable: count by identity
         bad = [b for b in {id(b): b for b in blocks}.values()
                if not b.is_null and (b.pool is None or b.pool is pool) and counts[id(b)] > b.ref_cnt]
@@ -143,10 +149,11 @@ class VllmPoolAudit:
     def after_cache_blocks(self, request: Any, blocks: Sequence[Any], start: int, stop: int) -> None:
         """``cache_full_blocks`` gave ``blocks[start:stop]`` their prefix hashes: remember whose KV they hold."""
         ns = namespace_of(request)
+        table = self._ns_by_block
         for b in blocks[start:stop]:
             h = b.block_hash
-            if h is not None and not b.is_null:
-                self._ns_by_block[b.block_id] = (h, ns)
+            if h is not None:  # the null block never gets one
+                table[b.block_id] = (h, ns)
 
     def after_lookup(self, request: Any, result: Any, now: float) -> None:
         """``get_computed_blocks`` returned prefix-cache hits for ``request``: all of its own namespace."""
@@ -165,8 +172,18 @@ class VllmPoolAudit:
         rec = self._ns_by_block.get(block.block_id)
         return rec is not None and rec[0] == block.block_hash and rec[1] != ns
 
-    def after_eviction(self) -> None:
-        self.evictions += 1
+    def before_new_blocks(self, pool: Any, n: int) -> None:
+        """``get_new_blocks(n)`` takes the first ``n`` blocks of the free queue: those with a hash are evicted."""
+        queue = pool.free_block_queue
+        node, tail = queue.fake_free_list_head.next_free_block, queue.fake_free_list_tail
+        evicted = 0
+        for _ in range(n):
+            if node is None or node is tail:
+                break
+            if node.block_hash is not None:
+                evicted += 1
+            node = node.next_free_block
+        self.evictions += evicted
 
     def after_reset(self) -> None:
         """The prefix cache was reset: no block carries a hash any more."""
@@ -177,11 +194,14 @@ class VllmPoolAudit:
         self._dirty = True
 
     # ------------------------------------------------------------------ the full audit
+    @property
+    def dirty(self) -> bool:
+        """Whether anything changed since the last full audit."""
+        return self._dirty
+
     def maybe_audit(self, now: float) -> bool:
-        """Audit if the scheduler just became idle with something changed, or the duty budget allows."""
-        _, _, requests = self._parts()
-        idle = not requests
-        if not (idle and self._dirty) and now < self._next_audit:
+        """Audit now if the duty budget allows (called by the engine thread after each step)."""
+        if now < self._next_audit:
             return False
         self.audit(now)
         return True

@@ -11,9 +11,12 @@ shadow the class's, so nothing else in the process changes):
 ``KVCacheManager.get_computed_blocks(req)``  after: prefix hits must be of the request's namespace (KVG205)
 ``BlockPool.free_blocks(blocks)``            before: no block freed more than referenced (KVG201)
 ``BlockPool.cache_full_blocks(...)``         after: which namespace wrote each newly cached block
-``BlockPool._maybe_evict_cached_block(b)``   after: count evictions
+``BlockPool.get_new_blocks(n)``              before: count the cached blocks it is about to evict
 ``BlockPool.reset_prefix_cache()``           after: forget the namespaces (no block has a hash now)
 ==========================================  ==========================================================
+
+The scheduler's entry points that change KV state (`ENTRY_POINTS`) run holding the audit's lock, so an audit
+from the reporting thread (`AuditedScheduler.quiet_audit`, once the engine is idle) sees a consistent pool.
 
 Fail open: vLLM's call always runs, with its own arguments and result; an exception in kv-guardian's part is
 caught, counted (``wrapper_errors``), logged once (KVG100 in the report), and after ``_MAX_ERRORS`` the audit
@@ -26,6 +29,7 @@ from __future__ import annotations
 import functools
 import logging
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -33,7 +37,7 @@ from typing import Any
 from kvguardian.engines.vllm_plugin.audit import VllmPoolAudit
 from kvguardian.findings import Finding, Severity
 
-__all__ = ["REQUIRED", "AuditedScheduler", "install", "missing_internals", "say"]
+__all__ = ["ENTRY_POINTS", "REQUIRED", "AuditedScheduler", "install", "missing_internals", "say"]
 
 log = logging.getLogger("kvguardian")
 
@@ -47,7 +51,7 @@ REQUIRED: tuple[tuple[str, str], ...] = (
     ("kv_cache_manager", "coordinator"), ("kv_cache_manager.coordinator", "single_type_managers"),
     ("kv_cache_manager.block_pool", "blocks"), ("kv_cache_manager.block_pool", "free_blocks"),
     ("kv_cache_manager.block_pool", "cache_full_blocks"), ("kv_cache_manager.block_pool", "free_block_queue"),
-    ("kv_cache_manager.block_pool", "_maybe_evict_cached_block"),
+    ("kv_cache_manager.block_pool", "get_new_blocks"), ("kv_cache_manager.block_pool", "enable_caching"),
     ("kv_cache_manager.block_pool", "reset_prefix_cache"),
     ("kv_cache_manager.block_pool.free_block_queue", "num_free_blocks"),
     ("kv_cache_manager.block_pool.free_block_queue", "fake_free_list_head"),
@@ -91,6 +95,8 @@ class AuditedScheduler:
         self.wrapper_errors = 0
         self.first_error: str | None = None
         self.changes = 0  # bumped when findings may have changed (the report writer watches it)
+        self.lock = threading.RLock()  # held by the scheduler's entry points, and by an audit from another thread
+        self.last_activity = time.monotonic()  # the last time the engine thread entered the scheduler
 
     def guarded(self, site: str, fn: Callable[..., Any], *args: Any) -> None:
         """Run ``fn(*args)``; an exception is contained (fail-open), never raised into vLLM."""
@@ -100,6 +106,23 @@ class AuditedScheduler:
             fn(*args)
         except Exception as exc:
             self._contain(site, exc)
+
+    def quiet_audit(self, quiet: float = 0.5) -> bool:
+        """From another thread: audit if something changed and the engine has not entered the scheduler for
+        ``quiet`` seconds (it waits for work). Never blocks: if the engine holds the lock, try again later."""
+        if not self.enabled or not self.audit.dirty or time.monotonic() - self.last_activity < quiet:
+            return False
+        if not self.lock.acquire(blocking=False):
+            return False
+        try:
+            self.audit.audit(time.monotonic())
+        except Exception as exc:
+            self._contain("quiet audit", exc)
+            return False
+        finally:
+            self.lock.release()
+        self.changes += 1
+        return True
 
     def _contain(self, site: str, exc: BaseException) -> None:
         self.wrapper_errors += 1
@@ -146,6 +169,23 @@ def _after(owner: AuditedScheduler, site: str, target: Any, name: str, check: Ch
     setattr(target, name, wrapper)
 
 
+#: The scheduler's entry points that change KV state; each runs holding the audit's lock (uncontended: ~0.1 us).
+ENTRY_POINTS = ("schedule", "update_from_output", "add_request", "finish_requests", "reset_prefix_cache")
+
+
+def _locked(owner: AuditedScheduler, target: Any, name: str) -> None:
+    orig = getattr(target, name)
+    lock = owner.lock
+
+    @functools.wraps(orig)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with lock:
+            owner.last_activity = time.monotonic()
+            return orig(*args, **kwargs)
+
+    setattr(target, name, wrapper)
+
+
 def install(scheduler: Any, *, min_interval: float = 1.0, duty: float = 0.005) -> AuditedScheduler:
     """Attach an audit to a constructed vLLM 0.32 scheduler (call `missing_internals` first)."""
     owner = AuditedScheduler(scheduler, min_interval=min_interval, duty=duty)
@@ -169,10 +209,6 @@ def install(scheduler: Any, *, min_interval: float = 1.0, duty: float = 0.005) -
         audit.after_cache_blocks(a.get(0, "request"), a.get(1, "blocks"), a.get(2, "num_cached_blocks"),
                                  a.get(3, "num_full_blocks"))
 
-    def evicted(result: Any, _a: _Args) -> None:
-        if result:
-            audit.after_eviction()
-
     def reset(result: Any, _a: _Args) -> None:
         if result:
             audit.after_reset()
@@ -181,10 +217,26 @@ def install(scheduler: Any, *, min_interval: float = 1.0, duty: float = 0.005) -
     _after(owner, "scheduler.update_from_output", scheduler, "update_from_output", stepped)
     _after(owner, "kv_cache_manager.get_computed_blocks", kvm, "get_computed_blocks", looked_up)
     _after(owner, "block_pool.cache_full_blocks", pool, "cache_full_blocks", cached)
-    _after(owner, "block_pool._maybe_evict_cached_block", pool, "_maybe_evict_cached_block", evicted)
     _after(owner, "block_pool.reset_prefix_cache", pool, "reset_prefix_cache", reset)
     _wrap_free_blocks(owner, pool)
+    _wrap_new_blocks(owner, pool)
+    for name in ENTRY_POINTS:
+        if hasattr(scheduler, name):
+            _locked(owner, scheduler, name)
     return owner
+
+
+def _wrap_new_blocks(owner: AuditedScheduler, pool: Any) -> None:
+    orig = pool.get_new_blocks
+    audit = owner.audit
+
+    @functools.wraps(orig)
+    def get_new_blocks(num_blocks: int, *args: Any, **kwargs: Any) -> Any:
+        if owner.enabled and pool.enable_caching:
+            owner.guarded("block_pool.get_new_blocks", audit.before_new_blocks, pool, num_blocks)
+        return orig(num_blocks, *args, **kwargs)
+
+    pool.get_new_blocks = get_new_blocks
 
 
 def _wrap_free_blocks(owner: AuditedScheduler, pool: Any) -> None:

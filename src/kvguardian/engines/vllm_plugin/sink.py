@@ -114,6 +114,7 @@ class AuditSink:
     # ------------------------------------------------------------------ the thread
     def _loop(self) -> None:
         while not self._stop.wait(_WRITE_EVERY):
+            self.owner.quiet_audit()  # the engine waits for work: audit the state it left
             self.flush()
 
     def flush(self) -> None:
