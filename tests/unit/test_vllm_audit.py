@@ -24,8 +24,16 @@ class Block:
     __hash__ = None  # type: ignore[assignment]  # vLLM's KVCacheBlock is an eq dataclass: unhashable
 
     def __init__(self, block_id, pool=None):
-        self.block_id, self.ref_cnt, self.block_hash, self.is_null, self.pool = block_id, 0, None, False, pool
+        self.block_id, self.ref_cnt, self._block_hash, self.is_null, self.pool = block_id, 0, None, False, pool
         self.prev_free_block = self.next_free_block = None
+
+    @property
+    def block_hash(self):  # as vLLM's: a property over _block_hash
+        return self._block_hash
+
+    @block_hash.setter
+    def block_hash(self, value):
+        self._block_hash = value
 
     def __eq__(self, other):
         return isinstance(other, Block) and other.block_id == self.block_id
@@ -69,6 +77,8 @@ class Pool:
         self.null_block.is_null = True
 
     def get_new_blocks(self, n):
+        if n > self.free_block_queue.num_free_blocks:
+            raise ValueError(f"Cannot get {n} free blocks from the pool")
         out = [self.free_block_queue.popleft() for _ in range(n)]
         for b in out:
             self._maybe_evict_cached_block(b)
@@ -324,3 +334,14 @@ def test_the_sink_writes_a_report_the_exporter_reads_and_serves_metrics(sched, t
     assert 'kvguardian_findings{id="KVG204",name="lost-free",severity="error"} 1.0' in body
     assert 'kvguardian_pool_blocks{pool="vllm",state="referenced"} 2.0' in body
     assert "kvguardian_vllm_lost_free_requests 1.0" in body and "kvguardian_vllm_audit_enabled 1.0" in body
+
+
+def test_evictions_are_the_cached_blocks_an_allocation_takes(sched):
+    s, owner = sched
+    s.add(Req("a", 8, prefix_key="a"), 2)
+    s.finish("a")  # its 2 blocks stay cached, at the back of the free queue
+    s.add(Req("big", 24, prefix_key="b"), 7)  # of 8 usable blocks: the 6 never used, then 1 cached one
+    assert owner.audit.evictions == 1
+    with pytest.raises(ValueError):
+        s.add(Req("huge", 4, prefix_key="c"), 5)  # more than is free: vLLM refuses, nothing is taken
+    assert owner.audit.evictions == 1

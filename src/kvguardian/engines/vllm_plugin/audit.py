@@ -22,7 +22,7 @@ Invariants, at step boundaries (between the scheduler's calls the structures are
    the hash or the salt handling is broken (the CVE-2025-46570 class);
 5. no free of a block more times than it is referenced (KVG201, checked at the free).
 
-Cost: the full audit is O(blocks + table entries), about 1 us per block here. While the engine works it runs
+Cost: the full audit is O(blocks + table entries), 1-2 us per block here. While the engine works it runs
 in the engine thread at most a ``duty`` fraction of the time (default 0.5%: an audit that took 20 ms waits
 4 s); once the engine has been quiet for half a second, the reporting thread runs it (holding the lock the
 scheduler's entry points take, so it sees a consistent pool; a request arriving meanwhile waits for it).
@@ -127,7 +127,7 @@ class VllmPoolAudit:
     def before_free_blocks(self, pool: Any, blocks: list[Any], now: float) -> None:
         """``BlockPool.free_blocks`` is about to release ``blocks``: none more often than it is referenced."""
         self._dirty = True
-        if len({id(b) for b in blocks}) == len(blocks):  # the usual case: each block once
+        if len(set(map(id, blocks))) == len(blocks):  # the usual case: each block once
             bad = [b for b in blocks if b.ref_cnt <= 0 and not b.is_null and (b.pool is None or b.pool is pool)]
             if not bad:
                 return
@@ -151,7 +151,7 @@ class VllmPoolAudit:
         ns = namespace_of(request)
         table = self._ns_by_block
         for b in blocks[start:stop]:
-            h = b.block_hash
+            h = b._block_hash  # KVCacheBlock.block_hash is a property over this field; this runs per cached block
             if h is not None:  # the null block never gets one
                 table[b.block_id] = (h, ns)
 
@@ -175,6 +175,8 @@ class VllmPoolAudit:
     def before_new_blocks(self, pool: Any, n: int) -> None:
         """``get_new_blocks(n)`` takes the first ``n`` blocks of the free queue: those with a hash are evicted."""
         queue = pool.free_block_queue
+        if n > queue.num_free_blocks:
+            return  # vLLM refuses the allocation: nothing is taken
         node, tail = queue.fake_free_list_head.next_free_block, queue.fake_free_list_tail
         evicted = 0
         for _ in range(n):

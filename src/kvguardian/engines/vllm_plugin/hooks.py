@@ -57,7 +57,7 @@ REQUIRED: tuple[tuple[str, str], ...] = (
     ("kv_cache_manager.block_pool.free_block_queue", "fake_free_list_head"),
     ("kv_cache_manager.block_pool.free_block_queue", "fake_free_list_tail"),
 )
-_BLOCK_FIELDS = ("block_id", "ref_cnt", "block_hash", "is_null", "pool", "next_free_block")
+_BLOCK_FIELDS = ("block_id", "ref_cnt", "block_hash", "_block_hash", "is_null", "pool", "next_free_block")
 
 
 def _resolve(root: Any, path: str) -> Any:
