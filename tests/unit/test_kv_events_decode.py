@@ -127,10 +127,13 @@ _ops = st.lists(st.one_of(
 def test_audit_matches_a_set_model_and_counts_every_anomaly(ops):
     audit = PrefixIndexAudit(FindingBoard(), index_limit=1_000)
     model: set[int] = set()
-    dup = unknown = 0
+    dup = unknown = reannounced = 0
     for op, hashes, parent in ops:
         if op == "store":
             audit.apply(BlockStored(tuple(hashes), parent, 4, "GPU", 0, None, None, None, True), 0.0)
+            if all(h in model for h in hashes):  # every block known: a re-announcement, not an anomaly
+                reannounced += len(hashes)
+                continue
             for h in hashes:
                 dup += h in model
                 model.add(h)
@@ -145,6 +148,7 @@ def test_audit_matches_a_set_model_and_counts_every_anomaly(ops):
     assert audit.size() == len(model)
     assert audit.anomalies["duplicate_store"] == dup
     assert audit.anomalies["removal_of_unknown_hash"] == unknown
+    assert audit.reannounced == reannounced
 
 
 # ---------------------------------------------------------------------------------------------- audit checks
@@ -205,10 +209,39 @@ def test_sleep_without_clear_is_stale_generation_and_a_clear_resolves_it():
     _store(audit, [1, 2])
     audit.note_sleep(5.0)
     audit.note_wake(9.0)
+    assert not board.active()  # vLLM publishes the clear at its next step: judged at the next batch
+    _store(audit, [7])  # that batch came without a clear
     (f,) = board.active()
-    assert f.id == "KVG105" and f.evidence["blocks_in_index"] == 2 and f.evidence["seconds_asleep"] == 4.0
+    assert f.id == "KVG105" and f.evidence["blocks_in_index"] == 3 and f.evidence["seconds_asleep"] == 4.0
+    assert "AllBlocksCleared at the engine's first step" in f.fix and "self" not in f.fix
     audit.apply(AllBlocksCleared(), 10.0)
     assert not board.active() and audit.size() == 0
+
+
+def test_the_clear_in_the_first_batch_after_wake_is_healthy():
+    board = FindingBoard()
+    audit = PrefixIndexAudit(board)
+    _store(audit, [1, 2])
+    audit.note_sleep(5.0)
+    audit.note_wake(9.0)  # vLLM: the metrics say awake before the clear is published
+    audit.apply(AllBlocksCleared(), 10.0)  # the first step after wake: clear, then the new request's blocks
+    _store(audit, [5])
+    assert not board.active() and audit.size() == 1
+
+
+def test_a_wake_without_any_batch_is_judged_only_after_serving_for_the_grace():
+    board = FindingBoard()
+    audit = PrefixIndexAudit(board, grace=10.0)
+    _store(audit, [1, 2])
+    audit.note_sleep(5.0)
+    audit.note_wake(9.0)
+    audit.check_wake(100.0, engine_served=False)  # idle after wake: nothing to judge, however long
+    assert not board.active()
+    audit.check_wake(15.0, engine_served=True)  # served, but inside the grace
+    assert not board.active()
+    audit.check_wake(20.0, engine_served=True)
+    (f,) = board.active()
+    assert f.id == "KVG105" and "no KV event batch arrived" in f.message
 
 
 def test_sleep_after_a_clear_is_fine():
@@ -251,7 +284,7 @@ def test_any_frame_sequence_is_counted_never_raised(frames):
     sub = KVEventSubscriber(f"tcp://127.0.0.1:{free_port()}", audit, board)  # nothing listens: frames fed directly
     try:
         for i, f in enumerate(frames):
-            sub._handle(list(f), float(i))
+            sub.handle([list(f)], float(i))
         decoded = sum(1 for f in frames if len(f) == 3 and len(f[1]) == 8)
         assert sub.batches == decoded
         assert sum(sub.errors.values()) >= len(frames) - decoded

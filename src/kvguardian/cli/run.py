@@ -54,6 +54,7 @@ def _child_env(folder: str, args: argparse.Namespace) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(parts))
     env[ENV_DIR] = folder
     env[ENV_OPTIONS] = json.dumps({"holder_seconds": args.holder_seconds, "redact": args.redact})
+    env.setdefault("KVG_VLLM_AUDIT", "1")  # a vLLM server audits its own KV cache manager (engines/vllm_plugin)
     return env
 
 

@@ -55,8 +55,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                        description="Watch a vLLM server: KV usage while idle (KVG207) from --metrics, and with "
                                    "--events the prefix-cache index (KVG208, KVG105) with gap repair (KVG209).")
     _common(v)
-    v.add_argument("--events", metavar="tcp://HOST:5557", help="vLLM's KV-event publisher (ZMQ PUB)")
-    v.add_argument("--replay", metavar="tcp://HOST:5558", help="vLLM's KV-event replay socket (ZMQ ROUTER)")
+    v.add_argument("--events", metavar="tcp://HOST:5557",
+                   help="vLLM's KV-event publisher (ZMQ PUB), connected to; vLLM's own bind form tcp://*:P "
+                        "connects to the --metrics host; ipc://PATH as given")
+    v.add_argument("--events-bind", action="store_true",
+                   help="bind --events instead (for a vLLM endpoint tcp://HOST:P with a concrete host, which "
+                        "makes vLLM connect to it)")
+    v.add_argument("--replay", metavar="tcp://HOST:5558",
+                   help="vLLM's KV-event replay socket (ZMQ ROUTER, always bound by vLLM)")
     v.add_argument("--topic", default="", help="KV-event topic to subscribe to (vLLM's default: empty)")
     v.add_argument("--num-blocks", type=_positive(int), default=None, metavar="N",
                    help="GPU blocks of the pool (default: num_gpu_blocks from vllm:cache_config_info)")
@@ -88,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
         index_limit=args.index_limit if vllm else 1_000_000,
         max_salts_per_prefix=args.max_salts_per_prefix if vllm else 64,
         tolerance=0 if vllm else args.tolerance, confirm=2 if vllm else args.confirm,
+        events_bind=args.events_bind if vllm else False,
     )
     exporter = None
     restore = _stop_on_signals(watch)  # Ctrl-C and SIGTERM end the watch; the report is still printed
@@ -95,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
         if args.exporter_port is not None:
             exporter = _serve(watch, args.exporter_host, args.exporter_port)
         err = console(stderr=True)
+        watch.on_warning = lambda line: err.print(f"kv-guardian watch: warning: {line}", markup=False, soft_wrap=True)
         if not args.json:
             where = f" and KV events at {args.events}" if vllm and args.events else ""
             until = f"for {args.duration:g} s" if args.duration else "until Ctrl-C"
@@ -117,6 +125,9 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(report.to_json() + "\n")
     else:
         print_report(report)
+        out = console()
+        for line in watch.summary_lines():
+            out.print(line, markup=False)
     if watch.scrapes == 0 and watch.scrape_errors:  # tried, never reached the server
         raise UsageError(
             f"no scrape of {args.metrics} succeeded ({watch.last_scrape_error}); fix: check that the server "

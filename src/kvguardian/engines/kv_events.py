@@ -35,7 +35,9 @@ __all__ = [
     "KVEvent",
     "decode_batch",
     "decode_sequence",
+    "salt_digest",
     "split_frames",
+    "split_replay_frames",
 ]
 
 Hash = int | bytes
@@ -95,6 +97,24 @@ def split_frames(frames: list[bytes]) -> tuple[int, bytes]:
     if len(frames) != 3:
         raise DecodeError("frames", f"expected 3 frames (topic, sequence, payload), got {len(frames)}")
     return decode_sequence(frames[1]), frames[2]
+
+
+def split_replay_frames(frames: list[bytes]) -> tuple[int, bytes]:
+    """One reply of the replay ROUTER, as a DEALER receives it -> ``(sequence, payload)``.
+
+    Two shapes exist, both after the empty delimiter frame the ROUTER puts first: vLLM 0.32 sends
+    ``(b"", topic, sequence, payload)`` and ends with ``(b"", b"", -1, b"")``; older vLLM and SGLang send
+    ``(b"", sequence, payload)`` and end with ``(b"", -1, b"")``. The end marker comes back as sequence -1.
+
+    Raises:
+        DecodeError: (frames, sequence) for any other shape.
+    """
+    body = frames[1:] if frames and frames[0] == b"" else frames
+    if len(body) == 3:
+        return decode_sequence(body[1]), body[2]
+    if len(body) == 2:
+        return decode_sequence(body[0]), body[1]
+    raise DecodeError("frames", f"a replay reply has 2 or 3 frames after the delimiter, got {len(body)}")
 
 
 def decode_sequence(raw: bytes) -> int:
@@ -176,8 +196,13 @@ def _stored(f: dict[Any, Any]) -> BlockStored:
             # cache_salt enters the first block's extra keys as a plain string; LoRA names are strings too
             salts = [k for k in first if isinstance(k, str) and k != lora]
             if salts:
-                salt = "salt:" + hashlib.blake2b(salts[-1].encode(), digest_size=6).hexdigest()
+                salt = salt_digest(salts[-1])
     return BlockStored(hashes, parent, size, _medium(f), _group(f), lora, salt, root, "extra_keys" in f)
+
+
+def salt_digest(salt: str) -> str:
+    """``salt:<12 hex>``: how a cache salt appears in reports (a digest, never the salt itself)."""
+    return "salt:" + hashlib.blake2b(salt.encode("utf-8", "replace"), digest_size=6).hexdigest()
 
 
 def _hashes(raw: Any) -> tuple[Hash, ...]:

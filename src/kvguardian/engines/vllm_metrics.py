@@ -78,6 +78,8 @@ class VllmMetricsCheck:
         self.min_usage = min_usage
         self._engines: dict[EngineKey, _Engine] = {}
         self.cache_config: dict[EngineKey, CacheConfig] = {}
+        self.prefix_queries = 0.0  # vllm:prefix_cache_queries_total summed over engines (prompt tokens looked up)
+        self.prefix_hits = 0.0  # vllm:prefix_cache_hits_total summed over engines (tokens served from the cache)
 
     def observe(self, scrape: Scrape, now: float) -> list[tuple[str, EngineKey]]:
         """Update the idle check from one scrape; returns transitions ``("sleep"|"wake", engine key)``.
@@ -91,6 +93,8 @@ class VllmMetricsCheck:
                 f"the metrics page has no {USAGE} (nor {USAGE_LEGACY}); fix: point --metrics at a vLLM "
                 "server's /metrics (vLLM >= 0.6 with metrics enabled)"
             )
+        self.prefix_queries = sum(x.value for x in scrape.get(PREFIX_QUERIES, []))
+        self.prefix_hits = sum(x.value for x in scrape.get(PREFIX_HITS, []))
         transitions: list[tuple[str, EngineKey]] = []
         running, waiting = scrape.get(RUNNING, []), scrape.get(WAITING, [])
         for s in usage:
@@ -158,6 +162,11 @@ class VllmMetricsCheck:
         engines = list(self._engines.values())  # list(): the exporter reads this from its own thread
         spans = [now - e.idle_since for e in engines if e.idle_since is not None]
         return max(spans, default=0.0)
+
+    def block_size(self) -> int | None:
+        """``block_size`` of the engines (the largest if several report it), or None before it is known."""
+        known = [c.block_size for c in self.cache_config.values() if c.block_size]
+        return max(known) if known else None
 
     def capacity_blocks(self) -> int | None:
         """``num_gpu_blocks`` of the engine (the largest if several report it), or None before it is known."""

@@ -11,8 +11,9 @@ labels (their cardinality is unbounded). Label values are small closed sets (sta
 types) or operator-chosen names (a pool's name, a Redis key *pattern*).
 
 Owners: ``guard`` (the ledger of a running program), ``pool`` (a paged block pool attached to the
-exporter), ``watch`` (``kv-guardian watch vllm|sglang``), ``oom`` (the pre-OOM guard, in-process or
-``kv-guardian oom-guard``), ``redis`` (``kv-guardian redis exporter``).
+exporter), ``watch`` (``kv-guardian watch vllm|sglang``), ``vllm`` (the in-process audit inside vLLM's
+engine core), ``oom`` (the pre-OOM guard, in-process or ``kv-guardian oom-guard``), ``redis``
+(``kv-guardian redis exporter``).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ class MetricSpec:
     kind: str  # "gauge" or "counter"
     help: str  # the HELP text: what it counts, in which unit
     labels: tuple[str, ...] = ()
-    owner: str = "guard"  # which exporter yields it: guard, pool, watch, redis
+    owner: str = "guard"  # which exporter yields it: guard, pool, watch, vllm, oom, redis
 
     @property
     def family_name(self) -> str:
@@ -76,7 +77,8 @@ METRICS: tuple[MetricSpec, ...] = (
     _c("kvguardian_guard_events_dropped_total",
        "Lifecycle events dropped because the ledger's bounded event buffer was full"),
     _g("kvguardian_findings",
-       "Findings of the latest check, by finding id, name and severity (0 for ids with no finding)",
+       "Findings of the latest check, one series per finding id (severity: the catalog's for the id; the "
+       "value counts the id's findings of any severity; 0 for ids with no finding)",
        ("id", "name", "severity")),
     _g("kvguardian_last_check_timestamp_seconds",
        "Unix time of the latest check whose findings are exported; 0 before the first check"),
@@ -165,6 +167,21 @@ METRICS: tuple[MetricSpec, ...] = (
        ("cause",), "oom"),
     _c("kvguardian_oom_guard_errors_total", "Errors inside the pre-OOM guard, contained (fail-open), by site",
        ("site",), "oom"),
+    # ---------------------------------------------------------------- vllm: the in-process audit of vLLM's pool
+    # (served from vLLM's engine-core process with KVG_VLLM_AUDIT_PORT, next to kvguardian_findings and
+    # kvguardian_pool_*{pool="vllm"})
+    _c("kvguardian_vllm_audit_checks_total", "Full audits of vLLM's block pool and block tables run so far", (),
+       "vllm"),
+    _c("kvguardian_vllm_audit_seconds_total", "Time spent in full audits of vLLM's block pool", (), "vllm"),
+    _c("kvguardian_vllm_audit_errors_total",
+       "Checks of the vLLM audit that failed and were contained (fail-open; vLLM unaffected)", (), "vllm"),
+    _g("kvguardian_vllm_audit_enabled", "Whether the vLLM audit is running (0 after too many contained errors)",
+       (), "vllm"),
+    _g("kvguardian_vllm_lost_free_requests",
+       "Requests vLLM no longer runs whose block tables still hold blocks (lost frees), as of the last audit",
+       (), "vllm"),
+    _g("kvguardian_vllm_blocks_lost", "KV blocks of vLLM held by requests that are no longer live (lost frees)", (),
+       "vllm"),
     # ---------------------------------------------------------------- redis: kv-guardian redis exporter (issue 5)
     # O(1) on every scrape: INFO keyspace + INFO memory
     _g("kvguardian_redis_up", "Whether the last scrape reached Redis (1) or not (0)", (), "redis"),

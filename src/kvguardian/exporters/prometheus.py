@@ -64,13 +64,17 @@ def family(name: str) -> GaugeMetricFamily | CounterMetricFamily:
 
 
 def findings_families(findings: Sequence[Finding], checked_at: float | None) -> Iterator[Metric]:
-    """``kvguardian_findings`` (every catalog id, 0 when absent) and the time of the check they come from."""
+    """``kvguardian_findings`` (every catalog id, 0 when absent) and the time of the check they come from.
+
+    One series per id, whatever the findings' severities: its ``severity`` label is the catalog's for the id,
+    so a finding reported at another severity (a suspected KVG105, a proven KVG208) neither adds a second
+    series nor replaces the id's series with a new one (which would reset an alert's ``for:``). The value
+    counts the id's findings of every severity; each finding's own severity is in the report.
+    """
     fam = family("kvguardian_findings")
-    counts = Counter((f.id, f.severity.value) for f in findings)
+    counts = Counter(f.id for f in findings)
     for kind in CATALOG.values():
-        seen = [(sev, n) for (fid, sev), n in counts.items() if fid == kind.id]
-        for sev, n in seen or [(kind.severity.value, 0)]:
-            fam.add_metric([kind.id, kind.name, sev], float(n))
+        fam.add_metric([kind.id, kind.name, kind.severity.value], float(counts.get(kind.id, 0)))
     yield fam
     ts = family("kvguardian_last_check_timestamp_seconds")
     ts.add_metric([], float(checked_at or 0.0))

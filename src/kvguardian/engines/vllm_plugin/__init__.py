@@ -1,0 +1,157 @@
+"""The in-process audit of vLLM's own KV cache manager, as a vLLM general plugin.
+
+vLLM loads every ``vllm.general_plugins`` entry point in each of its processes (API server, engine core,
+workers); kv-guardian registers `register` there (``pip install kv-guardian`` into vLLM's environment). It does
+nothing unless enabled:
+
+- ``KVG_VLLM_AUDIT=1`` in vLLM's environment, or
+- ``kv-guardian run -- python -m vllm.entrypoints.openai.api_server ...`` (which sets it for the program).
+
+Enabled, it hooks the scheduler the engine core builds (`hooks`) and checks ref counts against block tables,
+lost frees of finished and aborted requests, double frees, conservation of the pool and cross-``cache_salt``
+sharing (`audit`); findings go to stderr, a JSON report and Prometheus (`sink`). Settings (environment):
+
+==========================  ================================================================================
+``KVG_VLLM_AUDIT``          ``1`` enables the audit
+``KVG_VLLM_AUDIT_REPORT``   JSON report file (``{pid}`` is replaced); read by ``kv-guardian exporter --report``
+``KVG_VLLM_AUDIT_PORT``     serve ``kvguardian_*`` metrics from the engine core on 127.0.0.1:PORT
+``KVG_VLLM_AUDIT_HOST``     bind address for that (default 127.0.0.1)
+``KVG_VLLM_AUDIT_INTERVAL`` least seconds between full audits while busy (default 1; idle audits are extra)
+==========================  ================================================================================
+
+It knows vLLM 0.32's internals (``vllm/v1/core``: ``BlockPool``, ``KVCacheManager``, the single-type managers,
+``Scheduler``). On another version, or a scheduler lacking what it reads, it refuses with one line on stderr
+and vLLM runs exactly as without it. Whatever happens in kv-guardian's code stays there (fail-open).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+__all__ = ["ENV", "KNOWN_VERSIONS", "register"]
+
+ENV = "KVG_VLLM_AUDIT"
+_REFUSED = "KVG_VLLM_AUDIT_REFUSED"  # set once the refusal line is printed, so child processes stay quiet
+KNOWN_VERSIONS = ("0.32.",)  # version prefixes whose v1 core internals the hooks were written against
+
+_state: dict[str, Any] = {"patched": False, "audits": []}
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def say(line: str) -> None:
+    from kvguardian.engines.vllm_plugin.hooks import say as _print
+
+    _print(line)
+
+
+def register() -> None:
+    """The ``vllm.general_plugins`` entry point. Never raises: a failure is one line and vLLM runs as usual."""
+    if not enabled() or _state["patched"]:
+        return
+    try:
+        _register()
+    except Exception as exc:
+        _refuse(f"could not hook vLLM ({type(exc).__name__}: {exc})")
+
+
+def _register() -> None:
+    import vllm
+
+    version = str(getattr(vllm, "__version__", "?"))
+    if not version.startswith(KNOWN_VERSIONS):
+        _refuse(f"vLLM {version} is not a version whose KV cache manager kv-guardian knows "
+                f"(known: {', '.join(v + 'x' for v in KNOWN_VERSIONS)})")
+        return
+    from vllm.config.scheduler import SchedulerConfig
+
+    orig = SchedulerConfig.get_scheduler_cls
+    if getattr(orig, "_kvg_wrapped", False):
+        return
+
+    def get_scheduler_cls(self: Any) -> Any:
+        cls = orig(self)
+        try:
+            _patch_scheduler_class(cls, version)
+        except Exception as exc:
+            _refuse(f"could not hook the scheduler class {getattr(cls, '__name__', cls)!r} ({exc})")
+        return cls
+
+    get_scheduler_cls._kvg_wrapped = True  # type: ignore[attr-defined]
+    SchedulerConfig.get_scheduler_cls = get_scheduler_cls  # type: ignore[method-assign]
+    _state["patched"] = True
+
+
+def _patch_scheduler_class(cls: Any, version: str) -> None:
+    if cls.__dict__.get("_kvg_audited_init"):
+        return
+    init = cls.__init__
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        if type(self) is cls:  # a subclass's own __init__ chain attaches once, at the end
+            attach(self, version)
+
+    __init__.__wrapped__ = init  # type: ignore[attr-defined]
+    cls.__init__ = __init__
+    cls._kvg_audited_init = True
+
+
+def attach(scheduler: Any, version: str = "?") -> Any:
+    """Audit this scheduler (vLLM has built it). Returns the `AuditedScheduler`, or None when refused."""
+    try:
+        from kvguardian.engines.vllm_plugin.hooks import install, missing_internals
+
+        missing = missing_internals(scheduler)
+        if missing:
+            _refuse(f"vLLM {version}'s scheduler lacks what the audit reads ({', '.join(missing[:6])})")
+            return None
+        interval = _float_env("KVG_VLLM_AUDIT_INTERVAL", 1.0)
+        owner = install(scheduler, min_interval=interval)
+        _start_sink(owner, scheduler, version)
+        _state["audits"].append(owner)
+        return owner
+    except Exception as exc:
+        _refuse(f"could not attach to vLLM's scheduler ({type(exc).__name__}: {exc})")
+        return None
+
+
+def _start_sink(owner: Any, scheduler: Any, version: str) -> None:
+    from kvguardian.autorun import ENV_DIR
+    from kvguardian.engines.vllm_plugin.sink import AuditSink
+
+    rank = 0
+    try:
+        rank = int(scheduler.vllm_config.parallel_config.data_parallel_index or 0)
+    except (AttributeError, TypeError, ValueError):
+        pass
+    port_text = os.environ.get("KVG_VLLM_AUDIT_PORT", "").strip()
+    port = int(port_text) + rank if port_text.isdigit() else None
+    sink = AuditSink(owner, report_path=os.environ.get("KVG_VLLM_AUDIT_REPORT") or None,
+                     run_dir=os.environ.get(ENV_DIR) or None, port=port,
+                     host=os.environ.get("KVG_VLLM_AUDIT_HOST", "127.0.0.1"),
+                     label={"vllm_version": version, "data_parallel_rank": rank})
+    owner.sink = sink
+    where = [w for w in (sink.report_path and f"report {sink.report_path}",
+                         sink.exporter is not None and f"metrics {sink.exporter.url}") if w]
+    say(f"auditing vLLM {version}'s KV cache manager in pid {os.getpid()}"
+         + (f" ({', '.join(where)})" if where else ""))
+
+
+def _float_env(name: str, default: float) -> float:
+    try:
+        value = float(os.environ.get(name, default))
+    except ValueError:
+        return default
+    return value if value > 0 else default
+
+
+def _refuse(why: str) -> None:
+    if os.environ.get(_REFUSED):
+        return
+    os.environ[_REFUSED] = "1"
+    say(f"the in-process audit is off: {why}; vLLM runs unaudited (kv-guardian watch vllm still works)")
+

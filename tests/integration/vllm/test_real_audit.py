@@ -1,0 +1,105 @@
+"""The in-process audit inside real vLLM 0.32, proven with faults injected into real vLLM: aborted requests
+that skip their free (KVG204, and the black-box watcher's KVG207 on the same blocks) and a prefix hash that
+ignores cache_salt (KVG205); the clean server, given the same traffic, gives neither."""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+
+from vllm_server import NUM_BLOCKS, get
+
+from engine_fakes import wait_until
+from kvguardian.engines.watch import Watch
+
+
+def audit_findings(port: int) -> dict[str, float]:
+    body = get(f"http://127.0.0.1:{port}/metrics", timeout=10)[1].decode()
+    out = {}
+    for line in body.splitlines():
+        if line.startswith("kvguardian_findings{"):
+            out[line.split('id="')[1].split('"')[0]] = float(line.rsplit(" ", 1)[1])
+        elif line.startswith(("kvguardian_vllm_", "kvguardian_pool_blocks{")):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
+def faulty_report(servers) -> dict:
+    assert wait_until(lambda: servers.faulty_report.exists(), timeout=20)
+    return json.loads(servers.faulty_report.read_text())
+
+
+def salted_pair(server, seed: int) -> None:
+    prompt = [random.Random(seed).randint(3, 2047) for _ in range(400)]
+    server.complete(prompt, max_tokens=2, cache_salt="tenant-alpha")
+    server.complete(prompt, max_tokens=2, cache_salt="tenant-beta")
+
+
+def test_the_audit_runs_in_the_engine_core_of_both_servers(clean, faulty, servers):
+    for server, port in ((clean, servers.clean_audit_port), (faulty, servers.faulty_audit_port)):
+        assert "auditing vLLM 0.32" in server.log_text()
+        server.burst(4, seed=5)
+        assert wait_until(lambda port=port: audit_findings(port).get("kvguardian_vllm_audit_checks_total", 0) > 0)
+        m = audit_findings(port)
+        assert m["kvguardian_vllm_audit_enabled"] == 1.0 and m["kvguardian_vllm_audit_errors_total"] == 0.0
+    assert "kvg-vllm-faults: injected" not in clean.log_text()  # VLLM_PLUGINS keeps the fault plugin out
+    assert "injected ['ignore_salt', 'lost_free_on_abort']" in faulty.log_text()
+
+
+def test_a_lost_free_on_abort_is_named_by_the_audit_and_seen_by_the_watcher(faulty, servers):
+    watch = Watch("vllm", faulty.metrics_url, interval=0.5, grace=3.0)
+    thread = threading.Thread(target=watch.run, daemon=True)
+    thread.start()
+    try:
+        before = {f["evidence"]["request_id"] for f in faulty_report(servers)["findings"] if f["id"] == "KVG204"}
+        ids = faulty.abort_streams(3, seed=7)
+        assert len(ids) == 3
+        assert wait_until(lambda: any(f.id == "KVG207" for f in watch.board.active()), timeout=30)
+        kvg207 = next(f for f in watch.board.active() if f.id == "KVG207")
+    finally:
+        watch.stop()
+        thread.join(30)
+    report = faulty_report(servers)
+    lost = [f for f in report["findings"] if f["id"] == "KVG204" and f["evidence"]["request_id"] not in before]
+    by_request = {f["evidence"]["request_id"]: f for f in lost}
+    for rid in ids:  # vLLM's internal id is the response id plus a suffix
+        (f,) = [f for r, f in by_request.items() if r.startswith(rid)]
+        assert f["evidence"]["status"] == "FINISHED_ABORTED" and f["evidence"]["num_blocks"] >= 3
+        assert f["severity"] == "error" and "when the scheduler freed it" in f["message"]
+    # the black box and the white box count the same blocks
+    audit_lost = report["summary"]["pool"]["blocks_lost"]
+    assert kvg207.evidence["blocks_held"] == audit_lost == round(faulty.gauge("vllm:kv_cache_usage_perc")
+                                                                   * (NUM_BLOCKS - 1))
+    assert audit_findings(servers.faulty_audit_port)["KVG204"] >= 3
+
+
+def test_a_prefix_hash_ignoring_the_salt_is_cross_tenant_sharing(faulty, servers):
+    salted_pair(faulty, seed=9)
+    assert wait_until(lambda: any(f["id"] == "KVG205" for f in faulty_report(servers)["findings"]), timeout=20)
+    (f,) = [f for f in faulty_report(servers)["findings"] if f["id"] == "KVG205"]
+    assert f["evidence"]["num_blocks"] == 3 and f["evidence"]["written_in"][0].startswith("salt:")
+    assert "tenant-alpha" not in json.dumps(f) and "tenant-beta" not in json.dumps(f)  # digests only
+
+
+def test_the_clean_server_given_the_same_traffic_gives_neither(clean, servers):
+    watch = Watch("vllm", clean.metrics_url, interval=0.5, grace=3.0)
+    thread = threading.Thread(target=watch.run, daemon=True)
+    thread.start()
+    try:
+        clean.abort_streams(3, seed=7)
+        salted_pair(clean, seed=9)
+        clean.burst(20, seed=10)
+        time.sleep(5.0)  # idle past the watcher's grace
+        assert clean.gauge("vllm:kv_cache_usage_perc") == 0.0
+    finally:
+        watch.stop()
+        thread.join(30)
+    assert [f.id for f in watch.board.all()] == []
+    m = audit_findings(servers.clean_audit_port)
+    assert {k: v for k, v in m.items() if k.startswith("KVG") and v} == {}
+    assert m["kvguardian_vllm_lost_free_requests"] == 0.0 and m["kvguardian_vllm_blocks_lost"] == 0.0
+    assert m['kvguardian_pool_blocks{pool="vllm",state="referenced"}'] == 0.0
+
