@@ -105,6 +105,10 @@ class Endpoint:
                 c = http.client.HTTPSConnection(self.host, self.port, timeout=self.timeout, context=self.ctx)
             else:
                 c = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+            c.connect()
+            # the request goes out in one segment; without this, Nagle holds it behind the previous
+            # response's delayed ACK on a keep-alive connection (~40 ms on Linux, a floor under every TTFT)
+            c.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self._conns[slot] = c
         return c
 
@@ -115,23 +119,26 @@ class Endpoint:
             headers["Authorization"] = f"Bearer {key}"
         data = json.dumps(body).encode() if body is not None else None
         for attempt in range(2):  # a keep-alive connection the server closed: reconnect once
-            c = self._conn(slot)
             try:
+                c = self._conn(slot)
                 self.limiter.wait()
                 t0 = time.perf_counter()
                 c.request(method, self.base + path, body=data, headers=headers)
                 self.requests += 1
                 return c.getresponse(), t0
             except (ConnectionError, http.client.RemoteDisconnected, http.client.CannotSendRequest) as exc:
-                c.close()
-                self._conns.pop(slot, None)
+                self._drop(slot)
                 if attempt or isinstance(exc, ConnectionRefusedError):
                     raise self._unreachable(exc) from None
             except (OSError, http.client.HTTPException) as exc:
-                c.close()
-                self._conns.pop(slot, None)
+                self._drop(slot)
                 raise self._unreachable(exc) from None
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _drop(self, slot: int) -> None:
+        c = self._conns.pop(slot, None)
+        if c is not None:
+            c.close()
 
     def _unreachable(self, exc: BaseException) -> AuditError:
         why = "timed out" if isinstance(exc, (socket.timeout, TimeoutError)) else (

@@ -390,6 +390,7 @@ def serve_asgi(app: Any, *, host: str = "127.0.0.1", port: int = 0, config: WebC
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # accepted sockets inherit it (Linux)
     try:
         sock.bind((host, port))
     except OSError as exc:

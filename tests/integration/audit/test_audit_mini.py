@@ -1,0 +1,39 @@
+"""The cache-sharing audit over real HTTP on loopback against the mini server (a subprocess) in each mode.
+
+Each verdict is anytime-valid at alpha = beta = 1e-3, so a wrong verdict here is a real failure, not noise:
+under load the test may only get slower or say undecided (which fails the test, loudly, with the numbers).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from kvg_tenancy import KEY_ARGS, KEYS, mini_server
+
+pytestmark = pytest.mark.slow
+
+AUDIT = ["audit", "cache-sharing", "--model", "kvg-mini", "--key", KEYS["acme"], "--key", KEYS["globex"],
+         "--same-tenant-key", KEYS["acme2"], "--max-rps", "60", "--json"]
+
+
+@pytest.mark.parametrize(("mode", "salt", "expected", "code"), [
+    ("global", False, (True, True, True), 1),
+    ("per-tenant", False, (True, True, False), 0),
+    ("off", False, (False, False, False), 0),
+    ("per-salt", False, (True, True, True), 1),  # no salt sent: every request shares one namespace (vLLM)
+    ("per-salt", True, (True, True, False), 0),  # distinct salt per tenant: none across
+])
+def test_audit_verdict_per_mode(kv_cli, mode, salt, expected, code):
+    with mini_server("--cache-mode", mode, *KEY_ARGS) as (url, _):
+        rc, out, err = kv_cli(*AUDIT, "--url", url, *(["--salt-field", "cache_salt"] if salt else []))
+    data = json.loads(out)
+    got = (data["caching"], data["shared_within_tenant"], data["shared_across_tenants"])
+    assert got == expected, (mode, salt, json.dumps(data["levels"], indent=1), err)
+    assert rc == code
+    for name in ("caching", "shared_within_tenant", "shared_across_tenants"):
+        level = data["levels"][name]
+        assert 1 <= level["samples"] <= 60
+        assert level["p_value"] <= 1e-3 if level["verdict"] else level["p_value_effect"] <= 1e-3
+    for key in KEYS.values():  # keys are named by position, never printed
+        assert key not in out and key not in err
