@@ -3,17 +3,22 @@ certificate made in the test (``cryptography``), bcrypt-hashed users, a web-conf
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import datetime
+import http.client
 import ipaddress
 import os
 import re
+import ssl
 import subprocess
 import sys
 import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from kvg_testing import ROOT
 
@@ -111,3 +116,36 @@ def web_config_file(tmp: Path, users: dict[str, str], *, tls: bool = True) -> Pa
     path = tmp / "web.yml"
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+USERS = {"prometheus": "s3cret-pass", "ops": "other"}
+
+
+def client_ctx(tmp: Path) -> ssl.SSLContext:
+    return ssl.create_default_context(cafile=str(tmp / "server.crt"))
+
+
+def get(host: str, port: int, path: str, ctx: ssl.SSLContext | None, auth: tuple[str, str] | None = None,
+        headers: dict[str, str] | None = None, method: str = "GET", body: bytes | None = None):
+    conn = (http.client.HTTPSConnection(host, port, context=ctx, timeout=20) if ctx
+            else http.client.HTTPConnection(host, port, timeout=20))
+    h = dict(headers or {})
+    if auth:
+        h["Authorization"] = "Basic " + base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode()
+    conn.request(method, path, body=body, headers=h)
+    r = conn.getresponse()
+    data = r.read()
+    conn.close()
+    return r.status, dict(r.getheaders()), data
+
+
+def assert_guarded(host, port, path, ctx):
+    status, hdrs, body = get(host, port, path, ctx, auth=("prometheus", USERS["prometheus"]))
+    assert status == 200, body[:300]
+    assert get(host, port, path, ctx)[0] == 401
+    status, hdrs, _ = get(host, port, path, ctx, auth=("prometheus", "wrong"))
+    assert status == 401 and "Basic" in hdrs.get("WWW-Authenticate", hdrs.get("www-authenticate", ""))
+    assert get(host, port, path, ctx, auth=("nobody", USERS["prometheus"]))[0] == 401
+    with pytest.raises((ssl.SSLError, ConnectionError, http.client.HTTPException, OSError)):
+        get(host, port, path, None)  # plain HTTP on the TLS port gets no answer
+    return body

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import random
 import threading
@@ -96,7 +97,7 @@ def one_line(err: str) -> str:
 
 def test_not_openai_compatible(kv_cli):
     with fake_server(plain, models_status=404) as (url, _):
-        rc, out, err = audit(kv_cli, url)
+        rc, _out, err = audit(kv_cli, url)
     assert rc == 2 and "not an OpenAI-compatible API" in one_line(err)
 
 
@@ -149,7 +150,7 @@ def test_429_backs_off_and_gives_up_without_hammering():
         result = CacheSharingAudit(AuditOptions(url=url, model="m", keys=["a", "b"]), endpoint=ep).run()
     assert result.error is not None and "kept answering 429" in result.error and result.error_code == 3
     assert len(calls) == 4  # one try + 3 retries, then stop
-    gaps = [b - a for a, b in zip(calls, calls[1:])]
+    gaps = [b - a for a, b in itertools.pairwise(calls)]
     assert min(gaps) >= 0.19  # Retry-After honoured between every try
 
 

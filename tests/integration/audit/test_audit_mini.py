@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from kvg_tenancy import KEY_ARGS, KEYS, mini_server
 
 pytestmark = pytest.mark.slow
