@@ -18,23 +18,33 @@ AUDIT = ["audit", "cache-sharing", "--model", "kvg-mini", "--key", KEYS["acme"],
          "--same-tenant-key", KEYS["acme2"], "--max-rps", "60", "--json"]
 
 
-@pytest.mark.parametrize(("mode", "salt", "expected", "code"), [
-    ("global", False, (True, True, True), 1),
-    ("per-tenant", False, (True, True, False), 0),
-    ("off", False, (False, False, False), 0),
-    ("per-salt", False, (True, True, True), 1),  # no salt sent: every request shares one namespace (vLLM)
-    ("per-salt", True, (True, True, False), 0),  # distinct salt per tenant: none across
-])
-def test_audit_verdict_per_mode(kv_cli, mode, salt, expected, code):
-    with mini_server("--cache-mode", mode, *KEY_ARGS) as (url, _):
+#: mode -> [(send a cache_salt, (caching, within a tenant, across tenants), exit code)]
+CASES = {
+    "global": [(False, (True, True, True), 1)],
+    "per-tenant": [(False, (True, True, False), 0)],
+    "off": [(False, (False, False, False), 0)],
+    # no salt sent: every request shares one namespace (vLLM's semantics); a distinct salt per tenant: none
+    "per-salt": [(False, (True, True, True), 1), (True, (True, True, False), 0)],
+}
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def server(request):
+    with mini_server("--cache-mode", request.param, *KEY_ARGS) as (url, _):
+        yield request.param, url
+
+
+def test_audit_verdict_per_mode(kv_cli, server):
+    mode, url = server
+    for salt, expected, code in CASES[mode]:
         rc, out, err = kv_cli(*AUDIT, "--url", url, *(["--salt-field", "cache_salt"] if salt else []))
-    data = json.loads(out)
-    got = (data["caching"], data["shared_within_tenant"], data["shared_across_tenants"])
-    assert got == expected, (mode, salt, json.dumps(data["levels"], indent=1), err)
-    assert rc == code
-    for name in ("caching", "shared_within_tenant", "shared_across_tenants"):
-        level = data["levels"][name]
-        assert 1 <= level["samples"] <= 60
-        assert level["p_value"] <= 1e-3 if level["verdict"] else level["p_value_effect"] <= 1e-3
-    for key in KEYS.values():  # keys are named by position, never printed
-        assert key not in out and key not in err
+        data = json.loads(out)
+        got = (data["caching"], data["shared_within_tenant"], data["shared_across_tenants"])
+        assert got == expected, (mode, salt, json.dumps(data["levels"], indent=1), err)
+        assert rc == code
+        for name in ("caching", "shared_within_tenant", "shared_across_tenants"):
+            level = data["levels"][name]
+            assert 1 <= level["samples"] <= 60
+            assert level["p_value"] <= 1e-3 if level["verdict"] else level["p_value_effect"] <= 1e-3
+        for key in KEYS.values():  # keys are named by position, never printed
+            assert key not in out and key not in err
