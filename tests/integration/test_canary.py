@@ -57,8 +57,9 @@ def test_mini_server_audit_metrics_logs_and_events(kv_cli):
         assert_clean("/health", fetch(url + "/health"))
         for fmt in ((), ("--json",)):
             rc, out, err = kv_cli("audit", "cache-sharing", "--url", url, "--model", "kvg-mini", "--key", key_a,
-                                  "--key", key_b, "--salt-field", "cache_salt", "--max-rps", "60", *fmt)
-            assert rc in (0, 1), err
+                                  "--key", key_b, "--salt-field", "cache_salt", "--max-rps", "100",
+                                  "--max-samples", "4", "--prompt-tokens", "128", *fmt)
+            assert rc in (0, 1, 4), err  # outputs, not verdicts, are under test here
             assert_clean(f"audit {fmt} stdout", out)
             assert_clean(f"audit {fmt} stderr", err)
         rc, out, err = kv_cli("audit", "cache-sharing", "--url", url, "--model", "kvg-mini", "--key", key_a,

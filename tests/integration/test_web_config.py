@@ -66,9 +66,13 @@ def test_watch_exporter_serves_through_the_same_web_config(tmp_path):
         exp.close()
 
 
-def test_mini_server_tls_basic_auth_on_metrics_and_api_keys_on_v1(tmp_path):
-    web = web_config_file(tmp_path, USERS)
-    with mini_server("--api-key", f"acme={KEYS['acme']}", "--web-config", str(web)) as (url, _):
+def test_mini_server_tls_basic_auth_on_metrics_and_api_keys_on_v1(tmp_path, kv_cli):
+    from kvguardian.exporters.webconfig import serve_asgi
+    from kvguardian.paged.openai.app import MiniConfig, create_app
+
+    web = load_web_config(web_config_file(tmp_path, USERS))
+    app = create_app(MiniConfig(api_keys=(f"acme={KEYS['acme']}",)), web=web)
+    with serve_asgi(app, config=web, lifespan="on") as url:
         assert url.startswith("https://")
         port = int(url.rsplit(":", 1)[1])
         ctx = client_ctx(tmp_path)
@@ -81,6 +85,18 @@ def test_mini_server_tls_basic_auth_on_metrics_and_api_keys_on_v1(tmp_path):
         status, _, _ = get("127.0.0.1", port, "/v1/completions", ctx, method="POST", body=body,
                            headers={"Authorization": "Bearer wrong", "Content-Type": "application/json"})
         assert status == 401
+        # the audit speaks TLS too (--cacert), and stops at a refused key naming it by position
+        rc, _, err = kv_cli("audit", "cache-sharing", "--url", url, "--model", "kvg-mini", "--key", KEYS["acme"],
+                            "--key", "wrong", "--cacert", str(tmp_path / "server.crt"), "--warmup", "1")
+        assert rc == 2 and "key #2 was refused" in err, err
+
+
+def test_serve_mini_command_with_web_config(tmp_path):
+    web = web_config_file(tmp_path, USERS)
+    with mini_server("--web-config", str(web)) as (url, _):  # no API keys: basic auth guards /v1 too
+        port = int(url.rsplit(":", 1)[1])
+        assert url.startswith("https://")
+        assert b"kvg-mini" in assert_guarded("127.0.0.1", port, "/v1/models", client_ctx(tmp_path))
 
 
 @pytest.mark.parametrize(("text", "message"), [

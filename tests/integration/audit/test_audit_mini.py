@@ -10,7 +10,9 @@ import json
 
 import pytest
 
-from kvg_tenancy import KEY_ARGS, KEYS, mini_server
+from kvg_tenancy import KEYS
+from kvguardian.exporters.webconfig import serve_asgi
+from kvguardian.paged.openai.app import MiniConfig, create_app
 
 pytestmark = pytest.mark.slow
 
@@ -30,7 +32,11 @@ CASES = {
 
 @pytest.fixture(scope="module", params=list(CASES))
 def server(request):
-    with mini_server("--cache-mode", request.param, *KEY_ARGS) as (url, _):
+    """The mini server in this process (its threads have the cores while the audit, a subprocess, runs)."""
+    keys = tuple(f"{t}={k}" for t, k in (("acme", KEYS["acme"]), ("globex", KEYS["globex"]),
+                                         ("acme", KEYS["acme2"])))
+    app = create_app(MiniConfig(cache_mode=request.param, api_keys=keys))
+    with serve_asgi(app, lifespan="on") as url:
         yield request.param, url
 
 
