@@ -32,6 +32,7 @@ from typing import Any
 from kvguardian._errors import KVGuardianError, UsageError
 from kvguardian.audit.client import AuditError, Endpoint, printable
 from kvguardian.audit.sequential import SequentialTest
+from kvguardian.findings import Finding, Report, Severity
 
 __all__ = ["LEVELS", "AuditOptions", "CacheSharingAudit", "random_prompt"]
 
@@ -106,6 +107,20 @@ class AuditResult:
         run = self.levels.get(level)
         return None if run is None else run.test.verdict
 
+    def findings(self) -> list[Finding]:
+        """KVG212 when sharing across tenants was detected (so the exporter and alerts can read the JSON)."""
+        run = self.levels.get("shared_across_tenants")
+        if run is None or run.test.verdict is not True:
+            return []
+        s = run.test.summary()
+        return [Finding("KVG212", Severity.ERROR,
+                        f"{self.options.url}: a prompt sent with {run.victim.describe(self.salt_names)} was answered "
+                        f"faster when repeated with {run.attacker.describe(self.salt_names)} (median TTFT "
+                        f"{s['ttft_ms']['hit_median']} vs {s['ttft_ms']['miss_median']} ms, p = {s['p_value']:.3g}, "
+                        f"{s['samples']} rounds): the prefix cache is shared across tenants",
+                        evidence={"target": self.options.url, **{k: s[k] for k in ("p_value", "samples",
+                                                                                    "ttft_ratio", "ttft_ms")}})]
+
     def to_dict(self) -> dict[str, Any]:
         o = self.options
         levels: dict[str, Any] = {}
@@ -125,6 +140,8 @@ class AuditResult:
             "salt_field": o.salt_field, "prompt_chars": self.prompt_chars, "prompt_tokens": self.prompt_tokens,
             "requests": self.requests, "throttled": self.throttled, "seconds": round(self.seconds, 3),
             "interrupted": self.interrupted, "error": self.error, "notes": self.notes,
+            # a kv-guardian report too: `kv-guardian exporter --report audit.json` serves its findings
+            **Report(findings=self.findings(), summary={"audit": "cache-sharing"}).to_dict(),
         }
 
 

@@ -40,7 +40,7 @@ def server(request):
         yield request.param, url
 
 
-def test_audit_verdict_per_mode(kv_cli, server):
+def test_audit_verdict_per_mode(kv_cli, server, tmp_path):
     mode, url = server
     for salt, expected, code in CASES[mode]:
         rc, out, err = kv_cli(*AUDIT, "--url", url, *(["--salt-field", "cache_salt"] if salt else []))
@@ -54,3 +54,9 @@ def test_audit_verdict_per_mode(kv_cli, server):
             assert level["p_value"] <= 1e-3 if level["verdict"] else level["p_value_effect"] <= 1e-3
         for key in KEYS.values():  # keys are named by position, never printed
             assert key not in out and key not in err
+        assert [f["id"] for f in data["findings"]] == (["KVG212"] if code == 1 else [])
+        report = tmp_path / "audit.json"
+        report.write_text(out)  # the JSON is a kv-guardian report too: the exporter serves its finding
+        rc, text, err = kv_cli("exporter", "--once", "--report", str(report))
+        line = next(ln for ln in text.splitlines() if 'id="KVG212"' in ln and not ln.startswith("#"))
+        assert rc == 0 and line.endswith(" 1.0" if code == 1 else " 0.0"), (line, err)

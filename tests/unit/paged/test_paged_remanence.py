@@ -1,4 +1,4 @@
-"""KV remanence: scrubbing blocks that pass to another tenant, and the KVG210 residue check."""
+"""KV remanence: scrubbing blocks that pass to another tenant, and the KVG211 residue check."""
 
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def test_residue_read_names_request_block_slot_and_previous_tenant():
     k, _ = pool.gather(0, torch.tensor([b]), 4, request_id="attacker")  # reads past its length
     assert float(k[1:].abs().sum()) > 0  # the victim's K is really there (no scrub)
     [f] = pool.faults
-    assert f.id == "KVG210"
+    assert f.id == "KVG211"
     ev = f.evidence
     assert ev["request_id"] == "attacker" and ev["block"] == b and ev["slot"] == b * 4 + 1
     assert ev["slot_in_block"] == 1 and ev["slots"] == [b * 4 + 1, b * 4 + 2, b * 4 + 3]
@@ -72,7 +72,7 @@ def test_scrubbed_residue_reads_zeros_and_is_still_a_finding():
     [b] = fill(pool, "attacker", "globex", 1, 1.0)
     k, v = pool.gather(0, torch.tensor([b]), 4, request_id="attacker")
     assert float(k[1:].abs().sum() + v[1:].abs().sum()) == 0
-    assert [f.id for f in pool.faults] == ["KVG210"] and pool.faults[0].evidence["scrubbed"] is True
+    assert [f.id for f in pool.faults] == ["KVG211"] and pool.faults[0].evidence["scrubbed"] is True
 
 
 def test_prefix_hits_and_copy_on_write_are_not_residue():
