@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
+import threading
 from typing import Any
 
 from kvguardian._errors import EXIT_FINDINGS, EXIT_OK
@@ -69,7 +71,19 @@ def run(args: argparse.Namespace) -> int:
         if not args.quiet and not args.json:
             sys.stderr.write(f"  {msg}\n")
 
-    result = CacheSharingAudit(opts, progress=progress).run()
+    audit = CacheSharingAudit(opts, progress=progress)
+    previous = None
+    if threading.current_thread() is threading.main_thread():  # SIGTERM ends it like Ctrl-C: partial results
+
+        def on_term(*_: object) -> None:
+            raise KeyboardInterrupt
+
+        previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        result = audit.run()
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     data = result.to_dict()
     if args.json:
         sys.stdout.write(json.dumps(data, indent=2) + "\n")

@@ -7,6 +7,9 @@ import contextlib
 import itertools
 import json
 import random
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -14,6 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from kvg_testing import ROOT
 from kvguardian.audit.cache_sharing import AuditOptions, CacheSharingAudit
 from kvguardian.audit.client import Endpoint
 
@@ -193,3 +197,27 @@ def test_bad_arguments(kv_cli):
 def test_credentials_in_url_are_not_printed(kv_cli, bad):
     rc, out, err = audit(kv_cli, bad)
     assert rc == 3 and "secret" not in out + err
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_ends_the_audit_with_partial_results(sig):
+    def slow(h, body):  # every first token after 50 ms: the audit is still running when the signal comes
+        if body.get("stream"):
+            sse(h, delay=0.05)
+        else:
+            plain(h, body)
+
+    with fake_server(slow) as (url, seen):
+        proc = subprocess.Popen([sys.executable, "-m", "kvguardian", "audit", "cache-sharing", "--url", url,
+                                 "--model", "m", "--key", "a", "--key", "b", "--warmup", "0", "--max-rps", "100",
+                                 "--json"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 60
+        while len(seen) < 4 and time.monotonic() < deadline:  # the audit is measuring
+            time.sleep(0.05)
+        t0 = time.monotonic()
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=30)
+    assert time.monotonic() - t0 < 5
+    assert proc.returncode == 130 and "interrupted" in err, err
+    data = json.loads(out)
+    assert data["interrupted"] is True and data["requests"] > 0
