@@ -41,6 +41,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="zero KV blocks passed to another tenant (KV remanence; default never)")
     p.add_argument("--debug", action="store_true",
                    help="check every pool operation (KVG2xx findings on /metrics), the residue check included")
+    p.add_argument("--guard", action="store_true",
+                   help="feed the pool's cached blocks into a kv-guardian Guard's ledger (kvguardian_kv_* on /metrics)")
     add_web_config(p)
 
 
@@ -59,7 +61,12 @@ def run(args: argparse.Namespace) -> int:
         max_model_len=args.max_model_len, hidden=args.hidden, layers=args.layers, threads=args.threads,
         debug=args.debug, scrub=args.scrub,
     )
-    app = create_app(config, web=web)
+    guard = None
+    if args.guard:
+        from kvguardian import Guard
+
+        guard = Guard()
+    app = create_app(config, web=web, guard=guard)
     stop = threading.Event()
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, lambda *_: stop.set())

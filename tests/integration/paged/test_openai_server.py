@@ -131,3 +131,27 @@ def test_metrics_and_health(server):
     assert 'kvguardian_pool_prefix_hits_total{pool="mini"}' in text and "kvguardian_findings" in text
     c.request("GET", "/health")
     assert json.loads(c.getresponse().read())["status"] == "ok"
+
+
+def test_a_guard_gets_the_pools_cached_blocks_as_ledger_entries():
+    from kvguardian import Guard
+
+    guard = Guard()
+    app = create_app(MiniConfig(cache_mode="global", num_blocks=64), guard=guard)
+    with serve_asgi(app, lifespan="on") as url:
+        host, port = url.split("//")[1].split(":")
+        c = http.client.HTTPConnection(host, int(port), timeout=30)
+        c.request("POST", "/v1/completions", json.dumps({"model": "kvg-mini", "prompt": "p" * 100, "max_tokens": 1}),
+                  {"Content-Type": "application/json"})
+        assert c.getresponse().read()
+        deadline = time.monotonic() + 10
+        while True:  # the feed runs right after the step that answered: poll for it
+            c.request("GET", "/metrics")
+            text = c.getresponse().read().decode()
+            entries = [ln for ln in text.splitlines() if ln.startswith("kvguardian_kv_entries")]
+            n = sum(float(ln.rsplit(" ", 1)[1]) for ln in entries)
+            if n >= 6 or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+    assert n == 6  # 100 tokens: 6 full blocks of 16, each a ledger entry
+    assert guard.check().findings == []  # cached blocks are declared retention, not leaks

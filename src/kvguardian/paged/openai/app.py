@@ -69,14 +69,24 @@ class MiniConfig:
 class MiniServer:
     """The model, pool, engine loop and key ring behind one app."""
 
-    def __init__(self, config: MiniConfig, web: WebConfig | None = None) -> None:
+    def __init__(self, config: MiniConfig, web: WebConfig | None = None, guard: Any = None) -> None:
         config.validate()
         self.config = config
         self.web = web or WebConfig()
         self.keys = KeyRing.from_pairs(config.api_keys, config.keys_files)
         self.created = int(time.time())
         self.pool, engine = _build_engine(config)
-        self.loop = EngineLoop(engine)
+        self.guard = guard
+        self.feed: Any = None
+        if guard is not None:  # the pool's prefix-cache blocks become ledger entries (kvguardian_kv_* metrics)
+            from kvguardian.paged.ledger_feed import LedgerFeed
+
+            self.feed = LedgerFeed(guard.ledger, name="mini")
+        self.loop = EngineLoop(engine, on_step=self._pump if guard is not None else None)
+
+    def _pump(self) -> None:
+        with self.loop.lock:
+            self.feed.pump(self.pool)
 
     def metrics_registry(self) -> Any:
         """A registry with the pool's metrics and the pool's debug findings (prometheus_client)."""
@@ -86,7 +96,8 @@ class MiniServer:
         from kvguardian.exporters.prometheus import KVGuardianCollector
 
         registry = CollectorRegistry(auto_describe=True)
-        registry.register(KVGuardianCollector(pools={"mini": _LockedPool(self)}, findings=self._findings))
+        ledger = self.guard.ledger if self.guard is not None else None
+        registry.register(KVGuardianCollector(ledger, pools={"mini": _LockedPool(self)}, findings=self._findings))
         return registry
 
     def _findings(self) -> tuple[Sequence[Any], float]:
@@ -205,13 +216,15 @@ def _error(status: int, message: str, kind: str, param: str | None = None) -> An
 
 
 # ---------------------------------------------------------------------------------------------- the app
-def create_app(config: MiniConfig | None = None, *, web: WebConfig | None = None) -> Any:
+def create_app(config: MiniConfig | None = None, *, web: WebConfig | None = None, guard: Any = None) -> Any:
     """The FastAPI app of a new `MiniServer` (its engine thread starts with the app's lifespan, or at the first
     request when run without one). With ``web`` basic auth, every path outside ``/v1`` needs it; ``/v1`` needs
-    an API key (or, with no keys configured, the basic-auth user, who is then the tenant)."""
+    an API key (or, with no keys configured, the basic-auth user, who is then the tenant). With a
+    `kvguardian.Guard`, the pool's cached blocks are fed into its ledger after every engine step and
+    ``/metrics`` exports the ledger too."""
     from kvguardian.exporters.server import mount_metrics
 
-    server = MiniServer(config or MiniConfig(), web)
+    server = MiniServer(config or MiniConfig(), web, guard)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Any) -> AsyncIterator[None]:
