@@ -131,6 +131,14 @@ CATALOG: dict[str, FindingKind] = {
         _k("KVG210", "kv-read-outside-ownership", _E,
            "a kernel read a KV slot outside its sequence's blocks or past its length (Triton sanitizer)",
            "index the block table by the program's own sequence and mask reads at its length"),
+        _k("KVG211", "kv-residue-read", _E,
+           "attention read a KV slot its block's owner never wrote since allocation: another request's "
+           "(or tenant's) remanent K/V, or scrubbed zeros",
+           "mask reads to the sequence's length; scrub blocks on tenant change (scrub='on-tenant-change')"),
+        _k("KVG212", "cross-tenant-cache-sharing", _E,
+           "a server's prefix cache serves one tenant's prompt to another: a timing audit found a repeated "
+           "prompt answered faster for another tenant's key",
+           "salt the prefix cache per tenant from the API key (vLLM: a per-tenant cache_salt set by the gateway)"),
         _k("KVG301", "cold-no-ttl-keys", _E,
            "Redis keys with no TTL that nobody has read for longer than the threshold: the leak signature",
            "set a TTL (SET ... EX / EXPIRE) where these keys are written, then expire the backlog"),

@@ -31,6 +31,8 @@ COMMANDS: dict[str, str] = {
     "lint": "kvguardian.cli.lint",
     "oom-guard": "kvguardian.cli.oom_guard",
     "device-plugin": "kvguardian.cli.device_plugin",
+    "serve-mini": "kvguardian.cli.serve_mini",
+    "audit": "kvguardian.cli.audit",
 }
 
 

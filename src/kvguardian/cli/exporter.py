@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kvguardian._errors import EXIT_OK, UsageError, require
+from kvguardian.cli.web_options import add_web_config, web_config
 from kvguardian.findings import Finding, Report
 
 NAME = "exporter"
@@ -30,6 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(repeatable)")
     p.add_argument("--once", action="store_true", help="print the metrics once to stdout and exit")
     p.add_argument("--duration", type=float, default=None, metavar="S", help="stop after S seconds")
+    add_web_config(p)
 
 
 class ReportFiles:
@@ -83,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
 
     if not 0 <= args.port < 65536:
         raise UsageError(f"--port {args.port} is not a TCP port; fix: use 0-65535 (0 picks a free one)")
+    web = web_config(args)
     files = ReportFiles(args.report)
     collector = KVGuardianCollector(findings=files.read)
     files.on_error = lambda name, exc: collector.note_source_error(
@@ -92,7 +95,8 @@ def run(args: argparse.Namespace) -> int:
         registry.register(collector)
         sys.stdout.write(generate_latest(registry).decode())
         return EXIT_OK
-    exporter = start_exporter(collector=collector, host=args.host, port=args.port, check_interval=None)
+    exporter = start_exporter(collector=collector, host=args.host, port=args.port, check_interval=None,
+                              web_config=web)
     stop = threading.Event()
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, lambda *_: stop.set())

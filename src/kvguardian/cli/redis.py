@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from kvguardian._errors import EXIT_ENVIRONMENT, EXIT_OK, EXIT_USAGE, UsageError
+from kvguardian.cli.web_options import add_web_config, web_config
 from kvguardian.findings import Report, Severity
 
 NAME = "redis"
@@ -56,6 +57,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     exp.add_argument("--top", type=int, default=50, help="patterns with their own label; the rest sum under {other}")
     _sweep_arguments(exp)
     exp.add_argument("--min-keys", type=int, default=10, help="keys a pattern needs for a finding (default 10)")
+    add_web_config(exp)
     exp.set_defaults(_redis=run_exporter)
 
 
@@ -206,16 +208,17 @@ def run_exporter(args: argparse.Namespace) -> int:
     from kvguardian.keyspace.sweep import parse_duration
 
     opts = _options(args)
+    web = web_config(args)
     interval = parse_duration(args.interval)
     exporter = Exporter(args.url, opts, interval=interval, top=args.top, redact=args.redact,
                         finalize=_finalize(args))
     try:
-        host, port = exporter.serve(args.port, args.addr)
+        host, port = exporter.serve(args.port, args.addr, web_config=web)
     except OSError as exc:
         raise UsageError(f"cannot serve on {args.addr}:{args.port}: {exc.strerror or exc}; pick another --port",
                          exit_code=EXIT_ENVIRONMENT) from None
     exporter.start()
-    sys.stderr.write(f"kv-guardian redis exporter: serving http://{host}:{port}/metrics, sweeping every "
+    sys.stderr.write(f"kv-guardian redis exporter: serving {web.scheme}://{host}:{port}/metrics, sweeping every "
                      f"{interval:g} s\n")
     sys.stderr.flush()
     done = threading.Event()

@@ -58,6 +58,22 @@ def _child_env(folder: str, args: argparse.Namespace) -> dict[str, str]:
     return env
 
 
+def shown_argv(argv: list[str]) -> list[str]:
+    """A command line without its arguments, which may carry user data (prompts, keys): the program, and for
+    Python the script or ``-m`` module; the rest is counted."""
+    keep = 1
+    if argv and Path(argv[0]).name.startswith("python"):
+        i = 1
+        while i < len(argv) and argv[i].startswith("-") and argv[i] not in ("-m", "-c"):
+            i += 1
+        keep = min(len(argv), i + (2 if i < len(argv) and argv[i] == "-m" else 1))
+        if keep <= len(argv) and argv[keep - 1:keep] == ["-c"]:
+            return [*argv[:keep], "<code>"] + ([f"(+{len(argv) - keep - 1} arguments)"] if len(argv) > keep + 1
+                                               else [])
+    shown = argv[:keep]
+    return shown + ([f"(+{len(argv) - keep} arguments)"] if len(argv) > keep else [])
+
+
 def run(args: argparse.Namespace) -> int:
     from kvguardian.findings import Finding, Report, Severity
 
@@ -101,9 +117,10 @@ def run(args: argparse.Namespace) -> int:
                 findings.append(f)
     missing = sorted(set(started) - {p["pid"] for p in procs})
     summary: dict[str, Any] = {
-        "program": {"argv": cmd, "exit_code": rc, "seconds": round(seconds, 3)},
+        "program": {"argv": shown_argv(cmd), "exit_code": rc, "seconds": round(seconds, 3)},
         "processes": [{k: v for k, v in p.items() if k != "report"} | {"summary": (p.get("report") or {})
-                                                                         .get("summary")} for p in procs],
+                                                                         .get("summary")}
+                      | {"argv": shown_argv(list(p.get("argv") or []))} for p in procs],
         "unaudited_pids": missing,
     }
     report = Report(findings=findings, summary=summary)

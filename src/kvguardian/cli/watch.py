@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kvguardian._errors import EXIT_ENVIRONMENT, UsageError
+from kvguardian.cli.web_options import add_web_config, web_config
 from kvguardian.findings import Finding, Severity
 
 NAME = "watch"
@@ -46,6 +47,7 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="also serve findings and watch metrics for Prometheus on this port (0: pick one)")
     p.add_argument("--exporter-host", default="127.0.0.1", metavar="HOST",
                    help="bind address of --exporter-port (default 127.0.0.1)")
+    add_web_config(p)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -86,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.grace < 0:
         raise UsageError(f"--grace must be >= 0 seconds, got {args.grace}")
+    web = web_config(args)  # a bad --web-config fails before the watch starts
     vllm = args.engine == "vllm"
     watch = Watch(
         args.engine, args.metrics, interval=args.interval, grace=args.grace, timeout=args.timeout,
@@ -100,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
     restore = _stop_on_signals(watch)  # Ctrl-C and SIGTERM end the watch; the report is still printed
     try:
         if args.exporter_port is not None:
-            exporter = _serve(watch, args.exporter_host, args.exporter_port)
+            exporter = _serve(watch, args.exporter_host, args.exporter_port, web)
         err = console(stderr=True)
         watch.on_warning = lambda line: err.print(f"kv-guardian watch: warning: {line}", markup=False, soft_wrap=True)
         if not args.json:
@@ -136,11 +139,12 @@ def run(args: argparse.Namespace) -> int:
     return report.exit_code(args.fail_on)
 
 
-def _serve(watch: Any, host: str, port: int) -> Any:
+def _serve(watch: Any, host: str, port: int, web: Any = None) -> Any:
     from kvguardian.engines.watch_exporter import WatchCollector
     from kvguardian.exporters.server import start_exporter
 
-    return start_exporter(collector=WatchCollector(watch), host=host, port=port, check_interval=None)
+    return start_exporter(collector=WatchCollector(watch), host=host, port=port, check_interval=None,
+                          web_config=web)
 
 
 def _stop_on_signals(watch: Any) -> Callable[[], None]:

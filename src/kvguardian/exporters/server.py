@@ -15,12 +15,13 @@ import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, make_wsgi_app, start_http_server
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
 from kvguardian._errors import EXIT_ENVIRONMENT, UsageError
 from kvguardian.exporters.prometheus import KVGuardianCollector
+from kvguardian.exporters.webconfig import WebConfig, serve_wsgi
 
 __all__ = ["DEFAULT_HOST", "DEFAULT_PORT", "Exporter", "MetricsApp", "mount_metrics", "start_exporter"]
 
@@ -100,10 +101,12 @@ class Exporter:
         self.host: str = host
         self.port: int = int(port)
 
+    scheme = "http"  # "https" when served with a web config's TLS
+
     @property
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}/metrics"
+        return f"{self.scheme}://{host}:{self.port}/metrics"
 
     def close(self) -> None:
         """Stop the checks and the HTTP server (idempotent)."""
@@ -158,6 +161,7 @@ def start_exporter(
     check_interval: float | None = 60.0,
     collector: Collector | None = None,
     registry: CollectorRegistry | None = None,
+    web_config: WebConfig | None = None,
 ) -> Exporter:
     """Serve kv-guardian's metrics from inside a running program, on ``http://host:port/metrics``.
 
@@ -169,6 +173,7 @@ def start_exporter(
         host: bind address; 127.0.0.1 by default. Pass ``0.0.0.0`` explicitly to be scraped from elsewhere.
         collector: a collector to serve instead of one built from ``guard`` (e.g. a watch's collector).
         registry: the registry to register into; a fresh one by default (never the global REGISTRY).
+        web_config: TLS and basic auth (`kvguardian.exporters.webconfig.load_web_config`); plain HTTP if None.
 
     Raises:
         UsageError: not exactly one of ``guard`` and ``collector``, a bad interval, or the port cannot be
@@ -184,7 +189,13 @@ def start_exporter(
     registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
     registry.register(collector)
     try:
-        server, thread = start_http_server(port, addr=host, registry=registry)
+        if web_config is not None and (web_config.tls or web_config.auth):
+            server, thread = serve_wsgi(make_wsgi_app(registry), host, port, web_config)
+        else:
+            server, thread = start_http_server(port, addr=host, registry=registry)
+    except UsageError:
+        registry.unregister(collector)
+        raise
     except OSError as exc:
         registry.unregister(collector)
         raise UsageError(
@@ -192,4 +203,6 @@ def start_exporter(
             "(or port=0)", exit_code=EXIT_ENVIRONMENT,
         ) from None
     checker = _Checker(guard, checked, check_interval) if checked is not None and check_interval else None
-    return Exporter(collector, registry, server, thread, checker)
+    exporter = Exporter(collector, registry, server, thread, checker)
+    exporter.scheme = web_config.scheme if web_config is not None else "http"
+    return exporter

@@ -99,13 +99,19 @@ class Exporter:
             fam.add_metric([], float(value))
             yield fam
 
-    def serve(self, port: int, addr: str = "127.0.0.1") -> tuple[str, int]:
-        """Serve /metrics on ``addr:port`` (127.0.0.1 unless told otherwise); returns the bound address."""
-        from prometheus_client import CollectorRegistry, start_http_server
+    def serve(self, port: int, addr: str = "127.0.0.1", *, web_config: Any = None) -> tuple[str, int]:
+        """Serve /metrics on ``addr:port`` (127.0.0.1 unless told otherwise), with ``web_config``'s TLS and
+        basic auth when given; returns the bound address."""
+        from prometheus_client import CollectorRegistry, make_wsgi_app, start_http_server
+
+        from kvguardian.exporters.webconfig import serve_wsgi
 
         registry = CollectorRegistry(auto_describe=False)
         registry.register(self)  # type: ignore[arg-type]
-        server, _thread = start_http_server(port, addr=addr, registry=registry)
+        if web_config is not None and (web_config.tls or web_config.auth):
+            server, _thread = serve_wsgi(make_wsgi_app(registry), addr, port, web_config)
+        else:
+            server, _thread = start_http_server(port, addr=addr, registry=registry)
         self._server = server
         host, bound = server.server_address[:2]
         return str(host), int(bound)

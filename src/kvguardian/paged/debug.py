@@ -9,6 +9,7 @@ that causes it, as a KVG2xx finding naming the request, the block(s) and the ope
 | lost free: a table is closed while it still holds blocks | the close | KVG204 |
 | cross-tenant share: a block of one namespace enters a table of another | the share / hit / fork | KVG205 |
 | lost or doubled block: an unreferenced block outside the free queue, or a referenced one in it | any op | KVG206 |
+| residue read: attention reads a slot its block's owner never wrote since allocation | the read | KVG211 |
 
 The checker keeps its own count of references from open tables (``table_refs``), told by the pool where tables
 change (`on_table_add` / `on_table_remove`, the `PoolObserver` interface) and independent of the allocator's
@@ -72,6 +73,7 @@ class DebugChecker:
         self._layer: int | None = None
         self._reported: set[int] = set()  # blocks already reported by this operation
         self._last_write: tuple[str, tuple[int, ...], int] | None = None  # (request, blocks, op) last flagged
+        self._last_residue: tuple[str, tuple[int, ...]] | None = None  # (request, blocks) of the last KVG211
 
     # ------------------------------------------------------------------ operation boundaries
     def begin(self, op: str, table: BlockTable | None, layer: int | None) -> None:
@@ -235,6 +237,22 @@ class DebugChecker:
             return
         self._last_write = key
         self._report("KVG202", bad, why, request_override=request_id)
+
+    def residue_read(self, request_id: str, slots: np.ndarray, evidence: dict[str, Any]) -> None:
+        """A read of ``slots`` that their blocks' current owners did not write since allocation (KVG211);
+        the same read repeated layer after layer is reported once."""
+        bs = self.pool.block_size
+        blocks = np.unique(slots // bs)
+        key = (request_id, tuple(blocks[:_MAX_BLOCKS_IN_EVIDENCE].tolist()))
+        if self._last_residue == key:
+            return
+        self._last_residue = key
+        s = int(slots[0])
+        prev = evidence.get("previous_tenant")
+        self._report("KVG211", blocks,
+                     f"read slot {s} (block {s // bs}, offset {s % bs}) that its block's owner never wrote since "
+                     f"the block was allocated" + (f"; the block last belonged to tenant {prev!r}" if prev else ""),
+                     request_override=request_id, **evidence)
 
     # ------------------------------------------------------------------ reporting
     def take(self) -> list[Finding]:

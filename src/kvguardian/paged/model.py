@@ -89,7 +89,7 @@ class PagedLlama:
                 outs = []
                 for i, s in enumerate(batch):
                     ctx = s.start + lengths[i]
-                    kc, vc = pool.gather(li, tables[i], ctx)  # [ctx, H_kv, D]
+                    kc, vc = pool.gather(li, tables[i], ctx, request_id=s.request_id)  # [ctx, H_kv, D]
                     kc = kc.transpose(0, 1).repeat_interleave(self.groups, 0)  # [H, ctx, D]
                     vc = vc.transpose(0, 1).repeat_interleave(self.groups, 0)
                     qi = q[starts[i]:ends[i]].transpose(0, 1)  # [H, n, D]

@@ -40,6 +40,7 @@ from kvguardian.paged.prefix import (
 )
 from kvguardian.paged.raw_ops import RawBlockOps
 from kvguardian.paged.records import BlockTable, KVSpec, TableState
+from kvguardian.paged.remanence import Remanence
 
 if TYPE_CHECKING:  # pragma: no cover
     from kvguardian.paged.debug import DebugChecker
@@ -61,6 +62,9 @@ class PagedKVPool(RawBlockOps):
         debug: check every operation incrementally (findings in `faults`).
         on_fault: ``"record"`` keeps the finding and lets the operation proceed (an observer), ``"raise"``
             raises `PoolFault` at the faulty operation (tests).
+        scrub: zero a block's K/V when it passes to another tenant (``"on-tenant-change"``), on every reuse
+            (``"always"``) or never (``"never"``); see `kvguardian.paged.remanence`. With ``debug=True`` a
+            read of a slot its owner never wrote is a KVG211 finding.
     """
 
     def __init__(
@@ -75,6 +79,7 @@ class PagedKVPool(RawBlockOps):
         event_capacity: int = 8192,
         fault_capacity: int = 1024,
         clock: Callable[[], float] = time.monotonic,
+        scrub: str = "never",
     ) -> None:
         if not isinstance(block_size, int) or block_size < 1:
             raise UsageError(f"block_size must be a positive int, got {block_size!r}")
@@ -123,6 +128,7 @@ class PagedKVPool(RawBlockOps):
 
             self._debug = DebugChecker(self, capacity=fault_capacity, raise_on_fault=(on_fault == "raise"))
             self.blocks.queue.observer = self._debug
+        self.remanence = Remanence(self, scrub, residue_check=debug) if scrub != "never" or debug else None
 
     def __repr__(self) -> str:
         return (f"<PagedKVPool {self.num_blocks}x{self.block_size} tables={len(self._tables)} "
@@ -275,6 +281,7 @@ class PagedKVPool(RawBlockOps):
             touched.append(self._copy_on_write(t))
         if need > 0:
             new = np.array(self.blocks.get_new_blocks(need), dtype=np.int32)
+            self._claim(t, new)
             self.ns_of[new] = t.ns_code
             self.filled[new] = 0
             self._table_add(t, new)
@@ -355,13 +362,17 @@ class PagedKVPool(RawBlockOps):
             t = self._tables.get(request_id)
             self._begin("write", t, layer=layer)
             self._debug.check_write(t, request_id, slots, layer)
+            self._note_write(layer, slots)
         kv = self._kv()
         self.k[layer].view(-1, kv.kv_heads, kv.head_dim).index_copy_(0, slots, k)
         self.v[layer].view(-1, kv.kv_heads, kv.head_dim).index_copy_(0, slots, v)
 
-    def gather(self, layer: int, block_ids: Any, num_tokens: int) -> tuple[Any, Any]:
+    def gather(self, layer: int, block_ids: Any, num_tokens: int, *, request_id: str | None = None) -> tuple[Any, Any]:
         """K and V ``[num_tokens, kv_heads, head_dim]`` of a sequence, read through its block table
-        (``block_ids``: int64 tensor in token order)."""
+        (``block_ids``: int64 tensor in token order). In debug mode, naming the reader (``request_id``) checks
+        that every slot read was written by its block's owner since allocation (KVG211)."""
+        if self._debug is not None and request_id is not None:
+            self._check_read(request_id, layer, block_ids, num_tokens)
         kv = self._kv()
         k = self.k[layer].index_select(0, block_ids).view(-1, kv.kv_heads, kv.head_dim)[:num_tokens]
         v = self.v[layer].index_select(0, block_ids).view(-1, kv.kv_heads, kv.head_dim)[:num_tokens]
@@ -423,6 +434,23 @@ class PagedKVPool(RawBlockOps):
         if self._debug is not None:
             self._debug.end(touched)
 
+    def _claim(self, t: BlockTable, ids: np.ndarray, copy_of: int | None = None) -> None:
+        """``ids`` were just allocated to ``t``: scrub what another tenant left, reset their residue marks."""
+        if self.remanence is not None:
+            self.remanence.claim(t, ids, copy_of)
+
+    def _note_write(self, layer: int, slots: Any) -> None:
+        if self.remanence is not None:
+            self.remanence.wrote(layer, slots)
+
+    def _check_read(self, request_id: str, layer: int, block_ids: Any, num_tokens: int) -> None:
+        if self.remanence is None or self._debug is None:
+            return
+        bad = self.remanence.unwritten(layer, block_ids, num_tokens)
+        if len(bad):
+            self._begin("read", self._tables.get(request_id), layer=layer)
+            self._debug.residue_read(request_id, bad, self.remanence.residue_evidence(bad))
+
     def _table_add(self, t: BlockTable, ids: np.ndarray) -> None:
         t.push(ids)
         if self._debug is not None:
@@ -459,6 +487,7 @@ class PagedKVPool(RawBlockOps):
     def _copy_on_write(self, t: BlockTable) -> np.ndarray:
         old = int(t.blocks[t.num_blocks - 1])
         b = self.blocks.get_new_blocks(1)[0]
+        self._claim(t, np.array([b], dtype=np.int32), copy_of=old)
         for layer in range(len(self.k)):
             self.k[layer][b].copy_(self.k[layer][old])
             self.v[layer][b].copy_(self.v[layer][old])

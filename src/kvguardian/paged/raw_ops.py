@@ -44,6 +44,9 @@ class RawBlockOps:
     def _end(self, touched: np.ndarray) -> None:  # pragma: no cover
         raise NotImplementedError
 
+    def _claim(self, t: BlockTable, ids: np.ndarray, copy_of: int | None = None) -> None:  # pragma: no cover
+        raise NotImplementedError
+
     def _table_add(self, t: BlockTable, ids: np.ndarray) -> None:  # pragma: no cover
         raise NotImplementedError
 
@@ -55,6 +58,7 @@ class RawBlockOps:
         t = self.table(request_id)
         self._begin("allocate_blocks", t)
         ids = np.array(self.blocks.get_new_blocks(n), dtype=np.int32)
+        self._claim(t, ids)
         self.ns_of[ids] = t.ns_code
         self.filled[ids] = self.block_size
         self._table_add(t, ids)

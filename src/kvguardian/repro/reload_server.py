@@ -22,7 +22,6 @@ import contextlib
 import copy
 import functools
 import gc
-import socket
 import threading
 import time
 import weakref
@@ -220,26 +219,7 @@ def create_app(variant: str, *, spec: TinySpec = TINY, guard: Any = None) -> Any
 @contextlib.contextmanager
 def serve(app: Any, *, host: str = "127.0.0.1", timeout: float = 30.0) -> Iterator[str]:
     """Run ``app`` with uvicorn in a thread on a free loopback port; yield its base URL; stop it on exit."""
-    import uvicorn
+    from kvguardian.exporters.webconfig import serve_asgi
 
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, 0))
-    port = sock.getsockname()[1]
-    config = uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False)
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="kvg-uvicorn", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + timeout
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            server.should_exit = True
-            sock.close()
-            raise RuntimeError(f"uvicorn did not start on {host}:{port} within {timeout:.0f} s")
-        time.sleep(0.01)
-    try:
-        yield f"http://{host}:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=timeout)
-        sock.close()
+    with serve_asgi(app, host=host, timeout=timeout) as url:
+        yield url

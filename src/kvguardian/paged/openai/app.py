@@ -1,0 +1,356 @@
+"""An OpenAI-compatible server over the paged mini engine (FastAPI): ``/v1/completions`` (streaming as
+Server-Sent Events, as OpenAI and vLLM stream), ``/v1/models``, ``/health``, ``/metrics``.
+
+    app = create_app(MiniConfig(cache_mode="per-tenant", api_keys=("acme=sk-a", "globex=sk-b")))
+    uvicorn.run(app, host="127.0.0.1", port=8000)        # or: kv-guardian serve-mini
+
+The model is a tiny random-weight Llama run by `PagedLlama` with a byte-level tokenizer (token = byte + 3),
+so every prompt token costs a real prefill: a prefix-cache hit is measurably faster, as on a real server.
+``app.state.mini`` is the `MiniServer` (engine loop, pool, config) for middlewares that wrap the app.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import contextlib
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import FastAPI, Request  # this module is the app: imported only when one is built
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from kvguardian._errors import UsageError, require
+from kvguardian.exporters.webconfig import BasicAuthASGI, WebConfig, basic_user
+from kvguardian.paged.openai.loop import EngineLoop
+from kvguardian.paged.openai.tenancy import CACHE_MODES, KeyRing, namespace_of
+
+__all__ = ["MiniConfig", "MiniServer", "create_app"]
+
+SPECIAL = 3  # token ids 0 (pad), 1 (bos), 2 (eos); byte b is token b + 3
+VOCAB = 256 + SPECIAL + 1
+
+
+@dataclass(frozen=True)
+class MiniConfig:
+    """Everything the mini server is built from."""
+
+    model_name: str = "kvg-mini"
+    cache_mode: str = "per-tenant"
+    api_keys: tuple[str, ...] = ()  # TENANT=KEY
+    keys_files: tuple[str, ...] = ()
+    num_blocks: int = 2048
+    block_size: int = 16
+    max_model_len: int = 4096
+    max_num_seqs: int = 8
+    max_batch_tokens: int = 2048
+    hidden: int = 64  # the per-token prefill cost grows with these
+    layers: int = 2
+    seed: int = 0
+    threads: int = 1
+    debug: bool = False  # the pool's incremental checks (KVG2xx findings in /metrics)
+    scrub: str = "never"  # KV remanence: never / on-tenant-change / always
+
+    def validate(self) -> None:
+        if self.cache_mode not in CACHE_MODES:
+            raise UsageError(f"cache mode {self.cache_mode!r} is not one of {', '.join(CACHE_MODES)}")
+        for name in ("num_blocks", "block_size", "max_model_len", "max_num_seqs", "max_batch_tokens", "hidden",
+                     "layers", "threads"):
+            if getattr(self, name) < 1:
+                raise UsageError(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.hidden % 4:
+            raise UsageError(f"hidden must be a multiple of 4 (4 heads), got {self.hidden}")
+
+
+class MiniServer:
+    """The model, pool, engine loop and key ring behind one app."""
+
+    def __init__(self, config: MiniConfig, web: WebConfig | None = None, guard: Any = None) -> None:
+        config.validate()
+        self.config = config
+        self.web = web or WebConfig()
+        self.keys = KeyRing.from_pairs(config.api_keys, config.keys_files)
+        self.created = int(time.time())
+        self.pool, engine = _build_engine(config)
+        self.guard = guard
+        self.feed: Any = None
+        if guard is not None:  # the pool's prefix-cache blocks become ledger entries (kvguardian_kv_* metrics)
+            from kvguardian.paged.ledger_feed import LedgerFeed
+
+            self.feed = LedgerFeed(guard.ledger, name="mini")
+        self.loop = EngineLoop(engine, on_step=self._pump if guard is not None else None)
+
+    def _pump(self) -> None:
+        with self.loop.lock:
+            self.feed.pump(self.pool)
+
+    def metrics_registry(self) -> Any:
+        """A registry with the pool's metrics and the pool's debug findings (prometheus_client)."""
+        require("prometheus_client", "prometheus")
+        from prometheus_client import CollectorRegistry
+
+        from kvguardian.exporters.prometheus import KVGuardianCollector
+
+        registry = CollectorRegistry(auto_describe=True)
+        ledger = self.guard.ledger if self.guard is not None else None
+        registry.register(KVGuardianCollector(ledger, pools={"mini": _LockedPool(self)}, findings=self._findings))
+        return registry
+
+    def _findings(self) -> tuple[Sequence[Any], float]:
+        with self.loop.lock:
+            return self.pool.faults, time.time()
+
+    def tenant_of(self, headers: Any) -> str | None:
+        auth = headers.get("authorization")
+        if not self.keys.required and self.web.auth:  # no API keys: basic-auth users are the tenants
+            return basic_user(auth)
+        return self.keys.tenant_of(auth)
+
+
+class _LockedPool:
+    """The pool's `metrics()` read under the engine loop's lock (a scrape never sees half a step)."""
+
+    def __init__(self, server: MiniServer) -> None:
+        self._server = server
+
+    def metrics(self) -> dict[str, float | int]:
+        with self._server.loop.lock:
+            return self._server.pool.metrics()
+
+
+def _build_engine(config: MiniConfig) -> tuple[Any, Any]:
+    import torch
+
+    from kvguardian.paged.engine import Engine, OwnershipScheduler
+    from kvguardian.paged.model import PagedLlama
+    from kvguardian.paged.pool import PagedKVPool
+    from kvguardian.repro.models import TinySpec, build_llama
+
+    torch.set_num_threads(config.threads)
+    spec = TinySpec(hidden=config.hidden, layers=config.layers, heads=4, kv_heads=2, intermediate=2 * config.hidden,
+                    vocab=VOCAB, max_positions=config.max_model_len)
+    model = PagedLlama(build_llama(spec, seed=config.seed))
+    pool = PagedKVPool(config.num_blocks, config.block_size, model.spec, prefix_caching=config.cache_mode != "off",
+                       debug=config.debug, scrub=config.scrub)
+    engine = Engine(model, OwnershipScheduler(pool), max_num_seqs=config.max_num_seqs,
+                    max_batch_tokens=config.max_batch_tokens, eos_token_id=2)
+    return pool, engine
+
+
+# ---------------------------------------------------------------------------------------------- requests
+class BadRequest(Exception):
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None):
+        super().__init__(message)
+        self.status, self.kind, self.param = status, kind, param
+
+
+def encode(text: str) -> list[int]:
+    return [b + SPECIAL for b in text.encode("utf-8")]
+
+
+@dataclass
+class Completion:
+    prompt: list[int]
+    max_tokens: int
+    stream: bool
+    include_usage: bool
+    salt: str | None
+
+
+def parse_completion(body: Any, server: MiniServer) -> Completion:
+    """Validate a ``/v1/completions`` body against the model and the pool.
+
+    Raises:
+        BadRequest: what is wrong, OpenAI style (status, type, param).
+    """
+    if not isinstance(body, dict):
+        raise BadRequest(400, "the body must be a JSON object")
+    cfg = server.config
+    if body.get("model") not in (None, cfg.model_name):
+        raise BadRequest(404, f"model {str(body.get('model'))[:64]!r} does not exist; this server has "
+                         f"{cfg.model_name!r}", "NotFoundError", "model")
+    prompt = _prompt_tokens(body.get("prompt"))
+    max_tokens = body.get("max_tokens", 16)
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+        raise BadRequest(400, "max_tokens must be a positive integer", param="max_tokens")
+    if len(prompt) + max_tokens > cfg.max_model_len:
+        raise BadRequest(400, f"this model's maximum context length is {cfg.max_model_len} tokens; the prompt "
+                         f"has {len(prompt)} and max_tokens is {max_tokens}", param="prompt")
+    if -(-(len(prompt) + max_tokens) // cfg.block_size) > cfg.num_blocks:
+        raise BadRequest(400, "the request needs more KV blocks than the pool has", param="max_tokens")
+    if body.get("n", 1) != 1 or body.get("echo"):
+        raise BadRequest(400, "only n=1 without echo is supported", param="n")
+    salt = body.get("cache_salt")
+    if salt is not None and (not isinstance(salt, str) or not salt):
+        raise BadRequest(400, "cache_salt must be a non-empty string", param="cache_salt")
+    opts = body.get("stream_options") or {}
+    return Completion(prompt, max_tokens, bool(body.get("stream")),
+                      bool(isinstance(opts, dict) and opts.get("include_usage")), salt)
+
+
+def _prompt_tokens(prompt: Any) -> list[int]:
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        tokens = encode(prompt)
+    elif isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        tokens = list(prompt)
+        if any(not 0 <= t < VOCAB for t in tokens):
+            raise BadRequest(400, f"token ids must be in 0..{VOCAB - 1}", param="prompt")
+    else:
+        raise BadRequest(400, "prompt must be a string or a list of token ids (one prompt per request)",
+                         param="prompt")
+    if not tokens:
+        raise BadRequest(400, "prompt is empty", param="prompt")
+    return tokens
+
+
+def _error(status: int, message: str, kind: str, param: str | None = None) -> Any:
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": status}},
+                        status_code=status, headers=headers)
+
+
+# ---------------------------------------------------------------------------------------------- the app
+def create_app(config: MiniConfig | None = None, *, web: WebConfig | None = None, guard: Any = None) -> Any:
+    """The FastAPI app of a new `MiniServer` (its engine thread starts with the app's lifespan, or at the first
+    request when run without one). With ``web`` basic auth, every path outside ``/v1`` needs it; ``/v1`` needs
+    an API key (or, with no keys configured, the basic-auth user, who is then the tenant). With a
+    `kvguardian.Guard`, the pool's cached blocks are fed into its ledger after every engine step and
+    ``/metrics`` exports the ledger too."""
+    from kvguardian.exporters.server import mount_metrics
+
+    server = MiniServer(config or MiniConfig(), web, guard)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: Any) -> AsyncIterator[None]:
+        server.loop.start()
+        try:
+            yield
+        finally:
+            server.loop.close()
+
+    app = FastAPI(title="kv-guardian mini server", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)
+    app.state.mini = server
+    mount_metrics(app, server.metrics_registry())
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", **server.loop.snapshot()}
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> Any:
+        if server.tenant_of(request.headers) is None:
+            return _error(401, "invalid or missing API key", "AuthenticationError")
+        return {"object": "list", "data": [{"id": server.config.model_name, "object": "model",
+                                            "created": server.created, "owned_by": "kv-guardian",
+                                            "max_model_len": server.config.max_model_len}]}
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Any:
+        tenant = server.tenant_of(request.headers)
+        if tenant is None:
+            return _error(401, "invalid or missing API key", "AuthenticationError")
+        try:
+            body = json.loads(await request.body())
+        except ValueError:
+            return _error(400, "the body is not valid JSON", "invalid_request_error")
+        try:
+            comp = parse_completion(body, server)
+        except BadRequest as exc:
+            return _error(exc.status, str(exc), exc.kind, exc.param)
+        server.loop.start()
+        stream = _Stream(server, tenant, comp)
+        if comp.stream:
+            return StreamingResponse(stream.sse(), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        return await stream.whole()
+
+    if server.web.auth:  # /v1 has its own keys; with none configured, basic auth guards it too
+        app.add_middleware(BasicAuthASGI, config=server.web,  # type: ignore[arg-type]
+                           exempt=(lambda path: path.startswith("/v1/")) if server.keys.required else None)
+    return app
+
+
+class _Stream:
+    """One completion: submitted to the engine loop, its tokens read back on the event loop."""
+
+    def __init__(self, server: MiniServer, tenant: str, comp: Completion) -> None:
+        from kvguardian.paged.engine import Request
+
+        self.server = server
+        self.comp = comp
+        self.id = f"cmpl-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self.queue: asyncio.Queue[tuple[int | None, bool, str | None]] = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+        shared = namespace_of(server.config.cache_mode, tenant, comp.salt)
+        req = Request(self.id, tenant, tuple(comp.prompt), comp.max_tokens, shared=shared)
+
+        def deliver(token: int | None, finished: bool, error: str | None) -> None:  # engine thread
+            loop.call_soon_threadsafe(self.queue.put_nowait, (token, finished, error))
+
+        server.loop.submit(req, deliver)
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.tokens = 0
+        self.finished = False
+
+    def _text(self, token: int | None) -> str:
+        if token is None:
+            return ""
+        self.tokens += 1
+        return self.decoder.decode(bytes([token - SPECIAL]) if token >= SPECIAL else b"")
+
+    def _reason(self, token: int | None) -> str:
+        return "stop" if token == 2 else "length"
+
+    def _usage(self) -> dict[str, int]:
+        n = len(self.comp.prompt)
+        return {"prompt_tokens": n, "completion_tokens": self.tokens, "total_tokens": n + self.tokens}
+
+    def _chunk(self, text: str, reason: str | None) -> dict[str, Any]:
+        return {"id": self.id, "object": "text_completion", "created": self.created,
+                "model": self.server.config.model_name,
+                "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": reason}]}
+
+    async def sse(self) -> AsyncIterator[bytes]:
+        try:
+            while not self.finished:
+                token, self.finished, error = await self.queue.get()
+                if error is not None:
+                    yield _sse({"error": {"message": error, "type": "server_error", "code": 500}})
+                    break
+                text = self._text(token) + (self.decoder.decode(b"", final=True) if self.finished else "")
+                yield _sse(self._chunk(text, self._reason(token) if self.finished else None))
+            if self.comp.include_usage:
+                yield _sse({**self._chunk("", None), "choices": [], "usage": self._usage()})
+            yield b"data: [DONE]\n\n"
+        finally:
+            if not self.finished:  # the client went away: stop generating, free the blocks
+                self.server.loop.abort(self.id)
+
+    async def whole(self) -> Any:
+        parts: list[str] = []
+        token: int | None = None
+        try:
+            while not self.finished:
+                token, self.finished, error = await self.queue.get()
+                if error is not None:
+                    return _error(500, error, "server_error")
+                parts.append(self._text(token))
+        finally:
+            if not self.finished:
+                self.server.loop.abort(self.id)
+        parts.append(self.decoder.decode(b"", final=True))
+        out = self._chunk("".join(parts), self._reason(token))
+        out["usage"] = self._usage()
+        return out
+
+
+def _sse(obj: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"

@@ -1,0 +1,116 @@
+"""Who a request belongs to, and which prefix-cache namespace it may share blocks in.
+
+API keys map to tenants (``Authorization: Bearer KEY``). Keys are kept only as SHA-256 digests, compared
+through a dict of digests, and never logged or shown: a key's tenant name is what every output uses.
+
+Cache modes, by how far a cached prefix block travels:
+
+| mode | blocks shared between | namespace of a request |
+|---|---|---|
+| ``off`` | nobody (no prefix cache) | - |
+| ``global`` | every request | one shared namespace |
+| ``per-salt`` | requests with the same ``cache_salt`` (none: one shared namespace), as vLLM does | the salt |
+| ``per-tenant`` | requests of one tenant (and one ``cache_salt``, when given): the default | tenant (+ salt) |
+
+vLLM's docs say ``cache_salt`` "is not an isolation boundary": under ``per-salt`` two tenants that send the same
+salt share, and a request without a salt shares with every other salt-less request. ``per-tenant`` derives the
+boundary from the API key, so a client cannot opt out of it. Salts are hashed before they name a namespace,
+so a salt never appears in events, metrics or findings.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvguardian._errors import UsageError
+
+__all__ = ["CACHE_MODES", "KeyRing", "namespace_of"]
+
+CACHE_MODES = ("off", "global", "per-salt", "per-tenant")
+ANONYMOUS = "default"
+_TENANT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+def _digest(secret: str) -> bytes:
+    return hashlib.sha256(secret.encode("utf-8")).digest()
+
+
+def _salt_tag(salt: str) -> str:
+    return hashlib.sha256(b"kvguardian/cache_salt\x00" + salt.encode("utf-8")).hexdigest()[:24]
+
+
+def namespace_of(mode: str, tenant: str, salt: str | None) -> str | None:
+    """The pool's ``shared=`` argument for a request (None: the tenant's own namespace)."""
+    if mode == "global":
+        return "all"
+    if mode == "per-salt":
+        return "salt=" + (_salt_tag(salt) if salt else "")
+    if salt:  # per-tenant (and off, where nothing is cached anyway)
+        return f"tenant={tenant};salt={_salt_tag(salt)}"
+    return None
+
+
+@dataclass(frozen=True)
+class KeyRing:
+    """API-key digests -> tenant names. Empty: no key needed, every request is tenant ``default``."""
+
+    tenants: dict[bytes, str]
+
+    @classmethod
+    def from_pairs(cls, pairs: Iterable[str], files: Iterable[str] = ()) -> KeyRing:
+        """``TENANT=KEY`` pairs (``--api-key``) and files (``--keys-file``: JSON ``{"KEY": "TENANT"}`` or lines
+        ``TENANT KEY``).
+
+        Raises:
+            UsageError: a malformed pair, file or tenant name, or a key given twice (never printing the key).
+        """
+        out: dict[bytes, str] = {}
+        entries = [(p, "--api-key") for p in pairs]
+        for f in files:
+            entries.extend((e, f"--keys-file {f}") for e in _read_keys_file(f))
+        for entry, where in entries:
+            parts = entry.strip().split(None, 1)
+            tenant, sep, key = (parts[0], " ", parts[1]) if len(parts) == 2 else entry.partition("=")
+            tenant, key = tenant.strip(), key.strip()
+            if not sep or not key:
+                raise UsageError(f"{where}: expected TENANT=KEY; fix: --api-key acme=sk-...")
+            if not _TENANT.match(tenant):
+                raise UsageError(f"{where}: tenant name {tenant[:64]!r} must be 1-64 of [A-Za-z0-9_.-]")
+            d = _digest(key)
+            if d in out:
+                raise UsageError(f"{where}: a key of tenant {tenant!r} is also given for {out[d]!r}; keys must be "
+                                 "unique")
+            out[d] = tenant
+        return cls(out)
+
+    @property
+    def required(self) -> bool:
+        return bool(self.tenants)
+
+    def tenant_of(self, authorization: str | None) -> str | None:
+        """The tenant of an ``Authorization`` header value; None when a key is needed and this one is not
+        known (or missing)."""
+        if not self.tenants:
+            return ANONYMOUS
+        if not authorization or authorization[:7].lower() != "bearer ":
+            return None
+        return self.tenants.get(_digest(authorization[7:].strip()))
+
+
+def _read_keys_file(path: str) -> list[str]:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"--keys-file {path}: cannot read it ({exc})") from None
+    if text.lstrip().startswith("{"):
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise UsageError(f"--keys-file {path}: not valid JSON ({exc})") from None
+        return [f"{tenant}={key}" for key, tenant in data.items()]
+    return [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
