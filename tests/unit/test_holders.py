@@ -197,7 +197,7 @@ def test_unreachable_from_python_is_reported_as_such():
     assert not c.complete and c.root == "none" and c.notes
 
 
-def test_search_is_bounded_in_depth(app):
+def test_search_is_bounded_by_objects_visited_and_says_so(app):
     def build():
         t = kv()
         node = t
@@ -207,9 +207,12 @@ def test_search_is_bounded_in_depth(app):
         return key(t)
 
     ref = build()
-    c = chain(ref, max_depth=10)
-    assert not c.complete and "depth bound 10" in c.notes[0]
-    assert chain(ref, max_depth=40).complete
+    c = chain(ref, max_objects=10)
+    assert not c.complete and c.stopped and c.root == "none"
+    assert c.steps[0].startswith("<search stopped after 10 objects; nearest Python object: list")
+    assert "search stopped after 10 objects" in c.notes[0]
+    full = chain(ref)
+    assert full.complete and full.steps[0] == "module leaky_app: DEEP" and full.depth == 26
 
 
 def test_more_shapes_partial_deque_thread_local_bound_method(app):
