@@ -120,7 +120,7 @@ def _start_guard() -> None:
     opts = _state["options"]
     guard = Guard(
         retention_sampling=True,
-        holder_search_seconds=float(opts.get("holder_seconds", 3.0)),
+        holder_search_seconds=float(opts.get("holder_seconds", 120.0)),
         redact=bool(opts.get("redact", False)),
     )
     guard.audit_process(generate=False)  # generate is patched once generation.utils has finished loading

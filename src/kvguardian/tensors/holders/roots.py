@@ -27,6 +27,7 @@ from kvguardian.tensors.holders.edges import frame_name, short
 
 __all__ = ["Roots", "collect_roots"]
 
+_CO_OPTIMIZED = 0x0001
 _TASK_SETS = ("_all_tasks", "_scheduled_tasks", "_eager_tasks")  # asyncio.tasks, 3.11 .. 3.13
 
 
@@ -95,7 +96,8 @@ def _frames(roots: Roots, all_threads: bool, own_dir: str) -> None:
             continue
         f: types.FrameType | None = top
         while f is not None:
-            if not f.f_code.co_filename.startswith(own_dir):
+            # module-level code's locals are its module's globals: a root already, under its stable name
+            if not f.f_code.co_filename.startswith(own_dir) and f.f_code.co_flags & _CO_OPTIMIZED:
                 label = frame_name(f) + names.get(tid, f" [thread {tid}]")
                 for name, value in frame_locals(f, may_undo=executing.get(id(f)) == me):
                     if id(value) not in roots.held:

@@ -26,7 +26,7 @@ from kvguardian.tensors.holders.roots import Roots
 __all__ = ["Budget", "Fence", "Graph", "nearest_top", "root_distances", "search", "walk"]
 
 _BULK = 600  # above this many frontier objects, one pass over the heap beats gc.get_referrers' O(edges × n)
-_KIND_ORDER = {"frame": 0, "module": 1, "class": 2, "context": 3, "asyncio": 4}
+_KIND_ORDER = {"module": 0, "class": 1, "frame": 2, "context": 3, "asyncio": 4}
 
 
 @dataclass(frozen=True)
