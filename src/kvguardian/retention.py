@@ -77,21 +77,22 @@ class _History:
     """What samples saw of one collection (known by id and type only: no reference is kept)."""
 
     type_name: str
-    sizes: list[tuple[int, int]] = field(default_factory=list)  # (ended requests then, size)
+    sizes: list[tuple[int, int, int]] = field(default_factory=list)  # (ended requests then, size, members)
     members: dict[str, Any] = field(default_factory=dict)  # owner -> weak ref to its cache (or None)
     evictions: int = 0
     size_at_first_eviction: int | None = None
 
-    def add_size(self, ended: int, size: int) -> None:
+    def add_size(self, ended: int, size: int, members: int) -> None:
         if self.sizes and self.sizes[-1][0] == ended:
-            self.sizes[-1] = (ended, max(size, self.sizes[-1][1]))
+            _, s, m = self.sizes[-1]
+            self.sizes[-1] = (ended, max(size, s), max(members, m))
         else:
-            self.sizes.append((ended, size))
+            self.sizes.append((ended, size, members))
         if len(self.sizes) > _MAX_SIZES:
             del self.sizes[1]  # keep the first and the latest ones
 
     def max_size(self) -> int:
-        return max((s for _, s in self.sizes), default=0)
+        return max((s for _, s, _ in self.sizes), default=0)
 
 
 def representative_chains(records: list[Record], chains: Mapping[Any, HolderChain]) -> dict[str, HolderChain]:
@@ -233,16 +234,16 @@ class RetentionMonitor:
         for rid, nodes in cols.items():
             ch = by_owner[rid]
             for nid in nodes:
-                self._see(_identity(ch, nid), _size_of(ch, nid, count[nid]), rid, refs.get(rid))
+                self._see(_identity(ch, nid), (_size_of(ch, nid, count[nid]), count[nid]), rid, refs.get(rid))
 
-    def _see(self, key: tuple[Any, ...], size: int, rid: str, ref: Any) -> None:
+    def _see(self, key: tuple[Any, ...], size: tuple[int, int], rid: str, ref: Any) -> None:
         h = self._history.get(key)
         if h is None:
             h = self._history[key] = _History(str(key[1]))
             while len(self._history) > _MAX_COLLECTIONS:
                 self._history.popitem(last=False)
         self._history.move_to_end(key)
-        h.add_size(self._ended, size)
+        h.add_size(self._ended, *size)
         if rid not in h.members and sum(len(x.members) for x in self._history.values()) < _MAX_MEMBERS:
             h.members[rid] = ref
 
@@ -289,8 +290,8 @@ class RetentionMonitor:
         idx = ch.nodes.index(nid)
         size = _size_of(ch, nid, members)
         h = self._history.get(_identity(ch, nid))
-        sizes = [*(h.sizes if h else []), (ended, size)]
-        ev: dict[str, Any] = {"size": size, "sizes_over_time": [list(p) for p in sizes],
+        sizes = [*(h.sizes if h else []), (ended, size, members)]
+        ev: dict[str, Any] = {"size": size, "sizes_over_time": [list(p) for p in sizes], "members": members,
                               "evictions_seen": h.evictions if h else 0, "ended_requests": ended}
         bound = next((ch.bounds[n] for n in ch.nodes[: idx + 1] if n in ch.bounds), None)
         if bound is not None:
@@ -314,28 +315,30 @@ def _weak(obj: Any) -> Any:
         return None
 
 
-def _from_sizes(h: _History | None, sizes: list[tuple[int, int]], members: int, ev: dict[str, Any]) -> _Judgement:
-    """Bounded or growing, from the sizes seen over time (the last one is the size now) and evictions."""
-    ended, size = sizes[-1]
-    early = [(e, s) for e, s in sizes[:-1] if e <= ended / 2]
-    early_max = max((s for _, s in early), default=None)
-    if h is not None and h.evictions and size <= max(h.size_at_first_eviction or 0, early_max or 0):
+def _from_sizes(h: _History | None, sizes: list[tuple[int, int, int]], members: int, ev: dict[str, Any]) -> _Judgement:
+    """Bounded or growing, from what was seen over time (the last entry is now): the collection's length and
+    how many ended requests' KV it held, and evictions."""
+    ended, size, _ = sizes[-1]
+    early = [p for p in sizes[:-1] if p[0] <= ended / 2]
+    early_size = max((p[1] for p in early), default=None)
+    early_members = max((p[2] for p in early), default=None)
+    if h is not None and h.evictions and size <= max(h.size_at_first_eviction or 0, early_size or 0):
         return _Judgement(True, False, "observed-eviction",
                           f"an evicting cache: {h.evictions} earlier request(s)' KV freed while the program ran, "
                           f"size {size} at the end; {_trend(sizes)}", ev)
-    if early_max is not None and size <= early_max and ended - max(e for e, _ in early) >= _MIN_PLATEAU:
+    growing = early_size is not None and (size > early_size or members > (early_members or 0))
+    if early and not growing and ended - max(p[0] for p in early) >= _MIN_PLATEAU:
         return _Judgement(True, False, "stopped-growing", f"its size stopped growing, none evicted; {_trend(sizes)}",
                           ev)
-    growing = early_max is not None and size > early_max
     evicted = f"{h.evictions} evicted but it kept growing" if h is not None and h.evictions else "none seen evicted"
-    what = f"its size only grew; {_trend(sizes)}" if growing else "no earlier sample saw it stay bounded"
+    what = f"it only grew; {_trend(sizes)}" if growing else "no earlier sample saw it stay bounded"
     return _Judgement(False, growing, "unbounded-collection",
                       f"{members} ended requests' KV in one collection, {evicted}; {what}", ev)
 
 
-def _trend(sizes: list[tuple[int, int]]) -> str:
-    pts = ", ".join(f"{s} after {e}" for e, s in sizes[-6:])
-    return f"size over ended requests: {pts}"
+def _trend(sizes: list[tuple[int, int, int]]) -> str:
+    pts = ", ".join(f"{s} ({m} ended requests' KV) after {e}" for e, s, m in sizes[-5:])
+    return f"size after N ended requests: {pts}"
 
 
 def _unshared(ch: HolderChain) -> Verdict:
