@@ -12,8 +12,7 @@ OPEN_STREAMS = []
 
 def stream(i):
     out = generate(i)
-    for tok in out.sequences[0].tolist():
-        yield tok
+    yield from out.sequences[0].tolist()
 
 
 for i in range(12):

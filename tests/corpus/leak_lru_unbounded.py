@@ -9,7 +9,7 @@ import functools
 from _serve import prefill, prompt
 
 
-@functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=None)  # noqa: UP033 - the spelling users write
 def encode(i):
     return prefill(prompt(i))
 
