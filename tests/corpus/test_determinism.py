@@ -1,6 +1,7 @@
 """Identical verdicts and holder chains over three runs of one program, the third with the machine busy
 (CPU-burning processes started here, and stopped by their PIDs)."""
 
+import os
 import subprocess
 import sys
 
@@ -8,7 +9,7 @@ import pytest
 
 from corpus import HERE, expectation, problems, run
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.corpus_full]
 
 PROGRAM = HERE / "leak_mixed_server.py"
 _BURN = "import time\nend = time.monotonic() + 300\nwhile time.monotonic() < end:\n    pass\n"
@@ -16,7 +17,7 @@ _BURN = "import time\nend = time.monotonic() + 300\nwhile time.monotonic() < end
 
 def test_same_findings_idle_and_busy():
     runs = [run(PROGRAM), run(PROGRAM)]
-    burners = [subprocess.Popen([sys.executable, "-c", _BURN]) for _ in range(3)]
+    burners = [subprocess.Popen([sys.executable, "-c", _BURN]) for _ in range(os.cpu_count() or 2)]
     try:
         runs.append(run(PROGRAM))
     finally:

@@ -65,13 +65,14 @@ def _is_context(obj: Any) -> bool:
 
 
 def _mapping_step(parent: dict[Any, Any], child: Any, redact: bool) -> str:
-    for k, v in list(parent.items()):
+    kind = "dict" if type(parent) is dict else type(parent).__name__
+    for k, v in list(dict.items(parent)):
         if v is child:
-            return f"dict[{key_repr(k, redact)}]"
-    for k in list(parent):
+            return f"{kind}[{key_repr(k, redact)}]"
+    for k in list(dict.keys(parent)):
         if k is child:
-            return "dict key"
-    return "dict"
+            return f"{kind} key"
+    return kind
 
 
 def _sequence_step(parent: Any, child: Any) -> str:

@@ -1,7 +1,8 @@
 """Where chains start: what keeps objects alive without being an object that ``gc.get_referrers`` returns.
 
 * module globals and class attributes: their namespace dicts (a ``functools.lru_cache`` on a method lives
-  in its class's dict; class attributes are as global as module globals);
+  in its class's dict; class attributes are as global as module globals; class dicts are recognised when
+  met, `class_namespace`);
 * the locals of frames executing now, in every thread (CPython 3.11+ does not show an executing frame's
   locals to the garbage collector), read without leaving a snapshot behind (`access.frame_locals`);
 * the contextvars of this thread's current context (held by the thread state, not by an object), and
@@ -19,13 +20,14 @@ import gc
 import sys
 import threading
 import types
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
 from kvguardian.tensors.holders.access import executing_frames, frame_locals
 from kvguardian.tensors.holders.edges import frame_name, short
 
-__all__ = ["Roots", "collect_roots"]
+__all__ = ["Roots", "class_namespace", "collect_roots", "global_label", "index_globals"]
 
 _CO_OPTIMIZED = 0x0001
 _TASK_SETS = ("_all_tasks", "_scheduled_tasks", "_eager_tasks")  # asyncio.tasks, 3.11 .. 3.13
@@ -51,6 +53,8 @@ def collect_roots(*, all_threads: bool, own_dir: str) -> Roots:
     """The roots now. ``all_threads=False`` (sampling inside a running program) reads only this thread's
     frames: reading another thread's frame locals would leave a snapshot behind."""
     roots = Roots()
+    if all_threads or not _globals:
+        index_globals()
     _namespaces(roots)
     _frames(roots, all_threads, own_dir)
     _contextvars(roots)
@@ -64,6 +68,57 @@ def _namespaces(roots: Roots) -> None:
         d = getattr(m, "__dict__", None) if isinstance(m, types.ModuleType) else None
         if isinstance(d, dict):
             roots.namespaces.setdefault(id(d), f"module {name}")
+
+
+_globals: dict[int, tuple[str, str]] = {}  # id(a module global's value) -> (module, name), checked when used
+_SCALARS = (type(None), bool, int, float, str, bytes, types.ModuleType, type, types.BuiltinFunctionType)
+
+
+def index_globals() -> None:
+    """Remember which objects are module globals, so that one found by the search is known to be held by a
+    root the moment it is found (one heap scan less per search). Each use checks the global still is it."""
+    _globals.clear()
+    for name, m in sorted(list(sys.modules.items()), key=lambda kv: (kv[0].startswith("__mp_"), kv[0])):
+        d = getattr(m, "__dict__", None) if isinstance(m, types.ModuleType) else None
+        if not isinstance(d, dict):
+            continue
+        for k, v in list(d.items()):
+            if type(v) not in _SCALARS and isinstance(k, str):  # type(), not isinstance(): no __class__ lookups
+                _globals.setdefault(id(v), (name, k))
+
+
+def global_label(obj: Any) -> str | None:
+    """``module m: name`` when ``obj`` is (still) the module global it was indexed as."""
+    hit = _globals.get(id(obj))
+    if hit is None:
+        return None
+    d = getattr(sys.modules.get(hit[0]), "__dict__", None)
+    return f"module {hit[0]}: {hit[1]}" if isinstance(d, dict) and d.get(hit[1]) is obj else None
+
+
+_class_dicts: dict[int, tuple[Any, str]] = {}  # id(a class's dict) -> (weak ref to the class, "class m.C")
+
+
+def class_namespace(d: dict[Any, Any]) -> str | None:
+    """``class module.Class`` when ``d`` is the dict behind a class's ``__dict__``, else None.
+
+    Class attributes are as global as module globals, so the search treats them as roots. The classes are
+    walked (``type.__subclasses__``) only when a dict that looks like a class namespace (it has
+    ``__module__``) is met and is not known yet; ``vars(cls)`` is a read-only proxy whose one referent is
+    the real dict."""
+    if "__module__" not in d:
+        return None
+    hit = _class_dicts.get(id(d))
+    if hit is None or hit[0]() is None:
+        _walk_classes()
+        hit = _class_dicts.get(id(d))
+    if hit is None or (cls := hit[0]()) is None or gc.get_referents(vars(cls))[:1] != [d]:
+        return None
+    return hit[1]
+
+
+def _walk_classes() -> None:
+    _class_dicts.clear()
     stack = list(object.__subclasses__())
     seen: set[int] = set()
     while stack:
@@ -73,12 +128,13 @@ def _namespaces(roots: Roots) -> None:
         seen.add(id(cls))
         try:
             stack.extend(type.__subclasses__(cls))
-            inner = gc.get_referents(vars(cls))  # vars() is a read-only proxy; its one referent is the dict
-        except Exception:  # pragma: no cover - exotic metaclasses
+            inner = gc.get_referents(vars(cls))
+            ref = weakref.ref(cls)
+        except Exception:  # pragma: no cover - exotic metaclasses, classes without weak references
             continue
         if inner and isinstance(inner[0], dict):
             qual = short(getattr(cls, "__qualname__", cls.__name__))
-            roots.namespaces.setdefault(id(inner[0]), f"class {getattr(cls, '__module__', '?')}.{qual}")
+            _class_dicts[id(inner[0])] = (ref, f"class {getattr(cls, '__module__', '?')}.{qual}")
 
 
 def _thread_names() -> dict[int, str]:

@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvguardian.tensors.holders.roots import Roots
+from kvguardian.tensors.holders.roots import Roots, class_namespace, global_label
 
 __all__ = ["Budget", "Fence", "Graph", "nearest_top", "root_distances", "search", "walk"]
 
@@ -99,6 +99,8 @@ def search(starts: dict[int, Any], roots: Roots, budget: Budget, fence: Fence) -
     lv = _Level(frontier, set(), {id(graph.objs), id(starts), id(unexpanded), *roots.internal_ids(),
                                   *fence.internal}, {id(o) for o in fence.exclude}, fence.own_dir)
     lv.internal.add(id(lv))
+    for o in frontier:
+        _label_if_rooted(o, graph, roots)
     depth = 0
     while frontier:
         if len(graph.objs) >= budget.max_objects or time.monotonic() > deadline:
@@ -114,7 +116,7 @@ def search(starts: dict[int, Any], roots: Roots, budget: Budget, fence: Fence) -
         for o in _expand(lv, graph, roots):
             unexpanded[id(o)] = o
         depth += 1
-        open_starts = _unfinished(graph, starts, depth - 1)
+        open_starts = _unfinished(graph, starts, depth)
         if not open_starts:
             break
         wanted = _ancestors(graph, open_starts)
@@ -123,12 +125,19 @@ def search(starts: dict[int, Any], roots: Roots, budget: Budget, fence: Fence) -
     return graph
 
 
+def _label_if_rooted(obj: Any, graph: Graph, roots: Roots) -> None:
+    """A found object that a root holds directly (a frame local, a contextvar, a module global) is labelled
+    at once: its chain is known without asking for its referrers."""
+    held = roots.held.get(id(obj))
+    if held is not None:
+        graph.set_root(id(obj), *held)
+    label = global_label(obj)
+    if label is not None:
+        graph.set_root(id(obj), "module", label)
+
+
 def _expand(lv: _Level, graph: Graph, roots: Roots) -> list[Any]:
     """One level: link every referrer of the frontier; return the referrers not seen before."""
-    for o in lv.frontier:
-        held = roots.held.get(id(o))
-        if held is not None:
-            graph.set_root(id(o), *held)
     new: list[Any] = []
     lv.internal.add(id(new))
     refs = _referrers(lv)
@@ -149,6 +158,8 @@ def _consider(r: Any, lv: _Level, graph: Graph, roots: Roots, new: list[Any]) ->
     if isinstance(r, types.FrameType) and lv.own_dir and r.f_code.co_filename.startswith(lv.own_dir):
         return
     ns = roots.namespaces.get(rid)
+    if ns is None and type(r) is dict:
+        ns = class_namespace(r)
     if ns is not None:
         kind = "module" if ns.startswith("module ") else "class"
         for k, v in list(r.items()):
@@ -161,6 +172,7 @@ def _consider(r: Any, lv: _Level, graph: Graph, roots: Roots, new: list[Any]) ->
     if rid not in graph.objs:
         graph.objs[rid] = r
         new.append(r)
+        _label_if_rooted(r, graph, roots)
     for c in hits:
         graph.link(rid, c)
 
@@ -196,7 +208,9 @@ def root_distances(graph: Graph) -> tuple[dict[int, int], dict[int, int]]:
 
 
 def _unfinished(graph: Graph, starts: dict[int, Any], proven: int) -> set[int]:
-    """Starts whose shortest chain is not proven yet: none found of length <= ``proven``."""
+    """Starts whose shortest chain is not proven yet: none found of length <= ``proven``. After ``n`` levels
+    every chain of length <= n whose top a root holds directly is known (tops are labelled when found);
+    one whose top sits in a namespace dict is known a level later, so it can only tie, never be shorter."""
     dist, _ = root_distances(graph)
     return {s for s in starts if dist.get(s, proven + 1) > proven}
 
