@@ -146,9 +146,9 @@ def _size_of(ch: HolderChain, nid: int, members: int) -> int:
     return ch.sizes.get(nid, members)
 
 
-def _label(ch: HolderChain, nid: int) -> str:
+def _label(ch: HolderChain, nid: int, linked: Mapping[int, str]) -> str:
     idx = ch.nodes.index(nid)
-    how = ch.linked.get(nid)
+    how = linked.get(nid)
     kind = f"linked {how}" if how else ch.node_steps[idx]
     return f"{kind} under {ch.steps[0]}"
 
@@ -271,6 +271,7 @@ class RetentionMonitor:
         self.note_evictions()
         reps = representative_chains(list(snapshot.records), chains)
         cols = _collections_of(reps)
+        linked = {n: how for ch in reps.values() for n, how in ch.linked.items()}
         count = Counter(n for ns in cols.values() for n in set(ns))
         ended = max(self._ended, sum(1 for r in snapshot.requests.values() if r.ended is not None))
         judged: dict[int, _Judgement] = {}
@@ -283,7 +284,7 @@ class RetentionMonitor:
             for n in shared:
                 if n not in judged:
                     judged[n] = self._judge(ch, n, count[n], ended)
-            out[rid] = _decide(ch, shared, judged, count)
+            out[rid] = _decide(ch, shared, judged, count, linked)
         return out
 
     def _judge(self, ch: HolderChain, nid: int, members: int, ended: int) -> _Judgement:
@@ -351,7 +352,8 @@ def _unshared(ch: HolderChain) -> Verdict:
                    severity="warning")
 
 
-def _decide(ch: HolderChain, shared: list[int], judged: dict[int, _Judgement], count: Counter[int]) -> Verdict:
+def _decide(ch: HolderChain, shared: list[int], judged: dict[int, _Judgement], count: Counter[int],
+            linked: Mapping[int, str]) -> Verdict:
     """The innermost shared collection decides, unless one further out keeps growing."""
     inner = shared[-1]
     j = judged[inner]
@@ -359,7 +361,7 @@ def _decide(ch: HolderChain, shared: list[int], judged: dict[int, _Judgement], c
         outer = next((n for n in reversed(shared[:-1]) if judged[n].growing), None)
         if outer is not None:
             o = judged[outer]
-            return Verdict(False, "unbounded-collection", _label(ch, outer), count[outer],
+            return Verdict(False, "unbounded-collection", _label(ch, outer, linked), count[outer],
                            f"bounded collections inside one that grows: {o.detail}", "error", o.evidence)
     severity = "info" if j.bounded else "error"
-    return Verdict(j.bounded, j.why, _label(ch, inner), count[inner], j.detail, severity, j.evidence)
+    return Verdict(j.bounded, j.why, _label(ch, inner, linked), count[inner], j.detail, severity, j.evidence)
