@@ -117,6 +117,30 @@ def test_contextvar_of_this_thread_is_a_root():
     assert c.complete and c.root == "context" and c.steps[0] == "contextvar request_kv"
 
 
+def test_another_threads_contextvar_is_held_by_its_context():
+    var = contextvars.ContextVar("tenant_kv")
+    ready, done = threading.Event(), threading.Event()
+    box = {}
+
+    def worker():
+        var.set(kv())
+        box["k"] = key(var.get())
+        ready.set()
+        done.wait(10)
+
+    th = threading.Thread(target=worker)
+    th.start()
+    ready.wait(10)
+    try:
+        c = find_holder_chains([box["k"]])[box["k"]]
+        assert c.complete and c.root == "context", c.render()
+        assert c.steps[0].startswith("contextvars.Context (a thread's current context")
+        assert c.steps[1] == "contextvar tenant_kv"
+    finally:
+        done.set()
+        th.join()
+
+
 def test_other_threads_frames_are_roots_named_by_thread():
     ready, done = threading.Event(), threading.Event()
     box = {}

@@ -72,10 +72,28 @@ def _lead(view: PathView, top: Any) -> str:
     return f"held from outside Python (C), nearest Python object: {node_label(top)}"
 
 
+def _context_hop(objs: list[Any], i: int) -> tuple[str, int] | None:
+    """``Context → hamt → hamt node → value`` as one step, ``contextvar NAME``."""
+    import contextvars
+
+    if type(objs[i]) is not contextvars.Context:
+        return None
+    j = i + 1
+    while j < len(objs) - 1 and type(objs[j]).__name__.startswith("hamt"):
+        j += 1
+    name = next((var.name for var, value in list(objs[i].items()) if value is objs[j]), None)
+    return (f"contextvar {name}", j) if name is not None else None
+
+
 def _steps(objs: list[Any], redact: bool) -> list[str]:
     steps: list[str] = []
     i = 0
     while i < len(objs) - 1:
+        hop = _context_hop(objs, i)
+        if hop is not None:
+            steps.append(hop[0])
+            i = hop[1]
+            continue
         nxt = objs[i + 2] if i + 2 < len(objs) else None
         collapsed = collapse(objs[i], objs[i + 1], nxt) if nxt is not None else None
         if collapsed is not None:
