@@ -14,6 +14,7 @@ by ``KVG_RUN_DIR``. A marker ``started-<pid>`` written when transformers is firs
 from __future__ import annotations
 
 import atexit
+import gc
 import importlib.abc
 import importlib.machinery
 import json
@@ -159,6 +160,11 @@ def finish() -> None:
             for attr in ("last_type", "last_value", "last_traceback", "last_exc"):
                 if getattr(sys, attr, None) is not None:
                     setattr(sys, attr, None)
+            # gc.freeze() (pre-fork servers call it after warm-up) hides the frozen objects from the
+            # garbage collector's referrer queries, so from the holder search; at exit nothing is gained by
+            # keeping them frozen
+            if gc.get_freeze_count():
+                gc.unfreeze()
             report = guard.check(end_implicit=True)
             payload["crashed"] = crashed
             payload["report"] = report.to_dict()

@@ -21,12 +21,19 @@ import types
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["attr_name", "executing_frames", "existing_dict", "frame_locals", "instance_attrs", "safe_attr", "safe_len"]
+__all__ = ["attr_name", "executing_frames", "existing_dict", "frame_locals", "instance_attrs", "is_a", "safe_attr",
+           "safe_len", "safe_members"]
 
 _MANAGED_DICT = 1 << 4  # Py_TPFLAGS_MANAGED_DICT (3.11+): the instance dict may not exist yet
 _CO_OPTIMIZED = 0x0001
 _MISSING = object()
 _names_cache: dict[int, tuple[Any, frozenset[str]]] = {}  # id(type) -> (type, names); cleared per search
+
+
+def is_a(obj: Any, kinds: Any) -> bool:
+    """``isinstance`` by the object's real type: never reads ``obj.__class__`` (a property on proxies and
+    lazy objects runs user code, and some warn)."""
+    return issubclass(type(obj), kinds)
 
 
 def clear_caches() -> None:
@@ -71,23 +78,37 @@ def safe_len(obj: Any) -> int | None:
     import collections
 
     for base in (dict, list, set, frozenset, tuple, collections.deque):
-        if isinstance(obj, base):
+        if is_a(obj, base):
             length: Any = base.__len__
             return int(length(obj))
     return None
+
+
+def safe_members(obj: Any) -> list[Any]:
+    """The members (a dict's values) of a builtin container or subclass, read with the builtin's own
+    iteration, never a user ``__iter__``; [] for anything else."""
+    import collections
+
+    if is_a(obj, dict):
+        return list(dict.values(obj))
+    for base in (list, tuple, set, frozenset, collections.deque):
+        if is_a(obj, base):
+            it: Any = base.__iter__
+            return list(it(obj))
+    return []
 
 
 def _code_names(code: types.CodeType, out: set[str], depth: int = 0) -> None:
     out.update(code.co_names)
     if depth < 4:
         for c in code.co_consts:
-            if isinstance(c, types.CodeType):
+            if is_a(c, types.CodeType):
                 _code_names(c, out, depth + 1)
 
 
 def _function_codes(value: Any) -> Iterator[types.CodeType]:
     for v in (value, getattr(value, "__func__", None), getattr(value, "fget", None), getattr(value, "fset", None)):
-        code = getattr(v, "__code__", None) if isinstance(v, types.FunctionType) else None
+        code = getattr(v, "__code__", None) if is_a(v, types.FunctionType) else None
         if isinstance(code, types.CodeType):
             yield code
 
@@ -108,7 +129,7 @@ def _candidate_names(tp: type) -> frozenset[str]:
         for value in list(ns.values()):
             for code in _function_codes(value):
                 _code_names(code, names)
-            if isinstance(value, type) and value.__module__ == getattr(tp, "__module__", None):
+            if is_a(value, type) and value.__module__ == getattr(tp, "__module__", None):
                 for inner in list(vars(value).values()):
                     for code in _function_codes(inner):
                         _code_names(code, names)
@@ -121,14 +142,14 @@ def existing_dict(obj: Any) -> dict[str, Any] | None:
     """The instance dict of ``obj`` if it exists already (never creating it)."""
     tp = type(obj)
     if not tp.__flags__ & _MANAGED_DICT:
-        if isinstance(obj, (types.FunctionType, types.ModuleType, type)):
+        if is_a(obj, (types.FunctionType, types.ModuleType, type)):
             d = obj.__dict__
-            return d if isinstance(d, dict) else None
+            return d if is_a(d, dict) else None
         try:
             d = object.__getattribute__(obj, "__dict__")
         except Exception:
             return None
-        return d if isinstance(d, dict) else None
+        return d if is_a(d, dict) else None
     for d in gc.get_referents(obj):
         if type(d) is dict and d and _is_own_dict(obj, d):
             return d
@@ -139,7 +160,7 @@ def _is_own_dict(obj: Any, d: dict[Any, Any]) -> bool:
     tp = type(obj)
     checked = 0
     for k, v in d.items():
-        if not isinstance(k, str):
+        if not is_a(k, str):
             return False
         attr = _type_attr(tp, k)
         if attr is not _MISSING and _is_data_descriptor(attr):
@@ -179,7 +200,7 @@ def instance_attrs(obj: Any) -> Iterator[tuple[str, Any]]:
                 yield slot, object.__getattribute__(obj, slot)
             except Exception:
                 continue
-    if isinstance(obj, (type, types.ModuleType)):
+    if is_a(obj, (type, types.ModuleType)):
         return
     d = existing_dict(obj)
     if d is not None:

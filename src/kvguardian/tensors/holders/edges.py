@@ -14,7 +14,7 @@ import re
 import types
 from typing import Any
 
-from kvguardian.tensors.holders.access import attr_name, existing_dict, frame_locals
+from kvguardian.tensors.holders.access import attr_name, existing_dict, frame_locals, is_a
 
 __all__ = ["collapse", "edge_key", "frame_name", "func_name", "is_future", "key_repr", "node_label", "render_step",
            "short"]
@@ -22,14 +22,14 @@ __all__ = ["collapse", "edge_key", "frame_name", "func_name", "is_future", "key_
 _SAFE_KEY = re.compile(r"^[\w.:\-/@#]{1,48}$")
 
 
-def key_repr(key: object, redact: bool) -> str:
-    if isinstance(key, str):
+def key_repr(key: Any, redact: bool) -> str:
+    if is_a(key, str):
         if not redact and _SAFE_KEY.match(key):
             return repr(key)
         return f"<str len={len(key)}>"
-    if isinstance(key, (int, float, bool)) or key is None:
+    if is_a(key, (int, float, bool)) or key is None:
         return "<key>" if redact else repr(key)
-    if isinstance(key, tuple):
+    if is_a(key, tuple):
         return "(" + ", ".join(key_repr(k, redact) for k in key[:4]) + (", …" if len(key) > 4 else "") + ")"
     return f"<{type(key).__name__}>"
 
@@ -40,7 +40,7 @@ def short(qualname: str) -> str:
 
 
 def func_name(fn: Any) -> str:
-    name = getattr(fn, "__qualname__", None) if isinstance(fn, (types.FunctionType, type)) else None
+    name = getattr(fn, "__qualname__", None) if is_a(fn, (types.FunctionType, type)) else None
     if name is None and type(fn).__name__ == "_lru_cache_wrapper":
         name = getattr(getattr(fn, "__wrapped__", None), "__qualname__", None)
     return short(str(name or type(fn).__name__))
@@ -77,27 +77,28 @@ def _mapping_step(parent: dict[Any, Any], child: Any, redact: bool) -> str:
 
 def _sequence_step(parent: Any, child: Any) -> str:
     kind = type(parent).__name__
-    for i, v in enumerate(list(parent)):
+    items = list.__iter__(parent) if is_a(parent, list) else tuple.__iter__(parent)
+    for i, v in enumerate(list(items)):
         if v is child:
-            if isinstance(child, types.TracebackType):
+            if is_a(child, types.TracebackType):
                 return f"{kind}[{i}] (traceback)"
             return f"{kind}[{i}]"
     return kind
 
 
 def _callable_step(parent: Any, child: Any) -> str | None:
-    if isinstance(parent, functools.partial):
+    if is_a(parent, functools.partial):
         if child is parent.func:
             return "partial.func"
         return "partial.keywords" if child is parent.keywords else "partial"
-    if isinstance(parent, types.FunctionType):
+    if is_a(parent, types.FunctionType):
         for i, cell in enumerate(parent.__closure__ or ()):
             if cell is child:
                 return f"function {func_name(parent)}() closure var {parent.__code__.co_freevars[i]}"
         if child is parent.__defaults__:
             return f"function {func_name(parent)}() defaults"
         return f"function {func_name(parent)}()"
-    if isinstance(parent, types.MethodType):
+    if is_a(parent, types.MethodType):
         return f"bound method {func_name(parent.__func__)}()" + (" self" if child is parent.__self__ else "")
     if type(parent).__name__ == "_lru_cache_wrapper":
         return f"lru_cache {func_name(parent)}()"
@@ -105,14 +106,14 @@ def _callable_step(parent: Any, child: Any) -> str | None:
 
 
 def _frame_step(parent: Any, child: Any) -> str | None:
-    if isinstance(parent, types.FrameType):
+    if is_a(parent, types.FrameType):
         local = _local_name(parent, child)
         if local is not None:
             return f"{frame_name(parent)} local {local}"
         return f"{frame_name(parent)} (caller)" if child is parent.f_back else frame_name(parent)
-    if isinstance(parent, types.TracebackType):
+    if is_a(parent, types.TracebackType):
         return "traceback" if child is parent.tb_frame else "traceback (next)"
-    if isinstance(parent, (types.GeneratorType, types.CoroutineType, types.AsyncGeneratorType)):
+    if is_a(parent, (types.GeneratorType, types.CoroutineType, types.AsyncGeneratorType)):
         kind = {types.GeneratorType: "generator", types.CoroutineType: "coroutine"}.get(type(parent), "async generator")
         frame = next((f for a in ("gi_frame", "cr_frame", "ag_frame") if (f := getattr(parent, a, None))), None)
         local = _local_name(frame, child) if frame is not None else None
@@ -124,7 +125,7 @@ def _frame_step(parent: Any, child: Any) -> str | None:
 def _special_step(parent: Any, child: Any) -> str | None:
     if type(parent).__name__ == "_local" and type(parent).__module__ == "_thread":
         return "threading.local (this thread's attributes)"
-    if isinstance(parent, types.CellType):
+    if is_a(parent, types.CellType):
         return ""  # named by the step before: "function f() closure cell x", or a frame's cell variable
     if _is_context(parent):
         for var, value in list(parent.items()):
@@ -133,15 +134,15 @@ def _special_step(parent: Any, child: Any) -> str | None:
         return "contextvars.Context"
     if is_future(parent):
         return f"{type(parent).__name__}.{_future_part(child)}"
-    if isinstance(parent, BaseException):
+    if is_a(parent, BaseException):
         for attr in ("__traceback__", "__context__", "__cause__"):
             if getattr(parent, attr, None) is child:
                 return f"{type(parent).__name__}.{attr}"
         if child is parent.args:
             return f"{type(parent).__name__}.args"
-    if isinstance(parent, type):
+    if is_a(parent, type):
         return f"class {short(parent.__qualname__)}"
-    if isinstance(parent, types.ModuleType):
+    if is_a(parent, types.ModuleType):
         return f"module object {parent.__name__}"
     return None
 
@@ -153,23 +154,23 @@ def is_future(obj: Any) -> bool:
 
 
 def _future_part(child: Any) -> str:
-    if isinstance(child, BaseException):
+    if is_a(child, BaseException):
         return "exception()"
-    if isinstance(child, (types.CoroutineType, types.GeneratorType)):
+    if is_a(child, (types.CoroutineType, types.GeneratorType)):
         return "get_coro()"
     if _is_context(child):
         return "context"
-    if isinstance(child, (list, str)) or type(child).__name__.endswith("EventLoop"):
+    if is_a(child, (list, str)) or type(child).__name__.endswith("EventLoop"):
         return type(child).__name__
     return "result()"
 
 
 def render_step(parent: Any, child: Any, *, redact: bool = False) -> str:
     """Name the edge ``parent → child`` readably: ``list[3]``, ``Engine.cache``, ``frame f() local kv``."""
-    if isinstance(parent, dict):
+    if is_a(parent, dict):
         return _mapping_step(parent, child, redact)
-    if isinstance(parent, collections.deque):
-        for i, v in enumerate(list(parent)):
+    if is_a(parent, collections.deque):
+        for i, v in enumerate(list(collections.deque.__iter__(parent))):
             if v is child:
                 return f"deque[{i}]"
         return "deque"
@@ -177,7 +178,7 @@ def render_step(parent: Any, child: Any, *, redact: bool = False) -> str:
         out = step(parent, child)
         if out is not None:
             return out
-    if isinstance(parent, (list, tuple)):
+    if is_a(parent, (list, tuple)):
         return _sequence_step(parent, child)
     name = attr_name(parent, child)
     if name is not None:
@@ -188,17 +189,17 @@ def render_step(parent: Any, child: Any, *, redact: bool = False) -> str:
 def collapse(a: Any, b: Any, c: Any) -> str | None:
     """Name a two-hop step ``a → b → c`` as one when ``b`` is an implementation detail of ``a``:
     an instance's or class's ``__dict__``, a function's closure tuple, an lru_cache's cache dict."""
-    if isinstance(b, dict):
+    if is_a(b, dict):
         out = _dict_collapse(a, b, c)
         if out is not None:
             return out
-    if isinstance(a, functools.partial) and b is a.args:
+    if is_a(a, functools.partial) and b is a.args:
         for i, v in enumerate(b):
             if v is c:
                 return f"partial.args[{i}]"
-    if type(a).__name__ == "_local" and isinstance(b, dict) and isinstance(c, dict):
+    if type(a).__name__ == "_local" and is_a(b, dict) and is_a(c, dict):
         return "threading.local (one thread's attributes)"
-    if isinstance(a, types.FunctionType) and b is a.__closure__ and isinstance(c, types.CellType):
+    if is_a(a, types.FunctionType) and b is a.__closure__ and is_a(c, types.CellType):
         for i, cell in enumerate(a.__closure__ or ()):
             if cell is c:
                 return f"function {func_name(a)}() closure cell {a.__code__.co_freevars[i]}"
@@ -208,14 +209,14 @@ def collapse(a: Any, b: Any, c: Any) -> str | None:
 def _dict_collapse(a: Any, b: dict[Any, Any], c: Any) -> str | None:
     if type(a).__name__ == "_lru_cache_wrapper":
         return f"lru_cache {func_name(a)}() cached " + ("result" if any(v is c for v in b.values()) else "key")
-    if isinstance(a, type):
+    if is_a(a, type):
         for k, v in list(vars(a).items()):
             if v is c:
                 return f"class {short(a.__qualname__)}.{k}"
         return None
-    if not isinstance(a, (dict, types.FunctionType, types.ModuleType)) and existing_dict(a) is b:
+    if not is_a(a, (dict, types.FunctionType, types.ModuleType)) and existing_dict(a) is b:
         for k, v in list(b.items()):
-            if v is c and isinstance(k, str):
+            if v is c and is_a(k, str):
                 return f"{type(a).__name__}.{k}"
     return None
 
@@ -223,18 +224,18 @@ def _dict_collapse(a: Any, b: dict[Any, Any], c: Any) -> str | None:
 def edge_key(parent: Any, child: Any) -> str:
     """A coarse kind of the edge, for recognising repeated shapes: ``attr:NAME`` for an instance attribute,
     ``item`` for a container member, else the parent's type."""
-    if isinstance(parent, (dict, list, tuple, set, frozenset, collections.deque)):
+    if is_a(parent, (dict, list, tuple, set, frozenset, collections.deque)):
         return "item"
-    if isinstance(parent, (types.FunctionType, types.FrameType, types.CellType, type, types.ModuleType)):
+    if is_a(parent, (types.FunctionType, types.FrameType, types.CellType, type, types.ModuleType)):
         return type(parent).__name__
     name = attr_name(parent, child)
     return f"attr:{name}" if name is not None else type(parent).__name__
 
 
 def node_label(obj: Any) -> str:
-    if isinstance(obj, types.FrameType):
+    if is_a(obj, types.FrameType):
         return frame_name(obj)
-    if isinstance(obj, types.FunctionType):
+    if is_a(obj, types.FunctionType):
         return f"function {func_name(obj)}()"
     if type(obj).__name__ == "_lru_cache_wrapper":
         return f"lru_cache {func_name(obj)}()"

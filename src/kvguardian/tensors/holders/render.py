@@ -58,12 +58,22 @@ def render_chain(view: PathView) -> HolderChain:
             kind = "autograd"
     elif view.tail:
         steps.append(view.tail)
-    notes = [] if complete else [view.stopped or _C_NOTE]
+    notes = [] if complete else [view.stopped or _c_note()]
     chain = HolderChain(steps=steps, root=kind, complete=complete, depth=len(view.path), notes=notes,
                         nodes=list(view.path), node_steps=[node_label(o) for o in objs],
                         stopped=bool(view.stopped) and not complete)
     _collections(chain, objs)
     return chain
+
+
+def _c_note() -> str:
+    import gc
+
+    frozen = gc.get_freeze_count()
+    if frozen:
+        return (f"{_C_NOTE}; gc.freeze() hides {frozen} objects from the search: gc.unfreeze() before the check "
+                "(kv-guardian run does at exit)")
+    return _C_NOTE
 
 
 def _lead(view: PathView, top: Any) -> str:

@@ -15,7 +15,7 @@ import types
 from collections.abc import Mapping, MutableSequence, MutableSet
 from typing import Any
 
-from kvguardian.tensors.holders.access import safe_attr, safe_len
+from kvguardian.tensors.holders.access import is_a, safe_attr, safe_members
 
 __all__ = ["declared_bound", "is_collection", "is_tensor_like", "linked_runs", "linked_size"]
 
@@ -29,9 +29,9 @@ def is_tensor_like(obj: Any) -> bool:
 
 
 def is_collection(obj: Any) -> bool:
-    if isinstance(obj, (str, bytes)) or is_tensor_like(obj):
+    if is_a(obj, (str, bytes)) or is_tensor_like(obj):
         return False
-    return isinstance(obj, (dict, list, set, frozenset, tuple, collections.deque, Mapping, MutableSequence,
+    return is_a(obj, (dict, list, set, frozenset, tuple, collections.deque, Mapping, MutableSequence,
                             MutableSet)) or type(obj).__name__ == "_lru_cache_wrapper"
 
 
@@ -43,15 +43,15 @@ def declared_bound(obj: Any) -> str | None:
         if type(obj).__name__ == "_lru_cache_wrapper":
             size = obj.cache_info().maxsize
             return f"lru_cache maxsize={size}" if size is not None else None
-        if isinstance(obj, collections.deque):
+        if is_a(obj, collections.deque):
             return f"deque maxlen={obj.maxlen}" if obj.maxlen is not None else None
-        if isinstance(obj, (type, types.ModuleType, types.FunctionType, dict, list, set, tuple)):
+        if is_a(obj, (type, types.ModuleType, types.FunctionType, dict, list, set, tuple)):
             return None
         for name in _BOUND_ATTRS:
             v = safe_attr(obj, name)
             if v is None:
                 v = _class_constant(obj, name)
-            if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            if is_a(v, int) and not is_a(v, bool) and v > 0:
                 return f"{type(obj).__name__}.{name.replace('_Cache__', '')}={v}"
     except Exception:
         return None
@@ -62,7 +62,7 @@ def _class_constant(obj: Any, name: str) -> Any:
     for cls in type(obj).__mro__:
         v = cls.__dict__.get(name)
         if v is not None:
-            return v if isinstance(v, int) else None
+            return v if is_a(v, int) else None
     return None
 
 
@@ -129,7 +129,4 @@ def linked_size(head: Any, how: str) -> int:
 
 
 def _members(container: Any, tp: type) -> list[Any]:
-    if safe_len(container) is None:
-        return []
-    values = container.values() if isinstance(container, dict) else container
-    return [m for m in list(values) if type(m) is tp]
+    return [m for m in safe_members(container) if type(m) is tp]
