@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from typing import Any
 
 __all__ = ["attr_name", "executing_frames", "existing_dict", "frame_locals", "instance_attrs", "is_a", "safe_attr",
-           "safe_len", "safe_members"]
+           "safe_len", "safe_members", "thread_frames"]
 
 _MANAGED_DICT = 1 << 4  # Py_TPFLAGS_MANAGED_DICT (3.11+): the instance dict may not exist yet
 _CO_OPTIMIZED = 0x0001
@@ -243,10 +243,15 @@ def frame_locals(frame: types.FrameType, *, may_undo: bool) -> list[tuple[str, A
     return [(str(k), v) for k, v in items]
 
 
+def thread_frames() -> dict[int, types.FrameType]:
+    """Thread id -> its top frame, for every thread (CPython's one API for other threads' frames)."""
+    return sys._current_frames()  # noqa: SLF001, RUF100 - no public equivalent
+
+
 def executing_frames() -> dict[int, int]:
     """id(frame) -> thread id, for every frame executing now in any thread."""
     out: dict[int, int] = {}
-    for tid, top in sys._current_frames().items():
+    for tid, top in thread_frames().items():
         f: types.FrameType | None = top
         while f is not None and id(f) not in out:
             out[id(f)] = tid

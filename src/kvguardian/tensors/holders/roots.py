@@ -24,7 +24,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvguardian.tensors.holders.access import executing_frames, frame_locals
+from kvguardian.tensors.holders.access import executing_frames, frame_locals, thread_frames
 from kvguardian.tensors.holders.edges import frame_name, short
 
 __all__ = ["Roots", "class_namespace", "collect_roots", "global_label", "index_globals"]
@@ -147,7 +147,7 @@ def _frames(roots: Roots, all_threads: bool, own_dir: str) -> None:
     me = threading.get_ident()
     names = _thread_names()
     executing = executing_frames()
-    for tid, top in sys._current_frames().items():
+    for tid, top in thread_frames().items():
         if tid != me and not all_threads:
             continue
         f: types.FrameType | None = top
@@ -177,8 +177,8 @@ def _asyncio(roots: Roots) -> None:
     if aio is None:
         return
     try:
-        loop = aio.events._get_running_loop()
-    except Exception:  # pragma: no cover
+        loop = aio.get_running_loop()
+    except RuntimeError:  # no loop running in this thread
         loop = None
     if loop is not None and id(loop) not in roots.held:
         roots.held[id(loop)] = ("asyncio", "running event loop")
