@@ -151,7 +151,7 @@ def finish() -> None:
     guard = _state["guard"]
     payload: dict[str, Any] = {"pid": os.getpid(), "argv": list(sys.argv), "status": _state["status"],
                                "message": _state["message"], "seconds": round(time.time() - _state["started"], 3)}
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     try:
         if guard is not None:
             # an uncaught exception leaves its traceback (and the frames' KV) in sys.last_*: an artifact of
@@ -174,6 +174,7 @@ def finish() -> None:
         payload["status"] = "error"
         payload["message"] = f"audit failed: {type(exc).__name__}: {exc}"
     payload["audit_seconds"] = round(time.perf_counter() - t0, 3)
+    payload["audit_cpu_seconds"] = round(time.process_time() - c0, 3)  # all threads' CPU time meanwhile
     folder = _state["dir"]
     if not folder:
         return
