@@ -5,6 +5,7 @@ from C, and an auditor that does not change what it measures."""
 import asyncio
 import atexit
 import contextvars
+import functools
 import gc
 import sys
 import threading
@@ -216,3 +217,35 @@ def test_search_and_rendering_leave_instance_dicts_and_frame_snapshots_as_they_w
     next(g)
     held = next(v for name, v in frame_locals(g.gi_frame, may_undo=True) if name == "held")
     assert [r for r in gc.get_referrers(held) if isinstance(r, dict)] == [], "the f_locals snapshot was emptied"
+
+
+class Lazy:
+    calls = 0
+
+    def __init__(self):
+        self.cache = kv()
+
+    @property
+    def size(self):
+        Lazy.calls += 1
+        return 0
+
+    @functools.cached_property
+    def summary(self):
+        Lazy.calls += 1
+        return self.cache.shape
+
+    def __getattr__(self, name):
+        Lazy.calls += 1
+        raise AttributeError(name)
+
+
+def test_naming_attributes_runs_no_property_cached_property_or_getattr(app):
+    def build():
+        app.HOLDERS = [Lazy() for _ in range(2)]
+        return [key(o.cache) for o in app.HOLDERS]
+
+    keys = build()
+    chains = find_holder_chains(keys)
+    assert all(chains[k].steps[2] == "Lazy.cache" for k in keys)
+    assert Lazy.calls == 0

@@ -56,12 +56,18 @@ def _is_data_descriptor(attr: Any) -> bool:
     return hasattr(t, "__set__") or hasattr(t, "__delete__")
 
 
+def _runs_code(attr: Any) -> bool:
+    """Reading an attribute the type defines as ``attr`` may run code: a property, ``cached_property``, any
+    descriptor but a slot."""
+    return attr is not _MISSING and hasattr(type(attr), "__get__") and type(attr) is not types.MemberDescriptorType
+
+
 def safe_attr(obj: Any, name: str, default: Any = None) -> Any:
     """``obj.name`` when it is a plain instance attribute or slot, else ``default``: no property, no
     ``__getattr__``, no descriptor code runs, and no instance dict is materialised."""
     tp = type(obj)
     attr = _type_attr(tp, name)
-    if attr is not _MISSING and _is_data_descriptor(attr) and type(attr) is not types.MemberDescriptorType:
+    if _runs_code(attr):
         return default
     try:
         value = object.__getattribute__(obj, name)
@@ -162,8 +168,7 @@ def _is_own_dict(obj: Any, d: dict[Any, Any]) -> bool:
     for k, v in d.items():
         if not is_a(k, str):
             return False
-        attr = _type_attr(tp, k)
-        if attr is not _MISSING and _is_data_descriptor(attr):
+        if _runs_code(_type_attr(tp, k)):
             continue
         try:
             if object.__getattribute__(obj, k) is not v:
@@ -182,7 +187,7 @@ def _probe_names(tp: type) -> tuple[str, ...]:
     hit = _names_cache.get(key)
     if hit is not None and hit[0] is tp:
         return tuple(hit[1])
-    names = tuple(sorted(n for n in _candidate_names(tp) if not _is_data_descriptor(_type_attr(tp, n))))
+    names = tuple(sorted(n for n in _candidate_names(tp) if not _runs_code(_type_attr(tp, n))))
     _names_cache[key] = (tp, frozenset(names))
     return names
 

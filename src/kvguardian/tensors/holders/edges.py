@@ -11,10 +11,11 @@ import collections
 import functools
 import os
 import re
+import threading
 import types
 from typing import Any
 
-from kvguardian.tensors.holders.access import attr_name, existing_dict, frame_locals, is_a
+from kvguardian.tensors.holders.access import attr_name, executing_frames, existing_dict, frame_locals, is_a
 
 __all__ = ["collapse", "edge_key", "frame_name", "func_name", "is_future", "key_repr", "node_label", "render_step",
            "short"]
@@ -52,7 +53,9 @@ def frame_name(frame: types.FrameType) -> str:
 
 
 def _local_name(frame: types.FrameType, child: Any) -> str | None:
-    for name, v in frame_locals(frame, may_undo=True):
+    # a frame another thread is executing is read as it is (its tracer may be between read and write-back)
+    mine = executing_frames().get(id(frame), threading.get_ident()) == threading.get_ident()
+    for name, v in frame_locals(frame, may_undo=mine):
         if v is child:
             return name
     return None

@@ -87,6 +87,13 @@ class _Level:
     internal: set[int]
     exclude: set[int]
     own_dir: str
+    # the search's own containers stay alive until it ends, so that no object another thread allocates
+    # meanwhile can reuse one's id and be skipped as "internal"
+    keep: list[Any] = field(default_factory=list)
+
+    def own(self, container: Any) -> None:
+        self.internal.add(id(container))
+        self.keep.append(container)
 
 
 def search(starts: dict[int, Any], roots: Roots, budget: Budget, fence: Fence) -> Graph:
@@ -99,6 +106,7 @@ def search(starts: dict[int, Any], roots: Roots, budget: Budget, fence: Fence) -
     lv = _Level(frontier, set(), {id(graph.objs), id(starts), id(unexpanded), *roots.internal_ids(),
                                   *fence.internal}, {id(o) for o in fence.exclude}, fence.own_dir)
     lv.internal.add(id(lv))
+    lv.own(lv.keep)
     for o in frontier:
         _label_if_rooted(o, graph, roots)
     depth = 0
@@ -112,7 +120,7 @@ def search(starts: dict[int, Any], roots: Roots, budget: Budget, fence: Fence) -
             del unexpanded[id(o)]
         lv.frontier = frontier
         lv.ids = {id(o) for o in frontier}
-        lv.internal.add(id(frontier))
+        lv.own(frontier)
         for o in _expand(lv, graph, roots):
             unexpanded[id(o)] = o
         depth += 1
@@ -122,6 +130,7 @@ def search(starts: dict[int, Any], roots: Roots, budget: Budget, fence: Fence) -
         wanted = _ancestors(graph, open_starts)
         frontier = [o for i, o in unexpanded.items() if i in wanted]
     unexpanded.clear()
+    lv.keep.clear()
     return graph
 
 
@@ -139,12 +148,11 @@ def _label_if_rooted(obj: Any, graph: Graph, roots: Roots) -> None:
 def _expand(lv: _Level, graph: Graph, roots: Roots) -> list[Any]:
     """One level: link every referrer of the frontier; return the referrers not seen before."""
     new: list[Any] = []
-    lv.internal.add(id(new))
+    lv.own(new)
     refs = _referrers(lv)
-    lv.internal.add(id(refs))
+    lv.own(refs)
     for r in refs:
         _consider(r, lv, graph, roots, new)
-    del refs
     for o in lv.frontier:
         for task in roots.virtual.get(id(o), ()):
             _consider(task, lv, graph, roots, new)
