@@ -97,7 +97,9 @@ def main() -> None:
     ap.add_argument("--pairs-400", type=int, default=None, help="pairs at 400 requests (default: --pairs)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "run_overhead.json"))
     args = ap.parse_args()
-    rows = []
+    rows: list[dict[str, Any]] = []
+    out = {"bench": "run_overhead", "python": platform.python_version(), "cpus": os.cpu_count(),
+           "targets": {"ratio_at_100": 1.15, "audit_s_at_100": 2.0}, "rows": rows}
     for n in args.sizes:
         for mode in args.modes:
             row = measure(n, mode, args.pairs_400 if n >= 400 and args.pairs_400 else args.pairs)
@@ -107,10 +109,8 @@ def main() -> None:
                   f"audit {row['audit_s_median']:.2f} s (CPU {row['audit_cpu_s_median']:.2f})  "
                   f"sampling {row['sampling_s_median']:.2f} s (CPU {row['sampling_cpu_s_median']:.2f}, "
                   f"{row['samples']} samples)", flush=True)
-    out = {"bench": "run_overhead", "python": platform.python_version(), "cpus": os.cpu_count(),
-           "targets": {"ratio_at_100": 1.15, "audit_s_at_100": 2.0}, "rows": rows}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(json.dumps(out, indent=2) + "\n")  # after every row: a long run keeps its rows
     print(f"wrote {args.out}")
 
 
