@@ -40,7 +40,8 @@ class Guard:
     Args:
         strict: raise `InstrumentationError` when a hook fails, instead of failing open (for tests).
         event_capacity: lifecycle events kept in the bounded buffer.
-        holder_search_seconds: time bound of one holder-chain search in `check`.
+        holder_search_seconds: wall-clock safety net of one holder-chain search in `check` (the search is
+            bounded by objects visited; this only stops a search on a machine that is stalled).
         redact: hide dictionary keys in holder chains.
         growth_alpha: significance level of the KVG103 trend test.
         reuse_window: requests in the count-based window of the cross-request reuse rate.
@@ -55,7 +56,7 @@ class Guard:
         *,
         strict: bool = False,
         event_capacity: int = 65_536,
-        holder_search_seconds: float = 3.0,
+        holder_search_seconds: float = 120.0,
         redact: bool = False,
         growth_alpha: float = 1e-5,
         reuse_window: int = 100,

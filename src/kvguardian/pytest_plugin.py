@@ -23,7 +23,7 @@ command line                ini                   meaning
 ==========================  ====================  =============================================================
 ``--kv-no-leak-all``        ``kv_no_leak_all``    treat every test as marked ``kv_no_leak``
 ``--kv-fail-on=SEV``        ``kv_fail_on``        default severity that fails a marked test (info)
-``--kv-holder-seconds=S``   ``kv_holder_seconds`` time bound of the holder-chain search per test (3.0)
+``--kv-holder-seconds=S``   ``kv_holder_seconds`` wall-clock safety net of the holder-chain search per test (120)
 ``--kv-redact``             ``kv_redact``         hide dictionary keys in holder chains
 ``--kv-report=FILE``        ``kv_report``         append each checked test's findings to FILE (JSON lines)
 ==========================  ====================  =============================================================
@@ -52,14 +52,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--kv-fail-on", choices=_SEVERITIES, default=None,
                     help="severity that fails a kv_no_leak test (ini: kv_fail_on; default info)")
     group.addoption("--kv-holder-seconds", type=float, default=None,
-                    help="time bound of the holder-chain search per test (ini: kv_holder_seconds; default 3)")
+                    help="wall-clock safety net of the holder-chain search per test (ini: kv_holder_seconds; "
+                         "default 120; the search is bounded by objects visited)")
     group.addoption("--kv-redact", action="store_true", default=None,
                     help="hide dictionary keys in holder chains (ini: kv_redact)")
     group.addoption("--kv-report", default=None, metavar="FILE",
                     help="append each checked test's findings to FILE as JSON lines (ini: kv_report)")
     parser.addini("kv_no_leak_all", "treat every test as marked kv_no_leak", type="bool", default=False)
     parser.addini("kv_fail_on", "severity that fails a kv_no_leak test", default="info")
-    parser.addini("kv_holder_seconds", "time bound of the holder-chain search per test", default="3.0")
+    parser.addini("kv_holder_seconds", "wall-clock safety net of the holder-chain search per test",
+                  default="120")
     parser.addini("kv_redact", "hide dictionary keys in holder chains", type="bool", default=False)
     parser.addini("kv_report", "append each checked test's findings to this file (JSON lines)", default="")
 

@@ -1,29 +1,40 @@
-"""Is KV that outlived its request a leak, or retention that stays bounded?
+"""Is KV that outlived its request a leak, or retention that stays bounded? Decided from evidence.
 
-`Guard.check` finds, for every orphaned entry (owner ended, not declared retained), its holder chain. Here
-the chains of all orphaned owners are compared: the *collection* of an owner is the deepest collection on
-its chain (dict, list, set, deque, lru_cache, ...) that also holds the KV of another ended request. Then:
+`Guard.check` finds, for every orphaned entry (owner ended, not declared retained), its holder chain. The
+*collections* on a chain are the containers on it (dict, list, set, deque, ``functools.lru_cache``, a
+``Mapping``...) and the heads of linked structures (a run of same-type objects through one attribute: chat
+turns with a ``parent`` pointer, a tree's ``children``). A collection that holds the KV of two or more ended
+requests is judged from what was seen of it:
 
-* no shared collection: the KV is held by single references (a variable keeping the last request's output,
-  a model attribute): retained but bounded, severity ``info``;
-* the collection declares a bound (``lru_cache(maxsize=N)``, ``deque(maxlen=N)``, a ``maxsize``/``capacity``
-  attribute): ``info``;
-* the collection was *seen evicting*: with sampling on (``kv-guardian run``, the pytest plugin), holder chains
-  are sampled at request ends - rate-limited, at geometrically spaced counts of ended owners, within a time
-  budget - and a collection whose earlier members' caches were freed while the program ran is an LRU:
-  ``info``;
-* otherwise the collection keeps growing with requests: an unbounded memo, a session dict, a hook list, a
-  list of tracebacks - ``error`` (KVG102), with the holder chain.
+* it declares a bound (``lru_cache(maxsize=N)``, ``deque(maxlen=N)``, a ``maxsize``/``capacity`` attribute,
+  a cachetools cache): bounded;
+* it was *seen evicting* (members it held earlier were freed while the program ran) and its size did not
+  grow past what it had when the first eviction was seen: bounded (an LRU, even if some entries stay all
+  run);
+* its size stopped growing (the size at the end is no larger than at half the ended requests, seen over at
+  least `_MIN_PLATEAU` of them), nothing evicted: bounded by its keys (a memo of a few fixed prompts);
+* otherwise - its size only grew, or nothing earlier was seen of it - it grows with requests: unbounded.
+
+A request's KV is bounded when its innermost such collection is, and no collection further out keeps
+growing (a dict of bounded deques that gains a deque per user is not bounded). KV held by no shared
+collection is held by single references (the last output in a variable, one constant cache): bounded. A
+chain that reaches no Python root alone never makes an error: it is a warning that names the nearest Python
+objects. Each verdict states its evidence: sizes over time, evictions seen, the declared bound.
+
+The evidence comes from sampling (``kv-guardian run``, the pytest plugin): at geometrically spaced counts of
+ended requests (2, 4, 8, ...: the same on any machine) the holder chains of the orphaned KV still alive are
+searched (bounded by objects visited; reading only this thread's frames, naming no steps), and each
+collection's size and members are recorded - by object id and type, never by a reference.
 """
 
 from __future__ import annotations
 
-import math
+import sys
 import time
 import weakref
 from collections import Counter, OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from kvguardian.ledger import EntryState, LedgerSnapshot, Record
@@ -34,24 +45,58 @@ if TYPE_CHECKING:
 
 __all__ = ["RetentionMonitor", "Verdict", "group_owners", "representative_chains"]
 
+_MIN_PLATEAU = 8  # ended requests over which a size must stay flat to count as "stopped growing"
+_SAMPLE_SEEDS = 24  # orphaned requests whose chains one sample searches
+_SAMPLE_OBJECTS = 5_000  # the object budget of one sample's search
+_MAX_MEMBERS = 4_096  # members remembered over all collections
+_MAX_COLLECTIONS = 256
+_MAX_SIZES = 48  # size samples kept per collection
+
 
 @dataclass(frozen=True)
 class Verdict:
-    """How the KV of one ended request is held."""
+    """How the KV of one ended request is held, and the evidence."""
 
     bounded: bool
-    why: str  # "single-reference", "declared-bound", "observed-eviction", "unbounded-collection"
-    collection: str | None  # label of the shared collection, when there is one
+    why: str  # single-reference, declared-bound, observed-eviction, stopped-growing, unbounded-collection,
+    # held-from-c, search-stopped
+    collection: str | None  # label of the deciding collection, when there is one
     owners_in_collection: int
     detail: str
+    severity: str = "info"  # "info" (bounded), "warning" (no root found), "error" (unbounded)
+    evidence: Mapping[str, Any] = field(default_factory=dict)  # sizes over time, evictions, bound
 
     def to_dict(self) -> dict[str, Any]:
         return {"bounded": self.bounded, "why": self.why, "collection": self.collection,
-                "owners_in_collection": self.owners_in_collection, "detail": self.detail}
+                "owners_in_collection": self.owners_in_collection, "detail": self.detail,
+                "severity": self.severity, "evidence": dict(self.evidence)}
+
+
+@dataclass
+class _History:
+    """What samples saw of one collection (known by id and type only: no reference is kept)."""
+
+    type_name: str
+    sizes: list[tuple[int, int, int]] = field(default_factory=list)  # (ended requests then, size, members)
+    members: dict[str, Any] = field(default_factory=dict)  # owner -> weak ref to its cache (or None)
+    evictions: int = 0
+    size_at_first_eviction: int | None = None
+
+    def add_size(self, ended: int, size: int, members: int) -> None:
+        if self.sizes and self.sizes[-1][0] == ended:
+            _, s, m = self.sizes[-1]
+            self.sizes[-1] = (ended, max(size, s), max(members, m))
+        else:
+            self.sizes.append((ended, size, members))
+        if len(self.sizes) > _MAX_SIZES:
+            del self.sizes[1]  # keep the first and the latest ones
+
+    def max_size(self) -> int:
+        return max((s for _, s, _ in self.sizes), default=0)
 
 
 def representative_chains(records: list[Record], chains: Mapping[Any, HolderChain]) -> dict[str, HolderChain]:
-    """Per ended owner, the chain the KVG102 detector shows (its first complete one)."""
+    """Per ended owner, the chain the KVG102 detector shows (its first complete one, else its first)."""
     by_owner: dict[str, list[Record]] = {}
     for r in records:
         if r.state is EntryState.ORPHANED and r.request_id is not None:
@@ -66,153 +111,260 @@ def representative_chains(records: list[Record], chains: Mapping[Any, HolderChai
                 best = c
                 if c.complete:
                     break
-        if best is not None and best.complete:
+        if best is not None:
             out[rid] = best
     return out
 
 
+def _collections_of(chains: Mapping[Any, HolderChain]) -> dict[Any, list[int]]:
+    """Owner -> the collection nodes on its chain, root-most first. A linked structure's head found on any
+    chain is a collection on every chain through it (its newest member's chain has no run of its own)."""
+    linked = {n for ch in chains.values() for n in ch.linked}
+    return {rid: [n for n in ch.nodes if n in linked or n in ch.containers] for rid, ch in chains.items()}
+
+
 def group_owners(chains: Mapping[Any, HolderChain]) -> dict[Any, int | None]:
     """Owner -> id of its collection: the deepest collection on its chain shared with another owner."""
-    count: Counter[int] = Counter()
-    for ch in chains.values():
-        for nid in set(ch.containers):
-            count[nid] += 1
-    out: dict[Any, int | None] = {}
-    for rid, ch in chains.items():
-        gid = None
-        for nid in reversed(ch.containers):
-            if count[nid] >= 2:
-                gid = nid
-                break
-        out[rid] = gid
-    return out
+    cols = _collections_of(chains)
+    count = Counter(n for ns in cols.values() for n in set(ns))
+    return {rid: next((n for n in reversed(ns) if count[n] >= 2), None) for rid, ns in cols.items()}
+
+
+def _identity(ch: HolderChain, nid: int) -> tuple[Any, ...]:
+    """How samples and the final check recognise one collection without holding it: its id and type, and the
+    module or class global it is under (so a dead collection's id reused by a new one does not inherit its
+    history). A linked structure's head moves as it grows: it is known by its global and its link."""
+    idx = ch.nodes.index(nid)
+    anchor = ch.steps[0] if ch.root in ("module", "class") else ""
+    how = ch.linked.get(nid)
+    if how and anchor:
+        return ("linked", anchor, how, idx)
+    return (nid, ch.node_steps[idx], anchor)
+
+
+def _size_of(ch: HolderChain, nid: int, members: int) -> int:
+    return ch.sizes.get(nid, members)
+
+
+def _label(ch: HolderChain, nid: int, linked: Mapping[int, str]) -> str:
+    idx = ch.nodes.index(nid)
+    how = linked.get(nid)
+    kind = f"linked {how}" if how else ch.node_steps[idx]
+    return f"{kind} under {ch.steps[0]}"
+
+
+@dataclass(frozen=True)
+class _Judgement:
+    bounded: bool
+    growing: bool
+    why: str
+    detail: str
+    evidence: dict[str, Any]
 
 
 class RetentionMonitor:
     """Judges orphaned KV bounded or not; optionally samples holder chains at request ends."""
 
-    def __init__(self, guard: Guard, *, sampling: bool = False, max_owners: int = 64,
-                 budget_fraction: float = 0.1, min_budget_s: float = 1.0) -> None:
+    def __init__(self, guard: Guard, *, sampling: bool = False, max_owners: int = _SAMPLE_SEEDS) -> None:
         self._guard = weakref.ref(guard)
         self.sampling = sampling
         self.max_owners = max_owners
-        self.budget_fraction = budget_fraction
-        self.min_budget_s = min_budget_s
+        self._ended = 0  # requests ended so far
         self._next_threshold = 2
-        self._sampled: OrderedDict[str, tuple[int, Any]] = OrderedDict()  # owner -> (collection id, cache ref)
-        self._evicting: dict[int, int] = {}  # collection id -> evictions seen
+        self._history: OrderedDict[tuple[Any, ...], _History] = OrderedDict()
         self.samples = 0
         self.sample_seconds = 0.0
-        self._started = time.monotonic()
+        self.sample_cpu_seconds = 0.0  # process CPU time meanwhile (steadier than wall time on a busy machine)
 
     # ------------------------------------------------------------------ sampling
     def after_request_end(self, info: Any) -> None:
+        self._ended += 1
         if not self.sampling:
             return
         guard = self._guard()
         if guard is None:
             return
         self.note_evictions()
-        led = guard.ledger
-        owners = sum(1 for r in list(led._requests.values()) if r.ended is not None and r.entry_ids)
-        if owners < self._next_threshold:
+        if self._ended < self._next_threshold:
             return
-        budget = max(self.min_budget_s, self.budget_fraction * (time.monotonic() - self._started))
-        if self.sample_seconds >= budget:
-            return
-        self._next_threshold = max(owners + 1, math.ceil(owners * 1.5))
-        t0 = time.monotonic()
+        self._next_threshold = self._ended * 2
+        t0, c0 = time.monotonic(), time.process_time()
         try:
-            self._sample(guard, min(1.0, budget - self.sample_seconds))
+            self._sample(guard)
         finally:
             self.samples += 1
             self.sample_seconds += time.monotonic() - t0
+            self.sample_cpu_seconds += time.process_time() - c0
 
-    def _sample(self, guard: Guard, seconds: float) -> None:
-        import sys
+    def _orphan_seeds(self, guard: Guard) -> tuple[dict[Any, Any], dict[Any, str], dict[str, Any]]:
+        """Search starts for the orphaned requests: storage key -> its cache (or None for KV without a known
+        cache), key -> owner, owner -> weak ref to its cache."""
+        snap = guard.ledger.snapshot()
+        first: dict[str, Record] = {}
+        for rec in snap.records:
+            rid = rec.request_id
+            if rec.state is EntryState.ORPHANED and rid is not None and rid not in first:
+                first[rid] = rec
+        chosen = list(first.values())
+        if len(chosen) > self.max_owners:  # the latest ones, and some spread over the older ones
+            older, recent = chosen[: -self.max_owners * 2 // 3], chosen[-self.max_owners * 2 // 3:]
+            step = max(1, len(older) // (self.max_owners - len(recent)))
+            chosen = older[::step][: self.max_owners - len(recent)] + recent
+        hf = guard.hf_tracker() if "transformers" in sys.modules else None
+        caches, _ = hf.chain_seeds(chosen) if hf is not None else ({}, {})
+        seeds = {r.key: caches.get(r.key) for r in chosen}
+        refs = {r.request_id: _weak(caches.get(r.key)) for r in chosen if r.request_id is not None}
+        return seeds, {r.key: str(r.request_id) for r in chosen}, refs
 
+    def _sample(self, guard: Guard) -> None:
         if "torch" not in sys.modules:
             return
         from kvguardian.tensors.holders import find_holder_chains
 
-        led = guard.ledger
-        hf = guard._hf
-        if hf is None:
-            return
-        refs: dict[str, Any] = {}
-        with led._lock:
-            led._settle()
-            for rec in led._by_id.values():
-                rid = rec.request_id
-                if rec.state is EntryState.ORPHANED and rid is not None and rid not in refs:
-                    slot = rec.slot
-                    if isinstance(slot, tuple) and slot and isinstance(slot[0], int):
-                        st = hf.caches.get(slot[0])
-                        if st is not None:
-                            refs[rid] = st.ref
-        recent = list(refs.items())[-self.max_owners:]
-        seeds = {rid: obj for rid, ref in recent if (obj := ref()) is not None}
+        seeds, owner_of, refs = self._orphan_seeds(guard)
         if len(seeds) < 2:
             return
-        chains = find_holder_chains((), seeds=seeds, exclude=(guard, led, self, hf), max_seconds=seconds,
-                                    redact=True, collect=False)
+        cached = {k: o for k, o in seeds.items() if o is not None}
+        loose = [k for k, o in seeds.items() if o is None]
         seeds.clear()
-        by_owner = {rid: ch for rid, ch in chains.items() if ch.complete}
-        groups = group_owners(by_owner)
-        for rid, gid in groups.items():
-            if gid is None:
-                continue
-            self._sampled[rid] = (gid, refs[rid])
-            self._sampled.move_to_end(rid)
-        while len(self._sampled) > 4_096:
-            self._sampled.popitem(last=False)
+        chains = find_holder_chains(loose, seeds=cached, exclude=(guard, guard.ledger, self), collect=False,
+                                    all_threads=False, light=True, max_objects=_SAMPLE_OBJECTS, redact=True)
+        cached.clear()
+        by_owner = {owner_of[k]: ch for k, ch in chains.items() if k in owner_of}
+        cols = _collections_of(by_owner)
+        count = Counter(n for ns in cols.values() for n in set(ns))
+        for rid, nodes in cols.items():
+            ch = by_owner[rid]
+            for nid in nodes:
+                self._see(_identity(ch, nid), (_size_of(ch, nid, count[nid]), count[nid]), rid, refs.get(rid))
+
+    def _see(self, key: tuple[Any, ...], size: tuple[int, int], rid: str, ref: Any) -> None:
+        h = self._history.get(key)
+        if h is None:
+            h = self._history[key] = _History(str(key[1]))
+            while len(self._history) > _MAX_COLLECTIONS:
+                self._history.popitem(last=False)
+        self._history.move_to_end(key)
+        h.add_size(self._ended, *size)
+        if rid not in h.members and sum(len(x.members) for x in self._history.values()) < _MAX_MEMBERS:
+            h.members[rid] = ref
 
     def note_evictions(self) -> None:
-        """Members sampled into a collection whose cache has since been freed: the collection evicts."""
+        """Members sampled into a collection whose KV has since been freed: the collection evicts."""
         guard = self._guard()
-        if guard is None or not self._sampled:
+        if guard is None:
             return
-        led = guard.ledger
-        for rid, (gid, cref) in list(self._sampled.items()):
-            if cref is not None:
-                gone = cref() is None
-            else:
-                info = led.request(rid)
-                gone = info is None or not info.entry_ids
-            if gone:
-                self._evicting[gid] = self._evicting.get(gid, 0) + 1
-                del self._sampled[rid]
+        for h in self._history.values():
+            for rid, ref in list(h.members.items()):
+                if ref is not None:
+                    gone = ref() is None
+                else:
+                    info = guard.ledger.request(rid)
+                    gone = info is None or not info.entry_ids
+                if gone:
+                    del h.members[rid]
+                    if h.size_at_first_eviction is None:
+                        h.size_at_first_eviction = h.max_size()
+                    h.evictions += 1
 
     # ------------------------------------------------------------------ verdicts
     def classify(self, snapshot: LedgerSnapshot, chains: Mapping[Any, HolderChain]) -> dict[str, Verdict]:
-        """A verdict per ended owner whose orphaned KV has a complete holder chain."""
+        """A verdict per ended owner whose orphaned KV has a holder chain."""
         self.note_evictions()
         reps = representative_chains(list(snapshot.records), chains)
-        groups = group_owners(reps)
-        members: Counter[int] = Counter(g for g in groups.values() if g is not None)
+        cols = _collections_of(reps)
+        linked = {n: how for ch in reps.values() for n, how in ch.linked.items()}
+        count = Counter(n for ns in cols.values() for n in set(ns))
+        ended = max(self._ended, sum(1 for r in snapshot.requests.values() if r.ended is not None))
+        judged: dict[int, _Judgement] = {}
         out: dict[str, Verdict] = {}
         for rid, ch in reps.items():
-            gid = groups[rid]
-            if gid is None:
-                out[rid] = Verdict(True, "single-reference", None, 1,
-                                   f"held by single references from {ch.steps[0]}, not by a collection that "
-                                   "grows with requests")
+            shared = [n for n in cols[rid] if count[n] >= 2]
+            if not shared:
+                out[rid] = _unshared(ch)
                 continue
-            idx = ch.nodes.index(gid)
-            label = f"{ch.node_steps[idx]} under {ch.steps[0]}"
-            bound = next((ch.bounds[n] for n in ch.nodes[: idx + 1] if n in ch.bounds), None)
-            k = members[gid]
-            if bound is not None:
-                out[rid] = Verdict(True, "declared-bound", label, k, f"the collection declares {bound}")
-            elif gid in self._evicting:
-                out[rid] = Verdict(True, "observed-eviction", label, k,
-                                   f"the collection freed {self._evicting[gid]} earlier request(s)' KV while "
-                                   "the program ran (it evicts)")
-            else:
-                out[rid] = Verdict(False, "unbounded-collection", label, k,
-                                   f"{k} ended requests' KV in one collection, none seen evicted")
+            for n in shared:
+                if n not in judged:
+                    judged[n] = self._judge(ch, n, count[n], ended)
+            out[rid] = _decide(ch, shared, judged, count, linked)
         return out
+
+    def _judge(self, ch: HolderChain, nid: int, members: int, ended: int) -> _Judgement:
+        idx = ch.nodes.index(nid)
+        size = _size_of(ch, nid, members)
+        h = self._history.get(_identity(ch, nid))
+        sizes = [*(h.sizes if h else []), (ended, size, members)]
+        ev: dict[str, Any] = {"size": size, "sizes_over_time": [list(p) for p in sizes], "members": members,
+                              "evictions_seen": h.evictions if h else 0, "ended_requests": ended}
+        bound = next((ch.bounds[n] for n in ch.nodes[: idx + 1] if n in ch.bounds), None)
+        if bound is not None:
+            ev["declared_bound"] = bound
+            return _Judgement(True, False, "declared-bound", f"the collection declares {bound}", ev)
+        return _from_sizes(h, sizes, members, ev)
 
     def summary(self) -> dict[str, Any]:
         return {"sampling": self.sampling, "samples": self.samples,
-                "sample_seconds": round(self.sample_seconds, 3), "collections_seen_evicting": len(self._evicting)}
+                "sample_seconds": round(self.sample_seconds, 3),
+                "sample_cpu_seconds": round(self.sample_cpu_seconds, 3),
+                "collections_seen": len(self._history),
+                "collections_seen_evicting": sum(1 for h in self._history.values() if h.evictions)}
+
+
+def _weak(obj: Any) -> Any:
+    if obj is None:
+        return None
+    try:
+        return weakref.ref(obj)
+    except TypeError:
+        return None
+
+
+def _from_sizes(h: _History | None, sizes: list[tuple[int, int, int]], members: int, ev: dict[str, Any]) -> _Judgement:
+    """Bounded or growing, from what was seen over time (the last entry is now): the collection's length and
+    how many ended requests' KV it held, and evictions."""
+    ended, size, _ = sizes[-1]
+    early = [p for p in sizes[:-1] if p[0] <= ended / 2]
+    early_size = max((p[1] for p in early), default=None)
+    early_members = max((p[2] for p in early), default=None)
+    if h is not None and h.evictions and size <= max(h.size_at_first_eviction or 0, early_size or 0):
+        return _Judgement(True, False, "observed-eviction",
+                          f"an evicting cache: {h.evictions} earlier request(s)' KV freed while the program ran, "
+                          f"size {size} at the end; {_trend(sizes)}", ev)
+    growing = early_size is not None and (size > early_size or members > (early_members or 0))
+    if early and not growing and ended - max(p[0] for p in early) >= _MIN_PLATEAU:
+        return _Judgement(True, False, "stopped-growing", f"its size stopped growing, none evicted; {_trend(sizes)}",
+                          ev)
+    evicted = f"{h.evictions} evicted but it kept growing" if h is not None and h.evictions else "none seen evicted"
+    what = f"it only grew; {_trend(sizes)}" if growing else "no earlier sample saw it stay bounded"
+    return _Judgement(False, growing, "unbounded-collection",
+                      f"{members} ended requests' KV in one collection, {evicted}; {what}", ev)
+
+
+def _trend(sizes: list[tuple[int, int, int]]) -> str:
+    pts = ", ".join(f"{s} ({m} ended requests' KV) after {e}" for e, s, m in sizes[-5:])
+    return f"size after N ended requests: {pts}"
+
+
+def _unshared(ch: HolderChain) -> Verdict:
+    if ch.complete:
+        return Verdict(True, "single-reference", None, 1,
+                       f"held by single references from {ch.steps[0]}, not by a collection that grows with "
+                       "requests")
+    why = "search-stopped" if ch.stopped else "held-from-c"
+    return Verdict(False, why, None, 1, f"no Python root found ({ch.notes[0] if ch.notes else why})",
+                   severity="warning")
+
+
+def _decide(ch: HolderChain, shared: list[int], judged: dict[int, _Judgement], count: Counter[int],
+            linked: Mapping[int, str]) -> Verdict:
+    """The innermost shared collection decides, unless one further out keeps growing."""
+    inner = shared[-1]
+    j = judged[inner]
+    if j.bounded:
+        outer = next((n for n in reversed(shared[:-1]) if judged[n].growing), None)
+        if outer is not None:
+            o = judged[outer]
+            return Verdict(False, "unbounded-collection", _label(ch, outer, linked), count[outer],
+                           f"bounded collections inside one that grows: {o.detail}", "error", o.evidence)
+    severity = "info" if j.bounded else "error"
+    return Verdict(j.bounded, j.why, _label(ch, inner, linked), count[inner], j.detail, severity, j.evidence)

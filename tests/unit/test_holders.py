@@ -3,6 +3,7 @@ generators, autograd graphs. Each scenario is built inside a function that retur
 (an int), so the test's own frame holds nothing and the chain must start at the real root."""
 
 import functools
+import re
 import sys
 import types
 import typing
@@ -197,7 +198,7 @@ def test_unreachable_from_python_is_reported_as_such():
     assert not c.complete and c.root == "none" and c.notes
 
 
-def test_search_is_bounded_in_depth(app):
+def test_search_is_bounded_by_objects_visited_and_says_so(app):
     def build():
         t = kv()
         node = t
@@ -207,9 +208,13 @@ def test_search_is_bounded_in_depth(app):
         return key(t)
 
     ref = build()
-    c = chain(ref, max_depth=10)
-    assert not c.complete and "depth bound 10" in c.notes[0]
-    assert chain(ref, max_depth=40).complete
+    c = chain(ref, max_objects=10)
+    assert not c.complete and c.stopped and c.root == "none"
+    m = re.match(r"<search stopped after (\d+) objects; nearest Python object: (\w+)>", c.steps[0])
+    assert m and int(m.group(1)) >= 10, c.steps[0]  # a level may add a few more than the budget
+    assert f"search stopped after {m.group(1)} objects" in c.notes[0]
+    full = chain(ref)
+    assert full.complete and full.steps[0] == "module leaky_app: DEEP" and full.depth == 26
 
 
 def test_more_shapes_partial_deque_thread_local_bound_method(app):

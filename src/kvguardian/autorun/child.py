@@ -14,6 +14,7 @@ by ``KVG_RUN_DIR``. A marker ``started-<pid>`` written when transformers is firs
 from __future__ import annotations
 
 import atexit
+import gc
 import importlib.abc
 import importlib.machinery
 import json
@@ -120,7 +121,7 @@ def _start_guard() -> None:
     opts = _state["options"]
     guard = Guard(
         retention_sampling=True,
-        holder_search_seconds=float(opts.get("holder_seconds", 3.0)),
+        holder_search_seconds=float(opts.get("holder_seconds", 120.0)),
         redact=bool(opts.get("redact", False)),
     )
     guard.audit_process(generate=False)  # generate is patched once generation.utils has finished loading
@@ -150,7 +151,7 @@ def finish() -> None:
     guard = _state["guard"]
     payload: dict[str, Any] = {"pid": os.getpid(), "argv": list(sys.argv), "status": _state["status"],
                                "message": _state["message"], "seconds": round(time.time() - _state["started"], 3)}
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     try:
         if guard is not None:
             # an uncaught exception leaves its traceback (and the frames' KV) in sys.last_*: an artifact of
@@ -159,6 +160,11 @@ def finish() -> None:
             for attr in ("last_type", "last_value", "last_traceback", "last_exc"):
                 if getattr(sys, attr, None) is not None:
                     setattr(sys, attr, None)
+            # gc.freeze() (pre-fork servers call it after warm-up) hides the frozen objects from the
+            # garbage collector's referrer queries, so from the holder search; at exit nothing is gained by
+            # keeping them frozen
+            if gc.get_freeze_count():
+                gc.unfreeze()
             report = guard.check(end_implicit=True)
             payload["crashed"] = crashed
             payload["report"] = report.to_dict()
@@ -168,6 +174,7 @@ def finish() -> None:
         payload["status"] = "error"
         payload["message"] = f"audit failed: {type(exc).__name__}: {exc}"
     payload["audit_seconds"] = round(time.perf_counter() - t0, 3)
+    payload["audit_cpu_seconds"] = round(time.process_time() - c0, 3)  # all threads' CPU time meanwhile
     folder = _state["dir"]
     if not folder:
         return

@@ -37,8 +37,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--report", metavar="FILE", help="write the merged JSON report here")
     p.add_argument("--fail-on", default="error", choices=["info", "warning", "error"],
                    help="exit 1 when a finding reaches this severity (default: %(default)s)")
-    p.add_argument("--holder-seconds", type=float, default=3.0, metavar="S",
-                   help="time bound of the holder-chain search at exit (default: %(default)s)")
+    p.add_argument("--holder-seconds", type=float, default=120.0, metavar="S",
+                   help="wall-clock safety net of the holder-chain search at exit; it is bounded by objects "
+                        "visited (default: %(default)s)")
     p.add_argument("--redact", action="store_true", help="hide dictionary keys in holder chains")
     p.add_argument("--quiet", action="store_true", help="no summary on stderr (the report file is still written)")
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- PROGRAM [ARGS...]",

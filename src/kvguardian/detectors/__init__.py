@@ -51,7 +51,11 @@ def chain_evidence(chain: HolderChain | None) -> tuple[dict[str, Any], str]:
     }
     if chain is not None and chain.notes:
         ev["holder_notes"] = chain.notes
-    return ev, (f", held by {chain.steps[0]}" if chain is not None and chain.complete else "")
+    if chain is None:
+        return ev, ""
+    if chain.complete:
+        return ev, f", held by {chain.steps[0]}"
+    return ev, (f", {chain.steps[0]}" if chain.root == "c" else "")
 
 
 def _registry() -> list[Detector]:

@@ -46,11 +46,13 @@ def detect(snapshot: LedgerSnapshot, ctx: DetectContext) -> list[Finding]:
         tail = ""
         if verdict is not None:
             evidence["retention"] = verdict.to_dict()
+            severity = Severity.parse(verdict.severity)
             if verdict.bounded:
-                severity = Severity.INFO
                 tail = f"; retained but bounded: {verdict.detail}"
-            else:
+            elif verdict.collection:
                 tail = f"; {verdict.detail} ({verdict.collection})"
+            else:
+                tail = f"; {verdict.detail}"
         findings.append(
             Finding(
                 id="KVG102",

@@ -1,0 +1,126 @@
+"""Holder chains: the path of references from a root to a live KV storage.
+
+The search is general, not a list of known leak shapes. It runs backwards from the objects on the target
+storages (`targets`), asking the garbage collector for the referrers of a whole level at once and keeping
+every referrer as a parent (`search`), until each target's shortest chain from a root (`roots`: module
+globals, class attributes, every thread's executing frames, contextvars, asyncio tasks and loops) is proven.
+Objects in between are whatever holds what: containers, instance attributes, closure cells, frames kept by
+tracebacks, generators, ``functools.lru_cache`` entries, and - when no Python object holds a storage - the
+autograd graph of a tensor that saved it for backward. Each reference is named (`edges`), and a chain records
+the collections on it, linked structures included (`shapes`), for `kvguardian.retention`.
+
+The search is bounded by a budget of objects visited (the same on any machine) plus a wall-clock safety
+net, excludes the guard's own objects and frames, and reads nothing in a way that changes the program
+(`access`). Chains never show KV contents, and dictionary keys are shown only when they look like
+identifiers (never free text such as a prompt) unless ``redact`` hides them all.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from kvguardian.tensors.holders import access
+from kvguardian.tensors.holders.chain import ROOT_KINDS, HolderChain
+from kvguardian.tensors.holders.edges import node_label, render_step
+from kvguardian.tensors.holders.render import PathView, render_chain
+from kvguardian.tensors.holders.roots import collect_roots
+from kvguardian.tensors.holders.search import Budget, Fence, Graph, nearest_top, root_distances, search, walk
+from kvguardian.tensors.holders.shapes import declared_bound, is_tensor_like
+from kvguardian.tensors.holders.targets import Starts, find_starts
+
+__all__ = ["ROOT_KINDS", "Budget", "HolderChain", "SearchOptions", "declared_bound", "find_holder_chains",
+           "is_tensor_like", "render_step"]
+
+_PKG_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DEFAULT_MAX_OBJECTS = 25_000
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    """How one holder search runs (every field can also be given to `find_holder_chains` by keyword)."""
+
+    max_objects: int = DEFAULT_MAX_OBJECTS  # the budget: objects visited (the same on any machine)
+    max_seconds: float = 120.0  # a safety net only
+    redact: bool = False  # hide dictionary keys
+    collect: bool = True  # gc.collect() first
+    all_threads: bool = True  # False: only this thread's frames (sampling inside a running program)
+    light: bool = False  # nodes, collections and bounds only, no step names (sampling)
+
+
+def find_holder_chains(
+    target_keys: Iterable[Any],
+    *,
+    seeds: dict[Any, Any] | None = None,
+    exclude: Iterable[object] = (),
+    options: SearchOptions | None = None,
+    **fields: Any,
+) -> dict[Any, HolderChain]:
+    """Find, for each storage key in ``target_keys``, a shortest chain of references from a root.
+
+    Returns a chain for every target; a target no Python root reaches has ``complete=False`` and says why
+    (held from C, naming the nearest Python objects; or the budget ran out). With ``seeds`` (key -> object),
+    the search starts from those objects (e.g. the caches that hold the KV) instead of scanning the heap for
+    the tensors. ``fields`` are `SearchOptions` fields (``max_seconds=``, ``redact=``, ...).
+    """
+    opts = replace(options or SearchOptions(), **fields)
+    seeds = seeds or {}
+    targets = set(target_keys) | set(seeds)
+    if not targets:
+        return {}
+    if opts.collect:
+        gc.collect()
+    budget = Budget(max_objects=opts.max_objects, max_seconds=opts.max_seconds)
+    starts = find_starts(targets, seeds, time.monotonic() + opts.max_seconds / 2)
+    roots = collect_roots(all_threads=opts.all_threads, own_dir=_PKG_DIR)
+    graph = Graph()
+    try:
+        fence = Fence(exclude=exclude, internal=(id(seeds), id(starts), id(starts.by_key), id(targets)),
+                      own_dir=_PKG_DIR)
+        graph = search(starts.objects, roots, budget, fence)
+        dist, via = root_distances(graph)
+        return {key: _chain_for(key, starts, graph, (dist, via),
+                                PathView([], graph.objs, None, redact=opts.redact, light=opts.light))
+                for key in targets}
+    finally:
+        graph.clear()
+        roots.clear()
+        starts.objects.clear()
+        access.clear_caches()
+
+
+def _chain_for(key: Any, starts: Starts, graph: Graph, shortest: tuple[dict[int, int], dict[int, int]],
+               view: PathView) -> HolderChain:
+    cands = starts.by_key.get(key, [])
+    if not cands:
+        return HolderChain(steps=["<no Python object holds this storage>"], root="none", complete=False,
+                           notes=["held from C/C++ (an extension, torch.compile, a C++ autograd node) or freed "
+                                  "meanwhile"])
+    dist, via = shortest
+    reached = [c for c in cands if c in dist]
+    if reached:
+        best = min(reached, key=dist.__getitem__)
+        view.path = walk(best, via)
+        view.root = graph.root_of[view.path[0]]
+    else:
+        best = cands[0]
+        top, below = nearest_top(graph, best, lambda n: node_label(graph.objs[n]))
+        view.path = list(reversed(walk(top, below)))
+        view.stopped = graph.stop_reason
+    view.grad_edge = best in starts.grad_edge
+    view.tail = _describe(graph.objs[best])
+    return render_chain(view)
+
+
+def _describe(obj: Any) -> str:
+    if not is_tensor_like(obj):
+        return type(obj).__name__
+    try:
+        shape = "×".join(str(s) for s in obj.shape)
+        return f"Tensor[{shape}] {str(obj.dtype).replace('torch.', '')}"
+    except Exception:  # pragma: no cover - exotic tensor subclasses
+        return type(obj).__name__

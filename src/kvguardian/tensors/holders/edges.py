@@ -1,0 +1,245 @@
+"""Naming one reference: ``list[3]``, ``Engine.cache``, ``frame f() local kv``, ``contextvar request_kv``.
+
+Every name is read without side effects (`access`): no instance dict is materialised, no property or
+``__getattr__`` runs. Dictionary keys are shown only when they look like identifiers (never free text such
+as a prompt), and not at all with ``redact``.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import os
+import re
+import threading
+import types
+from typing import Any
+
+from kvguardian.tensors.holders.access import attr_name, executing_frames, existing_dict, frame_locals, is_a
+
+__all__ = ["collapse", "edge_key", "frame_name", "func_name", "is_future", "key_repr", "node_label", "render_step",
+           "short"]
+
+_SAFE_KEY = re.compile(r"^[\w.:\-/@#]{1,48}$")
+
+
+def key_repr(key: Any, redact: bool) -> str:
+    if is_a(key, str):
+        if not redact and _SAFE_KEY.match(key):
+            return repr(key)
+        return f"<str len={len(key)}>"
+    if is_a(key, (int, float, bool)) or key is None:
+        return "<key>" if redact else repr(key)
+    if is_a(key, tuple):
+        return "(" + ", ".join(key_repr(k, redact) for k in key[:4]) + (", …" if len(key) > 4 else "") + ")"
+    return f"<{type(key).__name__}>"
+
+
+def short(qualname: str) -> str:
+    """``outer.<locals>.Engine.encode`` -> ``Engine.encode``: the part a reader recognises."""
+    return qualname.rsplit(".<locals>.", 1)[-1]
+
+
+def func_name(fn: Any) -> str:
+    name = getattr(fn, "__qualname__", None) if is_a(fn, (types.FunctionType, type)) else None
+    if name is None and type(fn).__name__ == "_lru_cache_wrapper":
+        name = getattr(getattr(fn, "__wrapped__", None), "__qualname__", None)
+    return short(str(name or type(fn).__name__))
+
+
+def frame_name(frame: types.FrameType) -> str:
+    code = frame.f_code
+    return f"frame {code.co_name}() ({os.path.basename(code.co_filename)}:{frame.f_lineno})"
+
+
+def _local_name(frame: types.FrameType, child: Any) -> str | None:
+    # a frame another thread is executing is read as it is (its tracer may be between read and write-back)
+    mine = executing_frames().get(id(frame), threading.get_ident()) == threading.get_ident()
+    for name, v in frame_locals(frame, may_undo=mine):
+        if v is child:
+            return name
+    return None
+
+
+def _is_context(obj: Any) -> bool:
+    import contextvars
+
+    return type(obj) is contextvars.Context
+
+
+def _mapping_step(parent: dict[Any, Any], child: Any, redact: bool) -> str:
+    kind = "dict" if type(parent) is dict else type(parent).__name__
+    for k, v in list(dict.items(parent)):
+        if v is child:
+            return f"{kind}[{key_repr(k, redact)}]"
+    for k in list(dict.keys(parent)):
+        if k is child:
+            return f"{kind} key"
+    return kind
+
+
+def _sequence_step(parent: Any, child: Any) -> str:
+    kind = type(parent).__name__
+    items = list.__iter__(parent) if is_a(parent, list) else tuple.__iter__(parent)
+    for i, v in enumerate(list(items)):
+        if v is child:
+            if is_a(child, types.TracebackType):
+                return f"{kind}[{i}] (traceback)"
+            return f"{kind}[{i}]"
+    return kind
+
+
+def _callable_step(parent: Any, child: Any) -> str | None:
+    if is_a(parent, functools.partial):
+        if child is parent.func:
+            return "partial.func"
+        return "partial.keywords" if child is parent.keywords else "partial"
+    if is_a(parent, types.FunctionType):
+        for i, cell in enumerate(parent.__closure__ or ()):
+            if cell is child:
+                return f"function {func_name(parent)}() closure var {parent.__code__.co_freevars[i]}"
+        if child is parent.__defaults__:
+            return f"function {func_name(parent)}() defaults"
+        return f"function {func_name(parent)}()"
+    if is_a(parent, types.MethodType):
+        return f"bound method {func_name(parent.__func__)}()" + (" self" if child is parent.__self__ else "")
+    if type(parent).__name__ == "_lru_cache_wrapper":
+        return f"lru_cache {func_name(parent)}()"
+    return None
+
+
+def _frame_step(parent: Any, child: Any) -> str | None:
+    if is_a(parent, types.FrameType):
+        local = _local_name(parent, child)
+        if local is not None:
+            return f"{frame_name(parent)} local {local}"
+        return f"{frame_name(parent)} (caller)" if child is parent.f_back else frame_name(parent)
+    if is_a(parent, types.TracebackType):
+        return "traceback" if child is parent.tb_frame else "traceback (next)"
+    if is_a(parent, (types.GeneratorType, types.CoroutineType, types.AsyncGeneratorType)):
+        kind = {types.GeneratorType: "generator", types.CoroutineType: "coroutine"}.get(type(parent), "async generator")
+        frame = next((f for a in ("gi_frame", "cr_frame", "ag_frame") if (f := getattr(parent, a, None))), None)
+        local = _local_name(frame, child) if frame is not None else None
+        name = short(parent.__qualname__)
+        return f"{kind} {name}() local {local}" if local is not None else f"{kind} {name}()"
+    return None
+
+
+def _special_step(parent: Any, child: Any) -> str | None:
+    if type(parent).__name__ == "_local" and type(parent).__module__ == "_thread":
+        return "threading.local (this thread's attributes)"
+    if is_a(parent, types.CellType):
+        return ""  # named by the step before: "function f() closure cell x", or a frame's cell variable
+    if _is_context(parent):
+        for var, value in list(parent.items()):
+            if value is child:
+                return f"contextvar {var.name}"
+        return "contextvars.Context"
+    if is_future(parent):
+        return f"{type(parent).__name__}.{_future_part(child)}"
+    if is_a(parent, BaseException):
+        for attr in ("__traceback__", "__context__", "__cause__"):
+            if getattr(parent, attr, None) is child:
+                return f"{type(parent).__name__}.{attr}"
+        if child is parent.args:
+            return f"{type(parent).__name__}.args"
+    if is_a(parent, type):
+        return f"class {short(parent.__qualname__)}"
+    if is_a(parent, types.ModuleType):
+        return f"module object {parent.__name__}"
+    return None
+
+
+def is_future(obj: Any) -> bool:
+    """An asyncio Future or Task (C or Python): what it holds is read with ``gc.get_referents``, never with
+    ``result()``/``exception()``, which would mark an exception as retrieved."""
+    return type(obj).__module__ in ("_asyncio", "asyncio.futures", "asyncio.tasks") and hasattr(type(obj), "done")
+
+
+def _future_part(child: Any) -> str:
+    if is_a(child, BaseException):
+        return "exception()"
+    if is_a(child, (types.CoroutineType, types.GeneratorType)):
+        return "get_coro()"
+    if _is_context(child):
+        return "context"
+    if is_a(child, (list, str)) or type(child).__name__.endswith("EventLoop"):
+        return type(child).__name__
+    return "result()"
+
+
+def render_step(parent: Any, child: Any, *, redact: bool = False) -> str:
+    """Name the edge ``parent → child`` readably: ``list[3]``, ``Engine.cache``, ``frame f() local kv``."""
+    if is_a(parent, dict):
+        return _mapping_step(parent, child, redact)
+    if is_a(parent, collections.deque):
+        for i, v in enumerate(list(collections.deque.__iter__(parent))):
+            if v is child:
+                return f"deque[{i}]"
+        return "deque"
+    for step in (_special_step, _callable_step, _frame_step):
+        out = step(parent, child)
+        if out is not None:
+            return out
+    if is_a(parent, (list, tuple)):
+        return _sequence_step(parent, child)
+    name = attr_name(parent, child)
+    if name is not None:
+        return f"{type(parent).__name__}.{name}"
+    return type(parent).__name__
+
+
+def collapse(a: Any, b: Any, c: Any) -> str | None:
+    """Name a two-hop step ``a → b → c`` as one when ``b`` is an implementation detail of ``a``:
+    an instance's or class's ``__dict__``, a function's closure tuple, an lru_cache's cache dict."""
+    if is_a(b, dict):
+        out = _dict_collapse(a, b, c)
+        if out is not None:
+            return out
+    if is_a(a, functools.partial) and b is a.args:
+        for i, v in enumerate(b):
+            if v is c:
+                return f"partial.args[{i}]"
+    if type(a).__name__ == "_local" and is_a(b, dict) and is_a(c, dict):
+        return "threading.local (one thread's attributes)"
+    if is_a(a, types.FunctionType) and b is a.__closure__ and is_a(c, types.CellType):
+        for i, cell in enumerate(a.__closure__ or ()):
+            if cell is c:
+                return f"function {func_name(a)}() closure cell {a.__code__.co_freevars[i]}"
+    return None
+
+
+def _dict_collapse(a: Any, b: dict[Any, Any], c: Any) -> str | None:
+    if type(a).__name__ == "_lru_cache_wrapper":
+        return f"lru_cache {func_name(a)}() cached " + ("result" if any(v is c for v in b.values()) else "key")
+    if is_a(a, type):
+        for k, v in list(vars(a).items()):
+            if v is c:
+                return f"class {short(a.__qualname__)}.{k}"
+        return None
+    if not is_a(a, (dict, types.FunctionType, types.ModuleType)) and existing_dict(a) is b:
+        for k, v in list(b.items()):
+            if v is c and is_a(k, str):
+                return f"{type(a).__name__}.{k}"
+    return None
+
+
+def edge_key(parent: Any, child: Any) -> str:
+    """A coarse kind of the edge, for recognising repeated shapes: ``attr:NAME`` for an instance attribute,
+    ``item`` for a container member, else the parent's type."""
+    if is_a(parent, (dict, list, tuple, set, frozenset, collections.deque)):
+        return "item"
+    if is_a(parent, (types.FunctionType, types.FrameType, types.CellType, type, types.ModuleType)):
+        return type(parent).__name__
+    name = attr_name(parent, child)
+    return f"attr:{name}" if name is not None else type(parent).__name__
+
+
+def node_label(obj: Any) -> str:
+    if is_a(obj, types.FrameType):
+        return frame_name(obj)
+    if is_a(obj, types.FunctionType):
+        return f"function {func_name(obj)}()"
+    if type(obj).__name__ == "_lru_cache_wrapper":
+        return f"lru_cache {func_name(obj)}()"
+    return type(obj).__name__

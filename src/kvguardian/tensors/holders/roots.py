@@ -1,0 +1,196 @@
+"""Where chains start: what keeps objects alive without being an object that ``gc.get_referrers`` returns.
+
+* module globals and class attributes: their namespace dicts (a ``functools.lru_cache`` on a method lives
+  in its class's dict; class attributes are as global as module globals; class dicts are recognised when
+  met, `class_namespace`);
+* the locals of frames executing now, in every thread (CPython 3.11+ does not show an executing frame's
+  locals to the garbage collector), read without leaving a snapshot behind (`access.frame_locals`);
+* the contextvars of this thread's current context (held by the thread state, not by an object), and
+  the running event loop;
+* asyncio tasks, done or pending (``_asyncio.Task``'s GC traversal in CPython 3.11 stops reporting after its
+  own fields, so its result, exception and callbacks have no referrer): what each task refers to, read with
+  ``gc.get_referents``, is added as an edge the backward search would otherwise miss.
+
+An object with no referrer that is none of these is held from outside Python (C), and the chain says so.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+import threading
+import types
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvguardian.tensors.holders.access import executing_frames, frame_locals, thread_frames
+from kvguardian.tensors.holders.edges import frame_name, short
+
+__all__ = ["Roots", "class_namespace", "collect_roots", "global_label", "index_globals"]
+
+_CO_OPTIMIZED = 0x0001
+_TASK_SETS = ("_all_tasks", "_scheduled_tasks", "_eager_tasks")  # asyncio.tasks, 3.11 .. 3.13
+
+
+@dataclass
+class Roots:
+    namespaces: dict[int, str] = field(default_factory=dict)  # id(module or class dict) -> "module m" / "class C"
+    held: dict[int, tuple[str, str]] = field(default_factory=dict)  # id(obj) -> (root kind, label)
+    virtual: dict[int, list[Any]] = field(default_factory=dict)  # id(child) -> referrers gc cannot report
+    keep: list[Any] = field(default_factory=list)  # strong references, only while the search runs
+
+    def internal_ids(self) -> set[int]:
+        return {id(self.namespaces), id(self.held), id(self.virtual), id(self.keep), *map(id, self.virtual.values())}
+
+    def clear(self) -> None:
+        self.keep.clear()
+        self.virtual.clear()
+        self.held.clear()
+
+
+def collect_roots(*, all_threads: bool, own_dir: str) -> Roots:
+    """The roots now. ``all_threads=False`` (sampling inside a running program) reads only this thread's
+    frames: reading another thread's frame locals would leave a snapshot behind."""
+    roots = Roots()
+    if all_threads or not _globals:
+        index_globals()
+    _namespaces(roots)
+    _frames(roots, all_threads, own_dir)
+    _contextvars(roots)
+    _asyncio(roots)
+    return roots
+
+
+def _namespaces(roots: Roots) -> None:
+    # canonical names first: "__main__" rather than its "__mp_main__" alias
+    for name, m in sorted(list(sys.modules.items()), key=lambda kv: (kv[0].startswith("__mp_"), kv[0])):
+        d = getattr(m, "__dict__", None) if isinstance(m, types.ModuleType) else None
+        if isinstance(d, dict):
+            roots.namespaces.setdefault(id(d), f"module {name}")
+
+
+_globals: dict[int, tuple[str, str]] = {}  # id(a module global's value) -> (module, name), checked when used
+_SCALARS = (type(None), bool, int, float, str, bytes, types.ModuleType, type, types.BuiltinFunctionType)
+
+
+def index_globals() -> None:
+    """Remember which objects are module globals, so that one found by the search is known to be held by a
+    root the moment it is found (one heap scan less per search). Each use checks the global still is it."""
+    _globals.clear()
+    for name, m in sorted(list(sys.modules.items()), key=lambda kv: (kv[0].startswith("__mp_"), kv[0])):
+        d = getattr(m, "__dict__", None) if isinstance(m, types.ModuleType) else None
+        if not isinstance(d, dict):
+            continue
+        for k, v in list(d.items()):
+            if type(v) not in _SCALARS and isinstance(k, str):  # type(), not isinstance(): no __class__ lookups
+                _globals.setdefault(id(v), (name, k))
+
+
+def global_label(obj: Any) -> str | None:
+    """``module m: name`` when ``obj`` is (still) the module global it was indexed as."""
+    hit = _globals.get(id(obj))
+    if hit is None:
+        return None
+    d = getattr(sys.modules.get(hit[0]), "__dict__", None)
+    return f"module {hit[0]}: {hit[1]}" if isinstance(d, dict) and d.get(hit[1]) is obj else None
+
+
+_class_dicts: dict[int, tuple[Any, str]] = {}  # id(a class's dict) -> (weak ref to the class, "class m.C")
+
+
+def class_namespace(d: dict[Any, Any]) -> str | None:
+    """``class module.Class`` when ``d`` is the dict behind a class's ``__dict__``, else None.
+
+    Class attributes are as global as module globals, so the search treats them as roots. The classes are
+    walked (``type.__subclasses__``) only when a dict that looks like a class namespace (it has
+    ``__module__``) is met and is not known yet; ``vars(cls)`` is a read-only proxy whose one referent is
+    the real dict."""
+    if "__module__" not in d:
+        return None
+    hit = _class_dicts.get(id(d))
+    if hit is None or hit[0]() is None:
+        _walk_classes()
+        hit = _class_dicts.get(id(d))
+    if hit is None or (cls := hit[0]()) is None or gc.get_referents(vars(cls))[:1] != [d]:
+        return None
+    return hit[1]
+
+
+def _walk_classes() -> None:
+    _class_dicts.clear()
+    stack = list(object.__subclasses__())
+    seen: set[int] = set()
+    while stack:
+        cls = stack.pop()
+        if id(cls) in seen:
+            continue
+        seen.add(id(cls))
+        try:
+            stack.extend(type.__subclasses__(cls))
+            inner = gc.get_referents(vars(cls))
+            ref = weakref.ref(cls)
+        except Exception:  # pragma: no cover - exotic metaclasses, classes without weak references
+            continue
+        if inner and isinstance(inner[0], dict):
+            qual = short(getattr(cls, "__qualname__", cls.__name__))
+            _class_dicts[id(inner[0])] = (ref, f"class {getattr(cls, '__module__', '?')}.{qual}")
+
+
+def _thread_names() -> dict[int, str]:
+    main = threading.main_thread().ident
+    names = {th.ident: th.name for th in threading.enumerate() if th.ident is not None}
+    return {tid: "" if tid == main else f" [thread {name}]" for tid, name in names.items()}
+
+
+def _frames(roots: Roots, all_threads: bool, own_dir: str) -> None:
+    me = threading.get_ident()
+    names = _thread_names()
+    executing = executing_frames()
+    for tid, top in thread_frames().items():
+        if tid != me and not all_threads:
+            continue
+        f: types.FrameType | None = top
+        while f is not None:
+            # module-level code's locals are its module's globals: a root already, under its stable name
+            if not f.f_code.co_filename.startswith(own_dir) and f.f_code.co_flags & _CO_OPTIMIZED:
+                label = frame_name(f) + names.get(tid, f" [thread {tid}]")
+                for name, value in frame_locals(f, may_undo=executing.get(id(f)) == me):
+                    if id(value) not in roots.held:
+                        roots.held[id(value)] = ("frame", f"{label} local {name}")
+                        roots.keep.append(value)
+            f = f.f_back
+
+
+def _contextvars(roots: Roots) -> None:
+    import contextvars
+
+    name = _thread_names().get(threading.get_ident(), "")
+    for var, value in contextvars.copy_context().items():
+        if id(value) not in roots.held:
+            roots.held[id(value)] = ("context", f"contextvar {var.name}{name}")
+            roots.keep.append(value)
+
+
+def _asyncio(roots: Roots) -> None:
+    aio = sys.modules.get("asyncio")
+    if aio is None:
+        return
+    try:
+        loop = aio.get_running_loop()
+    except RuntimeError:  # no loop running in this thread
+        loop = None
+    if loop is not None and id(loop) not in roots.held:
+        roots.held[id(loop)] = ("asyncio", "running event loop")
+        roots.keep.append(loop)
+    tasks_mod = sys.modules.get("asyncio.tasks")
+    for attr in _TASK_SETS:
+        tasks = getattr(tasks_mod, attr, None)
+        try:
+            members = list(tasks) if tasks is not None else []
+        except Exception:  # pragma: no cover - changed during iteration
+            members = []
+        for task in members:
+            roots.keep.append(task)
+            for child in gc.get_referents(task):
+                roots.virtual.setdefault(id(child), []).append(task)

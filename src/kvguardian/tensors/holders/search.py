@@ -1,0 +1,270 @@
+"""The search: backwards from the start objects, level by level, keeping every referrer it finds.
+
+Each level asks the garbage collector for the referrers of the whole frontier at once. Every referrer is
+linked as a parent of each frontier object it refers to, including a referrer met before at another level
+(a linked list of chat turns puts its members at different depths under one holder: each is linked, none is
+skipped). The discovered graph then gives, by one breadth-first pass from its root-held nodes in a fixed
+order, the shortest chain from a real root to every start, the same on an idle and on a loaded machine.
+
+The search stops when every start's chain is proven shortest (no shorter one can exist at a deeper level),
+when nothing is left to expand, or when the budget of visited objects runs out (a wall-clock bound is only
+a safety net): a chain cut by the budget says so.
+"""
+
+from __future__ import annotations
+
+import collections
+import gc
+import time
+import types
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvguardian.tensors.holders.roots import Roots, class_namespace, global_label
+
+__all__ = ["Budget", "Fence", "Graph", "nearest_top", "root_distances", "search", "walk"]
+
+_BULK = 600  # above this many frontier objects, one pass over the heap beats gc.get_referrers' O(edges × n)
+_KIND_ORDER = {"module": 0, "class": 1, "frame": 2, "context": 3, "asyncio": 4}
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Bounds of one search: objects visited (the real bound: the same on any machine) and a generous
+    wall-clock safety net."""
+
+    max_objects: int = 100_000
+    max_seconds: float = 60.0
+
+
+@dataclass
+class Graph:
+    """What the search found: objects, every parent of each, and the objects held directly by a root."""
+
+    objs: dict[int, Any] = field(default_factory=dict)  # id -> object (strong, only during the search)
+    parents: dict[int, list[int]] = field(default_factory=dict)
+    children: dict[int, list[int]] = field(default_factory=dict)  # in the order the references were found
+    root_of: dict[int, tuple[str, str]] = field(default_factory=dict)  # id -> (root kind, label)
+    stopped_at: int | None = None  # objects visited when the budget ran out
+    stop_reason: str = ""
+
+    def link(self, parent: int, child: int) -> None:
+        ps = self.parents.setdefault(child, [])
+        if parent not in ps:
+            ps.append(parent)
+            self.children.setdefault(parent, []).append(child)
+
+    def set_root(self, node: int, kind: str, label: str) -> None:
+        old = self.root_of.get(node)
+        new = (kind, label)
+        if old is None or _root_key(new) < _root_key(old):
+            self.root_of[node] = new
+
+    def clear(self) -> None:
+        self.objs.clear()
+        self.parents.clear()
+        self.children.clear()
+
+
+def _root_key(root: tuple[str, str]) -> tuple[int, str]:
+    return _KIND_ORDER.get(root[0], 9), root[1]
+
+
+@dataclass(frozen=True)
+class Fence:
+    """What the search must not walk through: the auditor's own objects, containers and frames."""
+
+    exclude: Iterable[object] = ()  # the guard, its ledger, ...: never a holder
+    internal: Iterable[int] = ()  # ids of the caller's containers that hold the starts
+    own_dir: str = ""  # frames of code under this folder are the auditor's
+
+
+@dataclass
+class _Level:
+    frontier: list[Any]
+    ids: set[int]
+    internal: set[int]
+    exclude: set[int]
+    own_dir: str
+    # the search's own containers stay alive until it ends, so that no object another thread allocates
+    # meanwhile can reuse one's id and be skipped as "internal"
+    keep: list[Any] = field(default_factory=list)
+
+    def own(self, container: Any) -> None:
+        self.internal.add(id(container))
+        self.keep.append(container)
+
+
+def search(starts: dict[int, Any], roots: Roots, budget: Budget, fence: Fence) -> Graph:
+    """Search backwards from ``starts`` (id -> object) until each start's shortest chain is known."""
+    graph = Graph()
+    graph.objs.update(starts)
+    deadline = time.monotonic() + budget.max_seconds
+    unexpanded: dict[int, Any] = dict(starts)  # found, referrers not asked for yet
+    frontier = list(starts.values())
+    lv = _Level(frontier, set(), {id(graph.objs), id(starts), id(unexpanded), *roots.internal_ids(),
+                                  *fence.internal}, {id(o) for o in fence.exclude}, fence.own_dir)
+    lv.internal.add(id(lv))
+    lv.own(lv.keep)
+    for o in frontier:
+        _label_if_rooted(o, graph, roots)
+    depth = 0
+    while frontier:
+        if len(graph.objs) >= budget.max_objects or time.monotonic() > deadline:
+            graph.stopped_at = len(graph.objs)
+            graph.stop_reason = (f"search stopped after {len(graph.objs)} objects" if len(graph.objs) >=
+                                 budget.max_objects else f"search stopped at its {budget.max_seconds:g} s safety net")
+            break
+        for o in frontier:
+            del unexpanded[id(o)]
+        lv.frontier = frontier
+        lv.ids = {id(o) for o in frontier}
+        lv.own(frontier)
+        for o in _expand(lv, graph, roots):
+            unexpanded[id(o)] = o
+        depth += 1
+        open_starts = _unfinished(graph, starts, depth)
+        if not open_starts:
+            break
+        wanted = _ancestors(graph, open_starts)
+        frontier = [o for i, o in unexpanded.items() if i in wanted]
+    unexpanded.clear()
+    lv.keep.clear()
+    return graph
+
+
+def _label_if_rooted(obj: Any, graph: Graph, roots: Roots) -> None:
+    """A found object that a root holds directly (a frame local, a contextvar, a module global) is labelled
+    at once: its chain is known without asking for its referrers."""
+    held = roots.held.get(id(obj))
+    if held is not None:
+        graph.set_root(id(obj), *held)
+    label = global_label(obj)
+    if label is not None:
+        graph.set_root(id(obj), "module", label)
+
+
+def _expand(lv: _Level, graph: Graph, roots: Roots) -> list[Any]:
+    """One level: link every referrer of the frontier; return the referrers not seen before."""
+    new: list[Any] = []
+    lv.own(new)
+    refs = _referrers(lv)
+    lv.own(refs)
+    for r in refs:
+        _consider(r, lv, graph, roots, new)
+    for o in lv.frontier:
+        for task in roots.virtual.get(id(o), ()):
+            _consider(task, lv, graph, roots, new)
+    return new
+
+
+def _consider(r: Any, lv: _Level, graph: Graph, roots: Roots, new: list[Any]) -> None:
+    rid = id(r)
+    if rid in lv.internal or rid in lv.exclude:
+        return
+    if isinstance(r, types.FrameType) and lv.own_dir and r.f_code.co_filename.startswith(lv.own_dir):
+        return
+    ns = roots.namespaces.get(rid)
+    if ns is None and type(r) is dict:
+        ns = class_namespace(r)
+    if ns is not None:
+        kind = "module" if ns.startswith("module ") else "class"
+        for k, v in list(r.items()):
+            if id(v) in lv.ids:
+                graph.set_root(id(v), kind, f"{ns}: {k}")
+        return
+    hits = [id(c) for c in gc.get_referents(r) if id(c) in lv.ids]
+    if not hits:
+        return
+    if rid not in graph.objs:
+        graph.objs[rid] = r
+        new.append(r)
+        _label_if_rooted(r, graph, roots)
+    for c in hits:
+        graph.link(rid, c)
+
+
+def _referrers(lv: _Level) -> list[Any]:
+    if len(lv.frontier) <= _BULK:
+        return gc.get_referrers(*lv.frontier)
+    out = []
+    ids = lv.ids
+    for o in gc.get_objects():
+        for c in gc.get_referents(o):
+            if id(c) in ids:
+                out.append(o)
+                break
+    return out
+
+
+def root_distances(graph: Graph) -> tuple[dict[int, int], dict[int, int]]:
+    """Breadth first from the root-held nodes (in a fixed order: root kind, then label) down the found
+    references: each node's distance from a root and the parent on its shortest chain."""
+    level0 = sorted(graph.root_of, key=lambda n: _root_key(graph.root_of[n]))
+    dist = dict.fromkeys(level0, 0)
+    via: dict[int, int] = {}
+    queue = collections.deque(level0)
+    while queue:
+        n = queue.popleft()
+        for c in graph.children.get(n, ()):
+            if c not in dist:
+                dist[c] = dist[n] + 1
+                via[c] = n
+                queue.append(c)
+    return dist, via
+
+
+def _unfinished(graph: Graph, starts: dict[int, Any], proven: int) -> set[int]:
+    """Starts whose shortest chain is not proven yet: none found of length <= ``proven``. After ``n`` levels
+    every chain of length <= n whose top a root holds directly is known (tops are labelled when found);
+    one whose top sits in a namespace dict is known a level later, so it can only tie, never be shorter."""
+    dist, _ = root_distances(graph)
+    return {s for s in starts if dist.get(s, proven + 1) > proven}
+
+
+def _ancestors(graph: Graph, nodes: set[int]) -> set[int]:
+    seen = set(nodes)
+    stack = list(nodes)
+    while stack:
+        for p in graph.parents.get(stack.pop(), ()):
+            if p not in seen:
+                seen.add(p)
+                stack.append(p)
+    return seen
+
+
+def walk(node: int, via: dict[int, int], limit: int = 1_000_000) -> list[int]:
+    """The one parent walk: from ``node`` up through ``via`` to its top; returned top first."""
+    path = [node]
+    seen = {node}
+    while node in via and len(path) < limit:
+        node = via[node]
+        if node in seen:  # pragma: no cover - via is a tree by construction
+            break
+        seen.add(node)
+        path.append(node)
+    path.reverse()
+    return path
+
+
+def nearest_top(graph: Graph, start: int, label: Any) -> tuple[int, dict[int, int]]:
+    """For a start no root reaches: breadth first up its parents to the nearest object nothing in Python
+    refers to (held from C), ties broken by ``label(node)``; returns it and the child-to-parent links
+    (``walk`` them down from the start's side)."""
+    below: dict[int, int] = {}  # parent -> the child it was reached from
+    frontier = [start]
+    seen = {start}
+    while frontier:
+        tops = [n for n in frontier if not graph.parents.get(n)]
+        if tops:
+            return min(tops, key=label), below
+        nxt = []
+        for n in frontier:
+            for p in graph.parents.get(n, ()):
+                if p not in seen:
+                    seen.add(p)
+                    below[p] = n
+                    nxt.append(p)
+        frontier = sorted(nxt, key=label)
+    return start, below

@@ -1,0 +1,32 @@
+"""Worker threads keep only their latest output in a threading.local (replaced on every request); the
+workers stay alive waiting for work.
+
+expect: clean
+"""
+
+import queue
+import threading
+
+from _serve import generate
+
+LOCAL = threading.local()
+LOCK = threading.Lock()
+JOBS = queue.Queue()
+DONE = threading.Semaphore(0)
+
+
+def worker():
+    while True:
+        i = JOBS.get()
+        with LOCK:
+            LOCAL.latest = generate(i)
+        DONE.release()
+
+
+for _ in range(2):
+    threading.Thread(target=worker, daemon=True).start()
+for i in range(14):
+    JOBS.put(i)
+for _ in range(14):
+    DONE.acquire()
+print("served", 14)

@@ -1,0 +1,114 @@
+"""Bounded or unbounded, decided from evidence (issue 12, part 4): real guards, KV tracked per request and
+kept by the shapes under test; sampling on, as under `kv-guardian run`."""
+
+import collections
+import sys
+import types
+
+import pytest
+import torch
+
+from kvguardian.guard import Guard
+
+
+@pytest.fixture
+def app():
+    mod = types.ModuleType("retention_app")
+    sys.modules["retention_app"] = mod
+    yield mod
+    del sys.modules["retention_app"]
+
+
+def serve(guard, i, keep):
+    with guard.request(f"r{i}"):
+        k = torch.zeros(1, 1, 4 + i % 3, 4)
+        guard.track(k, layer=0)
+    keep(i, k)
+
+
+def verdicts(guard):
+    found = guard.check().by_id("KVG102")
+    return {f.evidence["request_id"]: (f.severity.value, f.evidence["retention"]) for f in found}
+
+
+def test_an_lru_that_evicts_is_bounded_even_with_entries_kept_all_run(app):
+    guard = Guard(retention_sampling=True)
+    app.LRU = collections.OrderedDict()
+
+    def keep(i, k):
+        key = "busy" if i % 2 else f"guest-{i}"
+        app.LRU[key] = k
+        app.LRU.move_to_end(key)
+        while len(app.LRU) > 3:
+            app.LRU.popitem(last=False)
+
+    for i in range(40):
+        serve(guard, i, keep)
+    out = verdicts(guard)
+    assert len(out) == 3 and {sev for sev, _ in out.values()} == {"info"}
+    (why,) = {v["why"] for _, v in out.values()}
+    assert why == "observed-eviction"
+    ev = next(iter(out.values()))[1]["evidence"]
+    assert ev["evictions_seen"] > 0 and ev["size"] == 3 and len(ev["sizes_over_time"]) >= 4
+
+
+def test_a_collection_that_only_grows_is_an_error_with_its_sizes(app):
+    guard = Guard(retention_sampling=True)
+    app.HISTORY = []
+    for i in range(20):
+        serve(guard, i, lambda i, k: app.HISTORY.append(k))
+    out = verdicts(guard)
+    assert len(out) == 20 and {sev for sev, _ in out.values()} == {"error"}
+    v = out["r0"][1]
+    assert v["why"] == "unbounded-collection" and "only grew" in v["detail"]
+    sizes = [s for _, s, _ in v["evidence"]["sizes_over_time"]]
+    assert sizes == sorted(sizes) and sizes[-1] == 20 and sizes[0] < 20
+
+
+def test_a_memo_that_stopped_growing_is_bounded(app):
+    guard = Guard(retention_sampling=True)
+    app.MEMO = {}
+    for i in range(30):
+        serve(guard, i, lambda i, k: app.MEMO.setdefault(i % 3, k))
+    out = verdicts(guard)
+    assert len(out) == 3 and {v["why"] for _, v in out.values()} == {"stopped-growing"}
+    assert {sev for sev, _ in out.values()} == {"info"}
+
+
+def test_bounded_deques_in_a_dict_that_grows_is_unbounded(app):
+    guard = Guard(retention_sampling=True)
+    app.BY_USER = {}
+    for i in range(30):
+        serve(guard, i, lambda i, k: app.BY_USER.setdefault(i // 3, collections.deque(maxlen=2)).append(k))
+    out = verdicts(guard)
+    assert {sev for sev, _ in out.values()} == {"error"}
+    assert all("inside one that grows" in v["detail"] for _, v in out.values())
+
+
+class Turn:
+    def __init__(self, parent, kv):
+        self.parent = parent
+        self.kv = kv
+
+
+def test_a_linked_history_is_one_growing_collection_not_single_references(app):
+    guard = Guard(retention_sampling=True)
+    app.LAST = None
+
+    def keep(i, k):
+        app.LAST = Turn(app.LAST, k)
+
+    for i in range(20):
+        serve(guard, i, keep)
+    out = verdicts(guard)
+    assert len(out) == 20 and {sev for sev, _ in out.values()} == {"error"}
+    assert {v["collection"] for _, v in out.values()} == {"linked Turn.parent under module retention_app: LAST"}
+
+
+def test_one_constant_cache_nobody_declared_stays_info(app):
+    guard = Guard(retention_sampling=True)
+    serve(guard, 0, lambda i, k: setattr(app, "PREFIX", k))
+    for i in range(1, 12):
+        serve(guard, i, lambda i, k: None)
+    ((sev, v),) = verdicts(guard).values()
+    assert sev == "info" and v["why"] == "single-reference"
