@@ -45,5 +45,5 @@ def test_demo_json_orphaned_row(kv_cli):
     assert row["ok"] and row["fix_verified"]
     chain = row["details"]["holder_chain"]
     assert chain[0] == "module kvguardian.repro.orphaned: SERVER"
-    assert chain[1:4] == ["ChatServer.sessions", "SessionStore.entries", "dict['r-0']"]
+    assert chain[1:4] == ["ChatServer.sessions", "SessionStore.entries", "OrderedDict['r-0']"]
     assert "KVG103 after 16 requests" in row["verdict"]
