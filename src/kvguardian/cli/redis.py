@@ -15,6 +15,7 @@ from typing import Any
 from kvguardian._errors import EXIT_ENVIRONMENT, EXIT_OK, EXIT_USAGE, UsageError
 from kvguardian.cli.web_options import add_web_config, web_config
 from kvguardian.findings import Report, Severity
+from kvguardian.report.reporter import reporting
 
 NAME = "redis"
 HELP = "find key-space leaks in Redis: read-only sweeps or RDB snapshots, key patterns, no-TTL/cold verdicts, diffs"
@@ -33,7 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                       help="read a snapshot through the replication handshake instead of probing keys (no server "
                            "CPU per key; the user needs +sync +replconf)")
     _verdict_arguments(scan)
-    scan.set_defaults(_redis=run_scan)
+    scan.set_defaults(redis_run=run_scan)
 
     from kvguardian.cli.redis_rdb import ScanHooks, add_rdb_command
 
@@ -45,7 +46,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     diff.add_argument("--json", action="store_true", help="print rows and findings as JSON")
     diff.add_argument("--top", type=int, default=20, help="patterns shown in the table (default 20)")
     _verdict_arguments(diff)
-    diff.set_defaults(_redis=run_diff)
+    diff.set_defaults(redis_run=run_diff)
 
     exp = sub.add_parser("exporter", help="serve /metrics: O(1) INFO gauges per scrape + the last completed sweep",
                          description="Serve Prometheus /metrics. Every scrape runs INFO keyspace/memory only; "
@@ -58,7 +59,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     _sweep_arguments(exp)
     exp.add_argument("--min-keys", type=int, default=10, help="keys a pattern needs for a finding (default 10)")
     add_web_config(exp)
-    exp.set_defaults(_redis=run_exporter)
+    exp.set_defaults(redis_run=run_exporter)
 
 
 def _output_arguments(p: argparse.ArgumentParser) -> None:
@@ -98,7 +99,7 @@ def _verdict_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    return int(args._redis(args))
+    return int(args.redis_run(args))
 
 
 def _options(args: argparse.Namespace) -> Any:
@@ -165,12 +166,12 @@ def emit_scan(args: argparse.Namespace, result: Any, old: Any, *, command: str) 
         from kvguardian.keyspace.metrics import exposition
 
         _write(args.prometheus, exposition(result))
-    if args.json:
-        sys.stdout.write(result.to_json() + "\n")
-    elif args.prometheus != "-":
-        print_scan(result, top=args.top)
-        if diff_out is not None:
-            print_diff(diff_out[0], Report(findings=diff_out[1]), diff_out[2], top=args.top)
+    if args.json or args.prometheus != "-":
+        with reporting("json" if args.json else "console") as out:
+            print_scan(result, out, top=args.top)
+            if diff_out is not None:
+                print_diff(diff_out[0], Report(findings=diff_out[1]), diff_out[2], out, top=args.top)
+            out.result(result.to_dict())
     if result.incomplete_reason == "interrupted":
         sys.stderr.write(f"kv-guardian redis {command}: interrupted; the result above is partial (complete: false)\n")
         return 130
@@ -186,8 +187,6 @@ def emit_scan(args: argparse.Namespace, result: Any, old: Any, *, command: str) 
 
 
 def run_diff(args: argparse.Namespace) -> int:
-    import json
-
     from kvguardian.keyspace.render import print_diff
     from kvguardian.keyspace.result import load_result
     from kvguardian.keyspace.verdicts import Thresholds, diff
@@ -195,11 +194,9 @@ def run_diff(args: argparse.Namespace) -> int:
     old, new = load_result(args.old), load_result(args.new)
     rows, findings, warnings = diff(old, new, Thresholds(min_keys=args.min_keys))
     report = Report(findings=findings, summary={"old": args.old, "new": args.new})
-    if args.json:
-        payload = {"rows": rows, "warnings": warnings, **report.to_dict()}
-        sys.stdout.write(json.dumps(payload, indent=2, ensure_ascii=False) + "\n")
-    else:
-        print_diff(rows, report, warnings, top=args.top)
+    with reporting("json" if args.json else "console") as out:
+        print_diff(rows, report, warnings, out, top=args.top)
+        out.result({"rows": rows, "warnings": warnings, **report.to_dict()})
     return _exit_code(report, args.fail_on)
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import signal
-import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -84,10 +83,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from kvguardian.engines.watch import Watch
-    from kvguardian.report.console import console, print_report
+    from kvguardian.report.console import ConsoleReporter
+    from kvguardian.report.reporter import make_reporter
 
     if args.grace < 0:
         raise UsageError(f"--grace must be >= 0 seconds, got {args.grace}")
+    if args.exporter_port is not None and not 0 <= args.exporter_port < 65536:
+        raise UsageError(f"--exporter-port {args.exporter_port} is not a TCP port; fix: use 0-65535 (0 picks a "
+                         "free one)")
     web = web_config(args)  # a bad --web-config fails before the watch starts
     vllm = args.engine == "vllm"
     watch = Watch(
@@ -99,23 +102,20 @@ def run(args: argparse.Namespace) -> int:
         tolerance=0 if vllm else args.tolerance, confirm=2 if vllm else args.confirm,
         events_bind=args.events_bind if vllm else False,
     )
+    out = make_reporter("json" if args.json else "console")
     exporter = None
     restore = _stop_on_signals(watch)  # Ctrl-C and SIGTERM end the watch; the report is still printed
     try:
         if args.exporter_port is not None:
             exporter = _serve(watch, args.exporter_host, args.exporter_port, web)
-        err = console(stderr=True)
-        watch.on_warning = lambda line: err.print(f"kv-guardian watch: warning: {line}", markup=False, soft_wrap=True)
+        err = ConsoleReporter(stderr=True)
+        watch.on_warning = lambda line: err.text(f"kv-guardian watch: warning: {line}", tone="warning")
         if not args.json:
-            where = f" and KV events at {args.events}" if vllm and args.events else ""
-            until = f"for {args.duration:g} s" if args.duration else "until Ctrl-C"
-            served = f"; metrics on {exporter.url}" if exporter is not None else ""
-            err.print(f"watching {args.engine} at {args.metrics}{where} {until}{served}", markup=False)
-        out = console()
+            err.text(_banner(args, exporter))
 
         def show(new: list[Finding]) -> None:
             for f in new:
-                out.print(f"{f.id} {f.name} ({f.severity.value}) {f.message}", markup=False)
+                out.finding(f)
 
         watch.run(duration=args.duration, on_new=None if args.json else show)
         report = watch.report()
@@ -124,19 +124,24 @@ def run(args: argparse.Namespace) -> int:
         watch.close()
         if exporter is not None:
             exporter.close()
-    if args.json:
-        sys.stdout.write(report.to_json() + "\n")
-    else:
-        print_report(report)
-        out = console()
-        for line in watch.summary_lines():
-            out.print(line, markup=False)
+    out.findings(report)
+    for line in watch.summary_lines():
+        out.text(line)
+    out.result(report.to_dict())
+    out.close()
     if watch.scrapes == 0 and watch.scrape_errors:  # tried, never reached the server
         raise UsageError(
             f"no scrape of {args.metrics} succeeded ({watch.last_scrape_error}); fix: check that the server "
             "runs and --metrics points at its /metrics", exit_code=EXIT_ENVIRONMENT,
         )
     return report.exit_code(args.fail_on)
+
+
+def _banner(args: argparse.Namespace, exporter: Any) -> str:
+    where = f" and KV events at {args.events}" if args.engine == "vllm" and args.events else ""
+    until = f"for {args.duration:g} s" if args.duration else "until Ctrl-C"
+    served = f"; metrics on {exporter.url}" if exporter is not None else ""
+    return f"watching {args.engine} at {args.metrics}{where} {until}{served}"
 
 
 def _serve(watch: Any, host: str, port: int, web: Any = None) -> Any:

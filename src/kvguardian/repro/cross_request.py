@@ -27,6 +27,7 @@ from typing import Any
 
 from kvguardian._errors import UsageError
 from kvguardian.repro import DemoRow, ReproResult
+from kvguardian.repro.cross_request_report import demo_texts, render
 from kvguardian.repro.models import GRAD_SPEC, TINY, TinySpec, build_llama
 
 NAME = "cross-request"
@@ -204,19 +205,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> ReproResult:
-    from kvguardian.repro.cross_request_report import render
-
     if not 8 <= args.requests <= 512:
         raise UsageError(f"--requests {args.requests} is out of range; fix: use 8..512")
     if not 1 <= args.rounds <= 20:
         raise UsageError(f"--rounds {args.rounds} is out of range; fix: use 1..20")
     data = measure(args.requests, seed=args.seed, rounds=args.rounds)
-    return ReproResult(NAME, SECTION, TITLE, data, render(data), ok=data["ok"])
+    return ReproResult(NAME, SECTION, TITLE, data, render, ok=data["ok"])
 
 
 def demo_row() -> DemoRow:
-    from kvguardian.repro.cross_request_report import demo_texts
-
     t0 = time.perf_counter()
     data = measure(DEFAULT_REQUESTS, rounds=1, timing_variants=("sharing", "strict"))
     measured, verdict = demo_texts(data)
