@@ -4,8 +4,8 @@ import argparse
 
 import httpx
 import pytest
-from kvg_testing import rendered
 
+from kvg_testing import rendered
 from kvguardian.repro import hot_reload
 from kvguardian.repro.reload_server import create_app, serve
 

@@ -3,8 +3,8 @@
 import argparse
 
 import pytest
-from kvg_testing import rendered
 
+from kvg_testing import rendered
 from kvguardian.repro import multimodal
 from kvguardian.repro.vlm import VLM_TINY
 

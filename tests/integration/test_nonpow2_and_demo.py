@@ -3,8 +3,8 @@
 import json
 
 import pytest
-from kvg_testing import rendered
 
+from kvg_testing import rendered
 from kvguardian.repro import ARTICLE_SECTIONS, REPROS, DemoRow, nonpow2, not_built_rows, section_order
 
 
