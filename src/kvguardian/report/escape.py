@@ -8,6 +8,8 @@ character that moves the cursor, rewrites the screen or reorders text reaches a 
   ``"a\\nkv-guardian: all clear"`` shows as one line with a visible ``\\n``;
 - `dumps` is `json.dumps` with the same characters written as ``\\uXXXX`` (still valid JSON, still UTF-8
   for everything else) and non-finite floats written as ``null`` (``NaN`` is not JSON).
+
+Both also mask every credential kv-guardian has seen (`kvguardian.report.secrets`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kvguardian.findings import json_default
+from kvguardian.report.secrets import has_secrets, mask
 
 __all__ = ["UNSAFE", "dumps", "visible"]
 
@@ -41,30 +44,40 @@ def _escape(match: re.Match[str]) -> str:
 
 
 def visible(text: object) -> str:
-    """``str(text)`` with every `UNSAFE` character written as a visible escape (``\\x1b``, ``\\n``, ``\\u202e``)."""
+    """``str(text)`` with credentials masked and every `UNSAFE` character written as a visible escape
+    (``\\x1b``, ``\\n``, ``\\u202e``)."""
     s = text if isinstance(text, str) else str(text)
-    return UNSAFE.sub(_escape, s)
+    return UNSAFE.sub(_escape, mask(s))
 
 
-def _finite(obj: Any) -> Any:
-    """A copy of ``obj`` with NaN and ±inf floats replaced by None (JSON has no such numbers)."""
+def _clean(obj: Any, masking: bool) -> Any:
+    """A copy of ``obj`` for JSON: NaN and ±inf as None (JSON has no such numbers), and, when ``masking``,
+    every credential in a string (keys included) masked."""
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else None
+    if isinstance(obj, str):
+        return mask(obj) if masking else obj
     if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
+        return {_clean(k, masking) if isinstance(k, str) else k: _clean(v, masking) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
+        return [_clean(v, masking) for v in obj]
     return obj
 
 
 def dumps(obj: Any, *, indent: int | None = 2, default: Callable[[Any], Any] | None = json_default) -> str:
-    """JSON text of ``obj``: UTF-8 kept readable, `UNSAFE` characters as ``\\uXXXX``, NaN/inf as null."""
+    """JSON text of ``obj``: UTF-8 kept readable, `UNSAFE` characters as ``\\uXXXX``, NaN/inf as null,
+    credentials masked (in the values, before encoding: the JSON stays valid whatever the password)."""
+    masking = has_secrets()
+
+    def clean_default(o: Any) -> Any:
+        return _clean(default(o), masking) if default is not None else o
+
+    if masking:
+        obj = _clean(obj, masking)
     try:
-        text = json.dumps(obj, indent=indent, ensure_ascii=False, allow_nan=False, default=default)
+        text = json.dumps(obj, indent=indent, ensure_ascii=False, allow_nan=False,
+                          default=clean_default if masking else default)
     except ValueError:  # a NaN or an infinity somewhere
-
-        def finite_default(o: Any) -> Any:
-            return _finite(default(o)) if default is not None else o
-
-        text = json.dumps(_finite(obj), indent=indent, ensure_ascii=False, allow_nan=False, default=finite_default)
+        text = json.dumps(_clean(obj, masking), indent=indent, ensure_ascii=False, allow_nan=False,
+                          default=clean_default)
     return _JSON_UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
