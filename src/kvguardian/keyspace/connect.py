@@ -25,6 +25,7 @@ __all__ = ["AUTH_ENV", "Node", "Topology", "connect", "discover", "display_url",
 SCHEMES = ("redis", "rediss", "unix")
 AUTH_ENV = "REDISCLI_AUTH"  # the password when the URL has none, as redis-cli reads it
 _SECRET_QUERY = re.compile(r"pass|auth|token|secret", re.IGNORECASE)
+_SECRET_PAIR = re.compile(r"((?:pass|auth|token|secret)[^=&/]*=)(?!\*\*\*(?:&|$))[^&]*", re.IGNORECASE)
 
 
 def display_url(url: str) -> str:
@@ -36,10 +37,11 @@ def display_url(url: str) -> str:
             netloc = f"{parts.username or ''}:***@{netloc.rsplit('@', 1)[1]}"
         query = urlencode([(k, "***" if _SECRET_QUERY.search(k) else v)
                            for k, v in parse_qsl(parts.query, keep_blank_values=True)], safe="*")
-        return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+        shown = urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
     except ValueError:  # not even a URL: hide whatever sits where credentials would
-        return re.sub(r"(?<=://)[^/@]*@", "***@", re.sub(r"(?i)((?:pass|auth|token|secret)[^=&]*=)[^&]*", r"\1***",
-                                                             url))
+        shown = re.sub(r"(?<=://)[^/@]*@", "***@", url)
+    # and anything still shaped like user:password@ or password=…
+    return _SECRET_PAIR.sub(r"\1***", re.sub(r"(?<=:)[^:/@]*@", "***@", shown))
 
 
 def _remember_credentials(url: str) -> str | None:
@@ -67,8 +69,9 @@ def _check_url(url: str) -> None:
     try:
         parts = urlsplit(url)
         parts.port  # noqa: B018 - raises ValueError for a port out of 0-65535
-    except ValueError as exc:
-        raise UsageError(f"bad Redis URL {where!r}: {exc}; fix: e.g. redis://127.0.0.1:6379/0") from None
+    except ValueError as exc:  # its text may quote the URL's credentials: say what is wrong in our words
+        what = "the port is not a number in 0-65535" if "port" in str(exc).lower() else "the host part is malformed"
+        raise UsageError(f"bad Redis URL {where!r}: {what}; fix: e.g. redis://127.0.0.1:6379/0") from None
     if parts.scheme not in SCHEMES:
         raise UsageError(f"unsupported Redis URL {where!r}: the scheme must be one of "
                          f"{', '.join(s + '://' for s in SCHEMES)} (e.g. redis://127.0.0.1:6379/0)")
@@ -101,7 +104,12 @@ def connect(url: str, *, timeout: float = 10.0) -> Any:
         )
     except ValueError as exc:
         raise UsageError(f"bad Redis URL {display_url(url)!r}: {exc}") from None
-    ping(client, display_url(url))
+    try:
+        ping(client, display_url(url))
+    except TypeError as exc:  # redis-py hands unknown ?options to the connection as keyword arguments
+        option = str(exc).rpartition("argument ")[2] or str(exc)
+        raise UsageError(f"Redis URL {display_url(url)!r} has an option redis-py does not know ({option}); fix: "
+                         "drop it (known: db, username, password, socket_timeout, ssl_cert_reqs, …)") from None
     return client
 
 

@@ -153,14 +153,16 @@ class ScanResult:
 
     @classmethod
     def _parse(cls, data: dict[str, Any]) -> ScanResult:
-        patterns = list(data["patterns"])
+        patterns = data["patterns"]
+        if not isinstance(patterns, list):
+            raise ValueError("'patterns' must be a list")
         for p in patterns:
             _check_pattern(p)
         return cls(
             target=str(data["target"]), started=_time(data, "started"), finished=_time(data, "finished"),
             complete=_bool(data["complete"]), incomplete_reason=_opt_str(data.get("incomplete_reason")),
             sample=_opt_int(data.get("sample")), mode=str(data.get("mode", "")),
-            mode_reason=str(data.get("mode_reason", "")), server=_dict(data.get("server") or {}),
+            mode_reason=str(data.get("mode_reason", "")), server=_server(data.get("server") or {}),
             idle_metric=str(data.get("idle_metric", "idletime")), cold_after=_number(data.get("cold_after", 0)),
             dbsize=_count(data.get("dbsize", 0)), keys_scanned=_count(data["keys_scanned"]),
             keys_vanished=_count(data.get("keys_vanished", 0)), bytes=_count(data.get("bytes", 0)),
@@ -176,15 +178,15 @@ _PATTERN_COUNTS = ("keys", "bytes", "bytes_p50", "bytes_max", "no_ttl_keys", "no
 def _check_pattern(p: Any) -> None:
     """One pattern row as the verdicts, the diff, the tables and the metrics read it (fills defaults)."""
     if not isinstance(p, dict) or not isinstance(p.get("pattern"), str):
-        raise ValueError(f"bad pattern entry {str(p)[:80]}")
+        raise ValueError(f"bad pattern entry {str(p)[:80]!r}")
     name = p["pattern"][:60]
     for k in _PATTERN_COUNTS:
         p[k] = _count(p[k] if k in ("keys", "bytes") else p.get(k, 0), f"{name!r}: {k}")
     for k in ("ttl", "types"):
-        p[k] = {str(kk): _count(v, f"{name!r}: {k}.{kk}") for kk, v in _dict(p.get(k, {})).items()}
+        p[k] = {str(kk): _count(v, f"{name!r}: {k}[{kk!r}]") for kk, v in _dict(p.get(k, {})).items()}
     for k in ("idle_s", "lfu_freq"):
         if k in p:
-            p[k] = {q: None if v is None else _number(v, f"{name!r}: {k}.{q}") for q, v in _dict(p[k]).items()}
+            p[k] = {q: None if v is None else _number(v, f"{name!r}: {k}[{q!r}]") for q, v in _dict(p[k]).items()}
     for k in ("example_key", "example_cold_key"):
         if p.get(k) is not None and not isinstance(p[k], str):
             raise ValueError(f"{name!r}: {k} must be a string or null")
@@ -195,6 +197,15 @@ def _check_pattern(p: Any) -> None:
         raise ValueError(f"{name!r}: top_keys must be a list of {{key, bytes}}")
     for t in top:
         t["bytes"] = _count(t.get("bytes", 0), f"{name!r}: top_keys.bytes")
+
+
+def _server(v: Any) -> dict[str, Any]:
+    server = _dict(v)
+    nodes = server.get("nodes") or []
+    if not isinstance(nodes, list) or not all(isinstance(n, dict) and isinstance(n.get("role", ""), str)
+                                              for n in nodes):
+        raise ValueError("server.nodes must be a list of {addr, role, …}")
+    return server
 
 
 def _number(v: Any, what: str = "a number") -> float:
