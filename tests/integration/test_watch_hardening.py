@@ -72,3 +72,25 @@ def test_arguments_that_cannot_work_are_refused(args, message):
     proc = _watch("sglang", *args)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_zmq_garbage_on_the_event_stream_is_counted_and_the_watch_goes_on():
+    """The hostile kit's ZMQ publisher: frames that are not KV events never crash or stall the watch."""
+    from kvg_hostile import zmq_garbage
+    from kvg_testing import free_port
+
+    metrics = VllmMetrics()
+    metrics.set(running=1, waiting=0, usage=0.1)
+    server = MetricsServer(metrics.registry)
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    sender = zmq_garbage(endpoint, count=300, seconds=6.0)
+    try:
+        proc = _watch("vllm", "--metrics", server.url, "--events", endpoint, "--interval", "0.2", "--duration", "3",
+                      "--json")
+    finally:
+        server.close()
+        sender.join(10)
+    assert proc.returncode == 0, proc.stderr
+    events = json.loads(proc.stdout)["summary"]["kv_events"]
+    assert sum(events["decode_errors"].values()) > 0 and events["index_blocks"] == 0
+    assert "Traceback" not in proc.stderr and "internal error" not in proc.stderr
