@@ -142,3 +142,13 @@ def test_watch_prints_hostile_labels_from_a_server_safely():
     assert done.returncode == 1, done.stdout + done.stderr
     assert "KVG206" in done.stdout and "[/oops][bold red]m[/]\\x1b[2J" in done.stdout
     assert_safe(done.stdout, done.stderr)
+
+
+def test_lint_prints_hostile_file_names_and_source_safely(tmp_path):
+    src = tmp_path / f"a{HOSTILE[2]}{HOSTILE[5]}.py"
+    src.write_text("import time\nimport redis\nr = redis.Redis()\n\n\ndef f(x):\n"
+                   f"    r.set(f'tmp:{json.dumps(NAME)[1:-1]}{{time.time()}}', x)\n")
+    done = cli("lint", str(tmp_path))
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "KVG405" in done.stdout
+    assert_safe(done.stdout, done.stderr)
