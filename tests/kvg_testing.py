@@ -74,3 +74,25 @@ def rendered(render, data) -> str:  # type: ignore[no-untyped-def]
     buf = io.StringIO()
     render(data, ConsoleReporter(buf))
     return buf.getvalue()
+
+
+def wait_for_scans(url: str, n: int = 3, timeout: float = 30.0) -> None:
+    """Wait until the Redis at ``url`` has served ``n`` more SCAN calls (a sweep is under way), reading
+    ``INFO commandstats`` (which neither writes nor touches a key)."""
+    import time
+
+    import redis
+
+    client = redis.Redis.from_url(url)
+    try:
+        def scans() -> int:
+            return int(client.info("commandstats").get("cmdstat_scan", {}).get("calls", 0))
+
+        start = scans()
+        deadline = time.monotonic() + timeout
+        while scans() < start + n:
+            if time.monotonic() > deadline:
+                pytest.fail(f"no sweep started on {url} within {timeout} s")
+            time.sleep(0.05)
+    finally:
+        client.close()

@@ -155,3 +155,19 @@ def test_exporter_port_out_of_range_is_a_usage_error(kv_cli):
     """Item 13: `watch … --exporter-port 70000` was an internal error (OverflowError, rc 70)."""
     rc, _out, err = kv_cli("watch", "sglang", "--metrics", "http://127.0.0.1:1/metrics", "--exporter-port", "70000")
     assert rc == 2 and "--exporter-port 70000 is not a TCP port" in err, err
+
+
+def test_a_bad_bind_address_says_to_fix_the_address_not_the_port(kv_cli, tmp_path):
+    """Item 17: a bad address said "pick another --port"."""
+    from kvguardian.exporters.http import MetricsHTTPServer
+
+    path = tmp_path / "r.json"
+    path.write_text(Report().to_json())
+    rc, _, err = kv_cli("exporter", "--host", "203.0.113.7", "--port", "0", "--report", str(path))
+    assert rc == 3 and "fix: bind an address of this machine" in err and "port" not in err.split("fix:")[1], err
+    server = MetricsHTTPServer(None, "127.0.0.1", 0)
+    try:
+        rc, _, err = kv_cli("exporter", "--port", str(server.server_address[1]), "--report", str(path))
+    finally:
+        server.close()
+    assert rc == 3 and "fix: pick a free port (0 picks one)" in err, err

@@ -6,7 +6,6 @@ Works without torch: ``pip install 'kv-guardian[redis]'``.
 from __future__ import annotations
 
 import argparse
-import errno
 import functools
 import signal
 import sys
@@ -241,8 +240,9 @@ def run_exporter(args: argparse.Namespace) -> int:
         host, port = exporter.serve(args.port, args.addr, web_config=web)
     except OSError as exc:
         exporter.close()
-        fix = "pick another --port" if exc.errno == errno.EADDRINUSE else \
-            "use an address of this machine (127.0.0.1, 0.0.0.0, or an interface's address) with --addr"
+        from kvguardian.exporters.http import bind_fix
+
+        fix = bind_fix(exc, port_flag="--port", host_flag="--addr")
         raise UsageError(f"cannot serve on {args.addr}:{args.port}: {exc.strerror or exc}; fix: {fix}",
                          exit_code=EXIT_ENVIRONMENT) from None
     done = threading.Event()

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import socket
 import threading
 import time
@@ -30,12 +31,21 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Limits", "MetricsHTTPServer"]
+__all__ = ["Limits", "MetricsHTTPServer", "bind_fix"]
 
 _INDEX = (b"kv-guardian exporter\n\n/metrics  Prometheus metrics (GET or HEAD)\n")
 _REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed",
             408: "Request Timeout", 431: "Request Header Fields Too Large", 500: "Internal Server Error",
             505: "HTTP Version Not Supported"}
+
+
+def bind_fix(exc: OSError, *, port_flag: str = "", host_flag: str = "") -> str:
+    """The fix for a failed bind: another port when the port is taken, else an address of this machine
+    (naming the flag when the caller has one)."""
+    if exc.errno == errno.EADDRINUSE:
+        return "pick a free port" + (f" with {port_flag}" if port_flag else "") + " (0 picks one)"
+    return ("bind an address of this machine (127.0.0.1, 0.0.0.0, or an interface's address)"
+            + (f" with {host_flag}" if host_flag else ""))
 
 
 @dataclass(frozen=True)

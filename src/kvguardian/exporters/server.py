@@ -20,7 +20,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
 from kvguardian._errors import EXIT_ENVIRONMENT, UsageError
-from kvguardian.exporters.http import MetricsHTTPServer
+from kvguardian.exporters.http import MetricsHTTPServer, bind_fix
 from kvguardian.exporters.prometheus import KVGuardianCollector
 from kvguardian.exporters.webconfig import WebConfig
 
@@ -192,9 +192,7 @@ def start_exporter(
         raise
     except OSError as exc:
         registry.unregister(collector)
-        raise UsageError(
-            f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}; fix: pick a free port with --port "
-            "(or port=0)", exit_code=EXIT_ENVIRONMENT,
-        ) from None
+        raise UsageError(f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}; fix: {bind_fix(exc)}",
+                         exit_code=EXIT_ENVIRONMENT) from None
     checker = _Checker(guard, checked, check_interval) if checked is not None and check_interval else None
     return Exporter(collector, registry, server, checker)

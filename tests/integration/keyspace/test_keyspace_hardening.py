@@ -14,7 +14,7 @@ import pytest
 from kvg_redis import RedisProc
 
 from kvg_hostile import HostileServer
-from kvg_testing import cli_command, wait_for_line
+from kvg_testing import cli_command, wait_for_line, wait_for_scans
 
 pytestmark = pytest.mark.services
 
@@ -125,7 +125,7 @@ def test_sigterm_ends_a_scan_like_ctrl_c_with_a_partial_result(tmp_path, sig, co
         cmd = cli_command("redis", "scan", proc.url, "--json", "--batch", "10", "--max-keys-per-sec", "1000",
                           "--fail-on", "never")
         scan = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        time.sleep(2.0)  # well into the sweep (it needs 20 s at 1,000 keys/s)
+        wait_for_scans(proc.url)  # the sweep is under way (it needs 20 s at 1,000 keys/s)
         t0 = time.monotonic()
         scan.send_signal(sig)
         out, err = scan.communicate(timeout=30)
@@ -187,7 +187,8 @@ def test_bad_scan_arguments_are_refused(hostile, kv_cli, argv, fragment):
     (["--interval", "0"], "--interval 0 must be > 0"), (["--interval", "-5"], "out of range"),
     (["--interval", "nan"], "out of range"), (["--top", "-5"], "--top -5"), (["--min-keys", "-1"], "--min-keys -1"),
     (["--port", "70000"], "--port 70000 is not a TCP port"),
-    (["--addr", "203.0.113.7"], "fix: use an address of this machine"),
+    (["--addr", "203.0.113.7"], "fix: bind an address of this machine (127.0.0.1, 0.0.0.0, or an interface's "
+                                "address) with --addr"),
 ])
 def test_bad_exporter_arguments_are_refused(hostile, kv_cli, argv, fragment):
     """Items 13, 14 and 17: --interval 0 swept back to back, --port 70000 was rc 70, a bad --addr said
