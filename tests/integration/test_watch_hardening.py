@@ -45,10 +45,10 @@ def test_markup_and_control_characters_in_label_values_are_shown_escaped(json_ou
         assert "KVG207 idle-kv-usage (warning)" in proc.stdout and "[/x][bold]m[/]\\x1b[2J\\n" in proc.stdout
 
 
-@pytest.mark.parametrize("mode, why", [("not-http", "did not answer valid HTTP (BadStatusLine"),
-                                       ("long-header", "did not answer valid HTTP (LineTooLong"),
+@pytest.mark.parametrize("mode, why", [("not-http", "not a valid HTTP answer (BadStatusLine)"),
+                                       ("long-header", "not a valid HTTP answer (LineTooLong)"),
                                        ("truncated", "sent 36 of the 1000 bytes it announced"),
-                                       ("garbage", "did not answer valid HTTP")])
+                                       ("garbage", "not a valid HTTP answer")])
 def test_servers_that_do_not_speak_good_http_are_scrape_errors(mode, why):
     """Item 13/14: BadStatusLine and LineTooLong were internal errors (rc 70); a truncated body was parsed
     without complaint."""
