@@ -102,14 +102,16 @@ def run(args: argparse.Namespace) -> int:
         events_bind=args.events_bind if vllm else False,
     )
     out = make_reporter("json" if args.json else "console")
-    with stopping(watch.stop):  # Ctrl-C, SIGTERM and SIGHUP end the watch; the report is still printed
+    with stopping(watch.stop) as ending:  # Ctrl-C, SIGTERM and SIGHUP end the watch; the report is still printed
         report = _watch(args, watch, out, web)
     out.findings(report)
     for line in watch.summary_lines():
         out.text(line)
     out.result(report.to_dict())
     out.close()
-    if watch.scrapes == 0 and watch.scrape_errors:  # tried, never reached the server
+    # tried, never reached the server (a scrape in flight when a signal ended the watch was cut off: not counted)
+    failed = sum(watch.scrape_errors.values()) - (1 if ending.signum is not None else 0)
+    if watch.scrapes == 0 and failed > 0:
         raise UsageError(
             f"no scrape of {args.metrics} succeeded ({watch.last_scrape_error}); fix: check that the server "
             "runs and --metrics points at its /metrics", exit_code=EXIT_ENVIRONMENT,
