@@ -94,9 +94,12 @@ def test_redis_diff_prints_hostile_patterns_safely(tmp_path, json_out):
         assert "[/oops][bold red]m[/]\\x1b[2J" in done.stdout
 
 
-def test_run_prints_hostile_argv_and_keeps_the_exit_code():
-    done = cli("run", "--", sys.executable, "-c", "import sys; sys.exit(4)", *HOSTILE)
+def test_run_prints_a_hostile_program_name_and_keeps_the_exit_code(tmp_path):
+    script = tmp_path / f"{HOSTILE[2]}{HOSTILE[5]}{HOSTILE[6]}.py"
+    script.write_text("import sys\nsys.exit(4)\n")
+    done = cli("run", "--", sys.executable, str(script), *HOSTILE)
     assert done.returncode == 4, done.stderr
+    assert "\\x1b[2Jx\\nkv-guardian: all clear" in done.stderr
     assert_safe(done.stderr)
 
 
