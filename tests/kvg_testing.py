@@ -31,3 +31,68 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def cli_command(*args: str) -> list[str]:
+    """The argv that runs the kv-guardian CLI of this checkout."""
+    import sys
+
+    return [sys.executable, "-m", "kvguardian", *args]
+
+
+def wait_for_line(stream, needle: str, timeout: float = 30.0) -> str:  # type: ignore[no-untyped-def]
+    """Read ``stream`` (a text pipe) until a line containing ``needle``; everything read so far is returned.
+    Fails the test on EOF or after ``timeout`` seconds (a watchdog thread closes nothing: it only reads)."""
+    import threading
+
+    seen: list[str] = []
+    found = threading.Event()
+
+    def read() -> None:
+        for line in stream:
+            seen.append(line)
+            if needle in line:
+                found.set()
+                return
+        found.set()
+
+    t = threading.Thread(target=read, daemon=True)
+    t.start()
+    found.wait(timeout)
+    text = "".join(seen)
+    if needle not in text:
+        pytest.fail(f"no line with {needle!r} within {timeout} s; got {text[-2000:]!r}")
+    return text
+
+
+def rendered(render, data) -> str:  # type: ignore[no-untyped-def]
+    """What a reproduction's ``render(data, out)`` prints on a console, as text."""
+    import io
+
+    from kvguardian.report.console import ConsoleReporter
+
+    buf = io.StringIO()
+    render(data, ConsoleReporter(buf))
+    return buf.getvalue()
+
+
+def wait_for_scans(url: str, n: int = 3, timeout: float = 30.0) -> None:
+    """Wait until the Redis at ``url`` has served ``n`` more SCAN calls (a sweep is under way), reading
+    ``INFO commandstats`` (which neither writes nor touches a key)."""
+    import time
+
+    import redis
+
+    client = redis.Redis.from_url(url)
+    try:
+        def scans() -> int:
+            return int(client.info("commandstats").get("cmdstat_scan", {}).get("calls", 0))
+
+        start = scans()
+        deadline = time.monotonic() + timeout
+        while scans() < start + n:
+            if time.monotonic() > deadline:
+                pytest.fail(f"no sweep started on {url} within {timeout} s")
+            time.sleep(0.05)
+    finally:
+        client.close()

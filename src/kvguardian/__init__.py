@@ -6,9 +6,14 @@ reproduction runs.
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+# A library logs, the application decides where it goes: nothing reaches stderr through logging's
+# last-resort handler (kv-guardian's own CLI adds a one-line stderr handler).
+logging.getLogger("kvguardian").addHandler(logging.NullHandler())
 
 __all__ = [
     "CATALOG",

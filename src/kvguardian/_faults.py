@@ -1,7 +1,8 @@
 """Fail-open plumbing: every hook site is named here, and tests can inject a fault at any of them.
 
 An exception inside instrumentation never reaches the model: `FailOpen.handle` counts it in the ledger,
-logs it once per site, and returns. ``Guard(strict=True)`` raises `InstrumentationError` instead.
+logs one warning line once per site (the traceback at debug level) to the ``kvguardian`` logger, and
+returns. ``Guard(strict=True)`` raises `InstrumentationError` instead.
 """
 
 from __future__ import annotations
@@ -56,9 +57,8 @@ class FailOpen:
         if site not in self._logged:
             self._logged.add(site)
             log.warning(
-                "kv-guardian: instrumentation error at %s (%r); the model is unaffected, this site fails open "
+                "kv-guardian: instrumentation error at %s (%s: %s); the model is unaffected, this site fails open "
                 "and further errors here are only counted",
-                site,
-                exc,
-                exc_info=exc,
+                site, type(exc).__name__, exc,
             )
+            log.debug("kv-guardian: traceback of the instrumentation error at %s", site, exc_info=exc)

@@ -24,6 +24,7 @@ __all__ = [
     "Report",
     "Severity",
     "catalog_markdown",
+    "json_default",
 ]
 
 SCHEMA_VERSION = 1
@@ -291,7 +292,7 @@ class Report:
         }
 
     def to_json(self, *, indent: int | None = 2) -> str:
-        return json.dumps(self.to_dict(), indent=indent, sort_keys=False, default=_json_default)
+        return json.dumps(self.to_dict(), indent=indent, sort_keys=False, default=json_default)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Report:
@@ -307,7 +308,9 @@ class Report:
         return cls.from_dict(json.loads(text))
 
 
-def _json_default(obj: object) -> object:
+def json_default(obj: object) -> object:
+    """`json.dumps` ``default=`` for report data: enums by value, sets and tuples as lists, numpy scalars as
+    numbers, anything else as its ``str``."""
     if isinstance(obj, enum.Enum):
         return obj.value
     if isinstance(obj, (set, frozenset, tuple)):

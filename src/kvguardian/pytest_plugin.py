@@ -106,9 +106,18 @@ class KVGuardianPlugin:
         try:
             self.holder_seconds = float(_option(config, "kv_holder_seconds", "kv_holder_seconds"))
         except ValueError:
-            raise pytest.UsageError("kv_holder_seconds must be a number of seconds, e.g. 3.0") from None
+            self.holder_seconds = float("nan")
+        if not 0 < self.holder_seconds < float("inf"):
+            raise pytest.UsageError("kv_holder_seconds must be a number of seconds > 0, e.g. 3.0")
         self.redact = bool(_option(config, "kv_redact", "kv_redact"))
         self.report_path = _option(config, "kv_report", "kv_report") or None
+        if self.report_path:  # one usage error at session start, not a FileNotFoundError in every test
+            from kvguardian.report.output import check_writable
+
+            try:
+                check_writable(self.report_path, "--kv-report")
+            except UsageError as exc:
+                raise pytest.UsageError(str(exc)) from None
 
     def new_guard(self) -> Any:
         from kvguardian.guard import Guard

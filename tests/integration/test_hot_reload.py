@@ -5,6 +5,7 @@ import argparse
 import httpx
 import pytest
 
+from kvg_testing import rendered
 from kvguardian.repro import hot_reload
 from kvguardian.repro.reload_server import create_app, serve
 
@@ -65,7 +66,7 @@ def test_twenty_reloads_grow_linearly_buggy_and_stay_flat_fixed(twenty):
 
 
 def test_render_names_the_ray_api_that_does_not_exist(twenty):
-    text = "\n".join(hot_reload.render(twenty))
+    text = rendered(hot_reload.render, twenty)
     assert "ray.get_runtime_context().get_kv(): that API does not exist in Ray" in text
     assert "held by: class kvguardian.repro.reload_server.LruPrefixService: encode_prefix" in text
     from kvguardian._errors import UsageError

@@ -4,6 +4,7 @@ import argparse
 
 import pytest
 
+from kvg_testing import rendered
 from kvguardian.repro import multimodal
 from kvguardian.repro.vlm import VLM_TINY
 
@@ -67,7 +68,7 @@ def test_communication_per_sequence(data):
 
 
 def test_render_and_argument_checks(data):
-    lines = multimodal.render(data)
+    lines = rendered(multimodal.render, data).splitlines()
     assert any(line.startswith("buggy: after 3 sequences rank 0 holds 12 storages") for line in lines)
     assert lines[-1].endswith("both fixes consistent and leak-free: True")
     from kvguardian._errors import UsageError

@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from kvg_testing import rendered
 from kvguardian.repro import ARTICLE_SECTIONS, REPROS, DemoRow, nonpow2, not_built_rows, section_order
 
 
@@ -15,7 +16,7 @@ def test_nonpow2_measures_sdpa_and_catches_the_control():
     assert 1024 not in data["control_floor"]["caught_lengths"]
     assert data["control_floor"]["alive_bytes_per_call_at_1023"] == 2 * 1 * 1023 * 64 * 4
     assert data["control_ceil"]["clean"] and data["ok"] and not data["claim_reproduced"]
-    text = "\n".join(nonpow2.render(data))
+    text = rendered(nonpow2.render, data)
     assert "the article's claim does not reproduce on this machine's SDPA" in text
     assert not nonpow2._STAGED
 

@@ -85,3 +85,14 @@ def test_bad_ini_value(pytester, value):
     pytester.makeini(f"[pytest]\nkv_holder_seconds = {value}\n")
     result = pytester.runpytest_inprocess("-q")
     assert "kv_holder_seconds must be a number of seconds" in result.stderr.str() + result.stdout.str()
+
+
+def test_an_unwritable_kv_report_is_one_usage_error_at_session_start(pytester):
+    """Issue 13 item 11: `--kv-report /no/such/dir/r.jsonl` failed every kv_no_leak test with a raw
+    FileNotFoundError; now the session refuses to start, with one line naming the option."""
+    pytester.makepyfile("import pytest\n@pytest.mark.kv_no_leak\ndef test_x():\n    pass\n")
+    result = pytester.runpytest_subprocess("-q", "--kv-report", str(pytester.path / "no" / "such" / "r.jsonl"))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    err = result.stderr.str()
+    assert "--kv-report" in err and "folder that does not exist" in err
+    assert "FileNotFoundError" not in err + result.stdout.str() and "passed" not in result.stdout.str()

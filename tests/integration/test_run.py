@@ -86,3 +86,201 @@ def test_unsupported_transformers_is_refused_naming_the_minimum(kv_cli, tmp_path
                           env=env)
     assert rc == 3 and out == "ran\n"
     assert "transformers 4.57.1 is not supported; kv-guardian needs transformers >= 5.0" in err
+
+
+# ---------------------------------------------------------------------------------------------- signals
+SLEEPER = """
+import signal, sys, time
+def stop(signum, frame):
+    print("program got", signal.Signals(signum).name, flush=True)
+    sys.exit(int(sys.argv[1]))
+if len(sys.argv) > 1:
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGHUP, stop)
+print("ready", flush=True)
+time.sleep(60)
+print("slept to the end", flush=True)
+"""
+
+
+def _in_pty(argv, env):
+    """Start ``argv`` as a session leader with a new pseudo-terminal as its controlling terminal (stdin, stdout
+    and stderr), as a shell runs a command: Ctrl-C typed there goes to its whole foreground process group."""
+    import fcntl
+    import subprocess
+    import termios
+
+    master, slave = os.openpty()
+
+    def controlling_tty():
+        os.setsid()
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, preexec_fn=controlling_tty, env=env,
+                            cwd=str(Path(__file__).resolve().parents[2]))
+    os.close(slave)
+    return proc, master
+
+
+def _read_pty(master, proc, until=None, timeout=30.0):
+    import select
+    import time
+
+    out = b""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([master], [], [], 0.1)
+        if ready:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # the other side is closed: everything is read
+                break
+            if not chunk:
+                break
+            out += chunk
+            if until is not None and until.encode() in out:
+                return out.decode(errors="replace")
+        elif proc.poll() is not None and until is None:
+            break
+    return out.decode(errors="replace")
+
+
+def test_ctrl_c_in_a_terminal_reaches_the_program_once(tmp_path):
+    """Issue 13 item 2: the parent used to ignore SIGINT before starting the program, which inherited the
+    ignore: Ctrl-C never raised KeyboardInterrupt and a sleeper ran to its end."""
+    import time
+
+    from kvg_testing import cli_command
+
+    program = tmp_path / "sleeper.py"
+    program.write_text(SLEEPER)
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    proc, master = _in_pty(cli_command("run", "--", sys.executable, str(program)), env)
+    try:
+        assert "ready" in _read_pty(master, proc, until="ready")
+        t0 = time.monotonic()
+        os.write(master, b"\x03")  # Ctrl-C: the terminal signals the foreground process group
+        rest = _read_pty(master, proc, timeout=20)
+        rc = proc.wait(20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(master)
+    assert rc == 130, rest
+    assert time.monotonic() - t0 < 15, "the program slept to its end: Ctrl-C did not reach it"
+    assert rest.count("KeyboardInterrupt") == 1 and "slept to the end" not in rest
+    assert "the program was killed by SIGINT; exit code 130" in rest
+    assert not list(tmp_path.glob("kvg-run-*")), "the temporary folder is removed"
+
+
+@pytest.mark.parametrize("sig, code", [("SIGTERM", 0), ("SIGHUP", 4), ("SIGINT", None)])
+def test_signals_to_run_are_forwarded_waited_for_and_the_report_written(tmp_path, sig, code):
+    """Issue 13 item 3: SIGTERM to `run` used to kill it at once (-15), orphan the program, write no report
+    and leave its kvg-run-* folder behind."""
+    import signal as _signal
+    import subprocess
+    import time
+
+    from kvg_testing import cli_command, wait_for_line
+
+    program = tmp_path / "sleeper.py"
+    program.write_text(SLEEPER)
+    report = tmp_path / "report.json"
+    argv = cli_command("run", "--report", str(report), "--", sys.executable, str(program),
+                       *([] if code is None else [str(code)]))
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "TMPDIR": str(tmp_path)}, start_new_session=True)
+    try:
+        wait_for_line(proc.stdout, "ready")
+        t0 = time.monotonic()
+        proc.send_signal(getattr(_signal, sig))  # to kv-guardian only, as a supervisor does
+        out = proc.stdout.read()
+        rc = proc.wait(20)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, _signal.SIGKILL)
+    assert time.monotonic() - t0 < 15, out
+    data = json.loads(report.read_text())
+    if code is None:  # no handler: KeyboardInterrupt ends the program
+        assert rc == 130 and "KeyboardInterrupt" in out
+    else:
+        assert rc == code and f"program got {sig}" in out
+    assert data["summary"]["program"]["signals"]["forwarded"] == [sig]
+    assert data["summary"]["program"]["exit_code"] == rc
+    assert not list(tmp_path.glob("kvg-run-*"))
+
+
+def test_a_sigkilled_program_says_nothing_was_audited(kv_cli, tmp_path):
+    """Issue 13 item 10: the summary said "0 finding(s)" as if the program had been audited."""
+    rc, _out, err, data = run_cli(kv_cli, tmp_path, sys.executable, "-c",
+                                 "import os, transformers.cache_utils; os.kill(os.getpid(), 9)")
+    assert rc == 137, err
+    assert "nothing was audited: the program was killed by SIGKILL" in err and "0 finding(s)" not in err
+    assert data["summary"]["complete"] is False and data["summary"]["program"]["killed_by"] == "SIGKILL"
+
+
+# ---------------------------------------------------------------------------------------------- item 10
+def test_report_path_is_checked_before_the_program_starts(kv_cli, tmp_path):
+    started = tmp_path / "started"
+    rc, _out, err = kv_cli("run", "--report", str(tmp_path / "no" / "such" / "r.json"), "--", sys.executable, "-c",
+                          f"open({str(started)!r}, 'w'); raise SystemExit(3)")
+    assert rc == 2 and not started.exists(), "refused before the program ran, so nothing it did is lost"
+    assert err.startswith("kv-guardian run: error: --report ") and "folder that does not exist" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_error_lines_name_the_command_not_its_arguments(kv_cli):
+    rc, _out, err = kv_cli("run", "--holder-seconds", "0", "--", sys.executable, "exit3.py")
+    assert rc == 2 and err.startswith("kv-guardian run: error: --holder-seconds 0"), err
+
+
+def test_markup_in_the_program_arguments_keeps_its_exit_code(kv_cli, tmp_path):
+    """Issue 13 item 6: '[/oops]' in argv crashed the summary (MarkupError, rc 70) and lost exit code 5. The
+    arguments are not shown (they may carry prompts); the script's name is, escaped."""
+    script = tmp_path / "[bold red]m\x1b[2J.py"  # a file name cannot hold the "/" of a closing tag
+    script.write_text("import sys\nsys.exit(5)\n")
+    rc, _, err = kv_cli("run", "--", sys.executable, str(script), "[/oops]", "\x1b[2J")
+    assert rc == 5, err
+    assert "[bold red]m\\x1b[2J.py (+2 arguments)" in err and "\x1b" not in err
+
+
+POOL = """
+import multiprocessing as mp
+import sys
+import transformers.cache_utils  # noqa: F401
+
+
+def square(x):
+    return x * x
+
+
+if __name__ == "__main__":
+    with mp.get_context(sys.argv[1]).Pool(1) as pool:
+        print(sum(pool.map(square, range(4))), flush=True)
+"""
+
+
+@pytest.mark.parametrize("method, why", [("spawn", "a multiprocessing worker ended by its pool"),
+                                         ("fork", "a forked child that exited without running exit handlers")])
+def test_multiprocessing_pools_keep_the_exit_code_and_name_the_unaudited_workers(kv_cli, tmp_path, method, why):
+    """Issue 13 item 10: a program exiting 0 after a spawn Pool returned 3; fork workers (os._exit) were
+    silently unaudited."""
+    program = tmp_path / "pool.py"
+    program.write_text(POOL)
+    rc, out, err, data = run_cli(kv_cli, tmp_path, sys.executable, str(program), method)
+    assert rc == 0 and out == "14\n", err
+    (worker,) = data["summary"]["unaudited"]
+    assert why in worker["why"] and data["summary"]["complete"] is False
+    assert f"pid {worker['pid']}: NOT audited: {why}" in err
+
+
+def test_python_dash_e_says_why_it_cannot_audit(kv_cli, tmp_path):
+    """Issue 13 item 10: `run -- python -E leak.py` said "never imported transformers" (rc 0)."""
+    from kvguardian.cli.run import blind_interpreter
+
+    rc, _out, err, data = run_cli(kv_cli, tmp_path, sys.executable, "-E", str(PROGRAMS / "leaky_server.py"), "2")
+    assert rc == 3, err
+    assert "nothing was audited: python -E ignores PYTHONPATH" in err and "never imported" not in err
+    assert data["summary"]["complete"] is False
+    assert blind_interpreter(["python3", "-IB", "x.py"]) and blind_interpreter(["python", "-X", "dev", "-S", "x"])
+    assert blind_interpreter(["python", "-c", "pass", "-E"]) is None and blind_interpreter(["bash", "-E"]) is None

@@ -164,3 +164,28 @@ def test_paged_pool_target_when_the_pool_is_installed():
     assert [t.name for t in targets] == ["paged"]
     assert res.ok, res.verdict()
     assert all(r.max_abs_err < 1e-5 for r in res.rows)
+
+
+def flaky_attention(q, k, v, is_causal=False):
+    """Fails differently at three lengths: raises at 63, returns None at 64, the wrong shape at 65."""
+    n = q.shape[2]
+    if n == 63:
+        raise RuntimeError("kernel launch failed at 63")
+    if n == 64:
+        return None
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
+    return out[:, :, :-1] if n == 65 else out
+
+
+def test_a_callable_failing_at_some_lengths_gives_error_rows_and_the_sweep_goes_on():
+    """Issue 13 item 13: one raising length (or None, or a wrong shape) used to lose the whole sweep."""
+    res = run_sweep([Target("flaky", flaky_attention, "bhsd", "is_causal")], LENGTHS, CFG)
+    by_len = {r.length: r for r in res.rows}
+    assert [r.length for r in res.rows] == LENGTHS, "every length has a row"
+    assert by_len[63].verdict == "ERROR" and "RuntimeError: kernel launch failed at 63" in by_len[63].reasons[0]
+    assert by_len[64].verdict == "ERROR" and "returned NoneType, not an attention output" in by_len[64].reasons[0]
+    assert by_len[65].verdict == "ERROR" and "returned shape (1, 2, 64, 32), expected (1, 2, 65, 32)" in \
+        by_len[65].reasons[0]
+    assert all(by_len[n].verdict == "ok" for n in (1, 127, 128))
+    assert not res.ok and "ERROR at 3 of 6 lengths" in res.verdict()
+    json.dumps(res.to_dict())

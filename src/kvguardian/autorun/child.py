@@ -7,8 +7,9 @@ until the program imports transformers, so programs that never do pay almost not
 
 At exit (an ``atexit`` handler registered first, so it runs after the program's own handlers) it ends the
 requests of manually driven caches, runs `Guard.check`, and writes ``report-<pid>.json`` into the folder named
-by ``KVG_RUN_DIR``. A marker ``started-<pid>`` written when transformers is first seen lets the parent tell
-"never used transformers" from "exited without running exit handlers".
+by ``KVG_RUN_DIR``. A marker ``started-<pid>`` written when transformers is first seen (and ``forked-<pid>`` in
+each child forked after that) lets the parent tell "never used transformers" from "exited without running exit
+handlers" (``os._exit``, a signal, a multiprocessing pool's workers), and say which process it was.
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ def activate() -> None:
     except ValueError:
         _state["options"] = {}
     atexit.register(finish)
+    os.register_at_fork(after_in_child=_forked)
     sys.meta_path.insert(0, _Finder())
     for name in _WATCH:  # already imported (another sitecustomize did it): act now
         if name in sys.modules:
@@ -133,14 +135,24 @@ def _start_guard() -> None:
         install_generate_patch()
 
 
+def _forked() -> None:
+    """In a child forked after transformers was seen: it inherits the guard and must report too."""
+    if _state["status"] is not None and not _state["done"]:
+        _marker("forked")
+
+
 def _marker(kind: str) -> None:
+    """``<kind>-<pid>``: this process has KV to audit; JSON naming its argv and whether multiprocessing
+    started it (a pool's workers end without exit handlers)."""
     folder = _state["dir"]
-    if folder:
-        try:
-            with open(os.path.join(folder, f"{kind}-{os.getpid()}"), "w") as fh:
-                fh.write(" ".join(sys.argv))
-        except OSError:
-            pass
+    if not folder:
+        return
+    worker = "--multiprocessing-fork" in getattr(sys, "orig_argv", ())  # spawn/forkserver children
+    try:
+        with open(os.path.join(folder, f"{kind}-{os.getpid()}"), "w") as fh:
+            json.dump({"argv": list(sys.argv), "multiprocessing": worker}, fh)
+    except (OSError, ValueError, TypeError):
+        pass
 
 
 def finish() -> None:

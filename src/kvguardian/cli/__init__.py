@@ -2,20 +2,24 @@
 
 Every command module has ``NAME``, ``HELP``, ``add_arguments(parser)`` and ``run(args) -> int``. `main`
 turns kv-guardian's own errors into one line on stderr and an exit code; a traceback is shown only for a bug,
-and only with ``KVG_DEBUG=1``.
+and only with ``KVG_DEBUG=1``. Every line it writes is escaped and masked (`kvguardian.report.escape`), and
+the ``kvguardian`` logger's warnings appear on stderr as one line each.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
+import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from kvguardian import __version__
-from kvguardian._errors import EXIT_INTERNAL, EXIT_USAGE, KVGuardianError
+from kvguardian._errors import EXIT_ENVIRONMENT, EXIT_INTERNAL, EXIT_USAGE, KVGuardianError
+from kvguardian.report.escape import visible
 
 __all__ = ["COMMANDS", "build_parser", "main"]
 
@@ -40,8 +44,29 @@ class ArgumentParser(argparse.ArgumentParser):
     """argparse, but a usage error is one line: what, where, and the fix (``--help``)."""
 
     def error(self, message: str) -> NoReturn:
-        sys.stderr.write(f"{self.prog}: error: {message}; see '{self.prog} --help'\n")
+        sys.stderr.write(visible(f"{self.prog}: error: {message}; see '{self.prog} --help'") + "\n")
         raise SystemExit(EXIT_USAGE)
+
+
+class _OneLine(logging.Formatter):
+    """A log record as one escaped line; its traceback only when debugging (``KVG_DEBUG=1``)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = visible(f"kv-guardian: {record.levelname.lower()}: {record.getMessage()}")
+        if record.exc_info and os.environ.get("KVG_DEBUG"):
+            line += "\n" + self.formatException(record.exc_info)
+        return line
+
+
+def _log_to_stderr() -> logging.Handler:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_OneLine())
+    handler.setLevel(logging.DEBUG if os.environ.get("KVG_DEBUG") else logging.WARNING)
+    logger = logging.getLogger("kvguardian")
+    logger.addHandler(handler)
+    if logger.level == logging.NOTSET or logger.level > handler.level:
+        logger.setLevel(handler.level)
+    return handler
 
 
 def build_parser() -> ArgumentParser:
@@ -66,24 +91,59 @@ def main(argv: Sequence[str] | None = None) -> int:
     if run is None:
         parser.print_help()
         return EXIT_USAGE
+    handler = _log_to_stderr()
     try:
-        return int(run(args) or 0)
+        return _run(run, args)
+    finally:
+        logging.getLogger("kvguardian").removeHandler(handler)
+
+
+_WRITE_ERRORS = (errno.ENOSPC, errno.EIO, errno.EDQUOT, errno.EFBIG, errno.EROFS)
+
+
+def _run(run: Callable[[argparse.Namespace], int | None], args: argparse.Namespace) -> int:
+    def say(text: str) -> None:
+        sys.stderr.write(visible(f"kv-guardian {args.command}: {text}") + "\n")
+
+    try:
+        code = int(run(args) or 0)
+        sys.stdout.flush()  # a full disk shows here, not at interpreter exit
+        return code
     except KVGuardianError as exc:
-        sys.stderr.write(f"kv-guardian {args.command}: error: {exc}\n")
+        say(f"error: {exc}")
         return exc.exit_code
     except KeyboardInterrupt:
-        sys.stderr.write(f"kv-guardian {args.command}: interrupted\n")
+        say("interrupted")
         return 130
     except BrokenPipeError:  # e.g. piped into head
+        _quiet_stdout()
         return 0
-    except Exception as exc:  # a bug: one line, the traceback only on request
-        if os.environ.get("KVG_DEBUG"):
-            raise
-        sys.stderr.write(
-            f"kv-guardian {args.command}: internal error: {type(exc).__name__}: {exc} "
-            "(this is a bug in kv-guardian; rerun with KVG_DEBUG=1 for the traceback)\n"
-        )
-        return EXIT_INTERNAL
+    except OSError as exc:
+        if exc.errno not in _WRITE_ERRORS:
+            return _internal(exc, say)
+        _quiet_stdout()
+        say(f"error: cannot write the output: {exc.strerror or exc}; fix: free space or write elsewhere "
+            "(-o FILE)")
+        return EXIT_ENVIRONMENT
+    except Exception as exc:
+        return _internal(exc, say)
+
+
+def _internal(exc: Exception, say: Callable[[str], None]) -> int:
+    """A bug: one line, the traceback only on request."""
+    if os.environ.get("KVG_DEBUG"):
+        raise exc
+    say(f"internal error: {type(exc).__name__}: {exc} "
+        "(this is a bug in kv-guardian; rerun with KVG_DEBUG=1 for the traceback)")
+    return EXIT_INTERNAL
+
+
+def _quiet_stdout() -> None:
+    """Drop what stdout still buffers, so the interpreter's exit does not fail on it again."""
+    try:
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - replaces stdout until exit
+    except OSError:
+        pass
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 import time
 from typing import Any
 
@@ -38,19 +36,20 @@ def _threads(n: int) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvguardian.report.console import console, print_table
+    from kvguardian.report.console import ConsoleReporter
+    from kvguardian.report.reporter import reporting
 
     names = args.only or list(REPROS)
     rows: list[DemoRow] = []
     t0 = time.perf_counter()
-    err = console(stderr=True)
+    err = ConsoleReporter(stderr=True)
     if not 1 <= args.threads <= 1024:
         raise UsageError(f"--threads {args.threads} is out of range; fix: use 1..1024")
     with _threads(args.threads):
         for name in names:
             module = load(name)
             if not args.json:
-                err.print(f"running {name} …", markup=False)
+                err.text(f"running {name} …")
             try:
                 rows.append(module.demo_row())
             except UsageError:
@@ -61,12 +60,8 @@ def run(args: argparse.Namespace) -> int:
     if not args.only:  # the article's five always show, built or not
         rows = sorted(rows + not_built_rows(), key=section_order)
     total = time.perf_counter() - t0
-    if args.json:
-        payload: dict[str, Any] = {"rows": [r.to_dict() for r in rows], "seconds": round(total, 2)}
-        json.dump(payload, sys.stdout, indent=2, default=str)
-        sys.stdout.write("\n")
-    else:
-        print_table(
+    with reporting("json" if args.json else "console") as out:
+        out.table(
             "kv-guardian demo — the article's claims, measured here",
             ["reproduction", "article claims", "measured here", "detector verdict", "fix verified"],
             [
@@ -75,5 +70,6 @@ def run(args: argparse.Namespace) -> int:
                 for r in rows
             ],
         )
-        console().print(f"{len(rows)} reproduction(s) in {total:.1f} s on this machine", markup=False)
+        out.text(f"{len(rows)} reproduction(s) in {total:.1f} s on this machine")
+        out.result({"rows": [r.to_dict() for r in rows], "seconds": round(total, 2)})
     return EXIT_OK if all(r.ok for r in rows) else EXIT_FINDINGS

@@ -6,6 +6,7 @@ Works without torch: ``pip install 'kv-guardian[redis]'``.
 from __future__ import annotations
 
 import argparse
+import functools
 import signal
 import sys
 import threading
@@ -13,8 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from kvguardian._errors import EXIT_ENVIRONMENT, EXIT_OK, EXIT_USAGE, UsageError
+from kvguardian.cli.signals import Ending, interrupting, stopping
 from kvguardian.cli.web_options import add_web_config, web_config
 from kvguardian.findings import Report, Severity
+from kvguardian.report.escape import visible
+from kvguardian.report.output import check_writable
+from kvguardian.report.reporter import reporting
 
 NAME = "redis"
 HELP = "find key-space leaks in Redis: read-only sweeps or RDB snapshots, key patterns, no-TTL/cold verdicts, diffs"
@@ -26,14 +31,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     scan = sub.add_parser("scan", help="sweep a Redis (or Cluster) read-only and report per-pattern leaks",
                           description="Sweep a Redis or Redis Cluster read-only (SCAN + one read-only Lua call per "
                                       "batch) and report key patterns, TTL and idle-time distributions, and leaks.")
-    scan.add_argument("url", help="redis://[USER:PASSWORD@]HOST:PORT[/DB], rediss://…, or unix:///path.sock")
+    scan.add_argument("url", help="redis://[USER:PASSWORD@]HOST:PORT[/DB], rediss://…, or unix:///path.sock "
+                                  "(no password in the URL: $REDISCLI_AUTH, as for redis-cli)")
     _sweep_arguments(scan)
     _output_arguments(scan)
     scan.add_argument("--rdb", action="store_true",
                       help="read a snapshot through the replication handshake instead of probing keys (no server "
                            "CPU per key; the user needs +sync +replconf)")
     _verdict_arguments(scan)
-    scan.set_defaults(_redis=run_scan)
+    scan.set_defaults(redis_run=run_scan)
 
     from kvguardian.cli.redis_rdb import ScanHooks, add_rdb_command
 
@@ -45,7 +51,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     diff.add_argument("--json", action="store_true", help="print rows and findings as JSON")
     diff.add_argument("--top", type=int, default=20, help="patterns shown in the table (default 20)")
     _verdict_arguments(diff)
-    diff.set_defaults(_redis=run_diff)
+    diff.set_defaults(redis_run=run_diff)
 
     exp = sub.add_parser("exporter", help="serve /metrics: O(1) INFO gauges per scrape + the last completed sweep",
                          description="Serve Prometheus /metrics. Every scrape runs INFO keyspace/memory only; "
@@ -58,7 +64,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     _sweep_arguments(exp)
     exp.add_argument("--min-keys", type=int, default=10, help="keys a pattern needs for a finding (default 10)")
     add_web_config(exp)
-    exp.set_defaults(_redis=run_exporter)
+    exp.set_defaults(redis_run=run_exporter)
 
 
 def _output_arguments(p: argparse.ArgumentParser) -> None:
@@ -98,18 +104,25 @@ def _verdict_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    return int(args._redis(args))
+    return int(args.redis_run(args))
 
 
 def _options(args: argparse.Namespace) -> Any:
     from kvguardian.keyspace.sweep import SweepOptions, parse_duration
 
     opts = SweepOptions(batch=args.batch, max_call_ms=args.max_call_ms, nice=args.nice,
-                        max_keys_per_sec=args.max_keys_per_sec, sample=args.sample,
-                        mode=args.mode, cold_after=parse_duration(args.cold_after), cold_freq=args.cold_freq,
+                        max_keys_per_sec=args.max_keys_per_sec, sample=args.sample, mode=args.mode,
+                        cold_after=parse_duration(args.cold_after, "--cold-after"), cold_freq=args.cold_freq,
                         max_patterns=args.max_patterns, collapse_after=args.collapse_after, match=args.match,
                         timeout=args.timeout)
     opts.check()
+    for flag, value, low in (("--top", args.top, 1), ("--min-keys", args.min_keys, 0)):
+        if value < low:
+            raise UsageError(f"{flag} {value} must be >= {low}")
+    for flag, name in (("--output", "output"), ("--prometheus", "prometheus")):
+        path = getattr(args, name, None)
+        if path:  # checked before the sweep, so a finished sweep is never thrown away for a bad path
+            check_writable(path, flag)
     return opts
 
 
@@ -137,57 +150,66 @@ def run_scan(args: argparse.Namespace) -> int:
 
     opts = _options(args)
     old = load_result(args.compare) if args.compare else None  # a bad file fails before the sweep
-    if args.rdb:
-        from kvguardian.cli.redis_rdb import run_scan_rdb
+    with interrupting() as ending:  # SIGTERM and SIGHUP end the sweep as Ctrl-C does, with a partial result
+        if args.rdb:
+            from kvguardian.cli.redis_rdb import run_scan_rdb
 
-        return run_scan_rdb(args, opts, old, emit_scan)
-    stop = threading.Event()
-    show_progress = not args.no_progress and sys.stderr.isatty()
-    with progress_bar(show_progress) as progress:
-        result = sweep(args.url, opts, progress=progress, stop=stop)
-    return emit_scan(args, result, old, command="scan")
+            return run_scan_rdb(args, opts, old, functools.partial(emit_scan, ending=ending))
+        show_progress = not args.no_progress and sys.stderr.isatty()
+        with progress_bar(show_progress) as progress:
+            result = sweep(args.url, opts, progress=progress, stop=threading.Event())
+    return emit_scan(args, result, old, command="scan", ending=ending)
 
 
-def emit_scan(args: argparse.Namespace, result: Any, old: Any, *, command: str) -> int:
+def emit_scan(args: argparse.Namespace, result: Any, old: Any, *, command: str, ending: Ending | None = None) -> int:
     """Findings, outputs and the exit code of a finished scan (live or from an RDB)."""
-    from kvguardian.keyspace.render import print_diff, print_scan
-    from kvguardian.keyspace.verdicts import Thresholds, diff
-
     result = _finalize(args)(result)
-    diff_out = None
-    if old is not None:
-        rows, growth, warnings = diff(old, result, Thresholds(min_keys=args.min_keys))
-        result.findings.extend(growth)
-        diff_out = (rows, growth, warnings)
+    diff_out = _compare(args, old, result) if old is not None else None
     if args.output:
         _write(args.output, result.to_json() + "\n")
     if args.prometheus:
         from kvguardian.keyspace.metrics import exposition
 
         _write(args.prometheus, exposition(result))
-    if args.json:
-        sys.stdout.write(result.to_json() + "\n")
-    elif args.prometheus != "-":
-        print_scan(result, top=args.top)
+    if args.json or args.prometheus != "-":
+        _show(args, result, diff_out)
+    return _scan_exit(args, result, command, ending or Ending())
+
+
+def _compare(args: argparse.Namespace, old: Any, result: Any) -> tuple[Any, Any, Any]:
+    from kvguardian.keyspace.verdicts import Thresholds, diff
+
+    rows, growth, warnings = diff(old, result, Thresholds(min_keys=args.min_keys))
+    result.findings.extend(growth)
+    return rows, growth, warnings
+
+
+def _show(args: argparse.Namespace, result: Any, diff_out: tuple[Any, Any, Any] | None) -> None:
+    from kvguardian.keyspace.render import print_diff, print_scan
+
+    with reporting("json" if args.json else "console") as out:
+        print_scan(result, out, top=args.top)
         if diff_out is not None:
-            print_diff(diff_out[0], Report(findings=diff_out[1]), diff_out[2], top=args.top)
-    if result.incomplete_reason == "interrupted":
-        sys.stderr.write(f"kv-guardian redis {command}: interrupted; the result above is partial (complete: false)\n")
-        return 130
-    if result.incomplete_reason and result.incomplete_reason.startswith("connection lost"):
-        sys.stderr.write(f"kv-guardian redis {command}: error: {result.incomplete_reason}; the result above is "
-                         "partial (complete: false)\n")
-        return EXIT_ENVIRONMENT
-    if result.incomplete_reason and result.incomplete_reason.startswith("damaged or truncated"):
-        sys.stderr.write(f"kv-guardian redis {command}: error: {result.incomplete_reason}; the result above is "
-                         "partial (complete: false)\n")
-        return EXIT_USAGE
+            print_diff(diff_out[0], Report(findings=diff_out[1]), diff_out[2], out, top=args.top)
+        out.result(result.to_dict())
+
+
+def _scan_exit(args: argparse.Namespace, result: Any, command: str, ending: Ending) -> int:
+    def say(text: str) -> None:
+        sys.stderr.write(visible(f"kv-guardian redis {command}: {text}") + "\n")
+
+    reason = result.incomplete_reason or ""
+    if reason == "interrupted":
+        name = signal.Signals(ending.signum or signal.SIGINT).name
+        say(f"interrupted ({name}); the result above is partial (complete: false)")
+        return ending.exit_code
+    if reason.startswith(("connection lost", "damaged or truncated")):
+        say(f"error: {reason}; the result above is partial (complete: false)")
+        return EXIT_ENVIRONMENT if reason.startswith("connection lost") else EXIT_USAGE
     return _exit_code(result.report(), args.fail_on)
 
 
 def run_diff(args: argparse.Namespace) -> int:
-    import json
-
     from kvguardian.keyspace.render import print_diff
     from kvguardian.keyspace.result import load_result
     from kvguardian.keyspace.verdicts import Thresholds, diff
@@ -195,11 +217,9 @@ def run_diff(args: argparse.Namespace) -> int:
     old, new = load_result(args.old), load_result(args.new)
     rows, findings, warnings = diff(old, new, Thresholds(min_keys=args.min_keys))
     report = Report(findings=findings, summary={"old": args.old, "new": args.new})
-    if args.json:
-        payload = {"rows": rows, "warnings": warnings, **report.to_dict()}
-        sys.stdout.write(json.dumps(payload, indent=2, ensure_ascii=False) + "\n")
-    else:
-        print_diff(rows, report, warnings, top=args.top)
+    with reporting("json" if args.json else "console") as out:
+        print_diff(rows, report, warnings, out, top=args.top)
+        out.result({"rows": rows, "warnings": warnings, **report.to_dict()})
     return _exit_code(report, args.fail_on)
 
 
@@ -209,24 +229,31 @@ def run_exporter(args: argparse.Namespace) -> int:
 
     opts = _options(args)
     web = web_config(args)
-    interval = parse_duration(args.interval)
-    exporter = Exporter(args.url, opts, interval=interval, top=args.top, redact=args.redact,
-                        finalize=_finalize(args))
+    interval = parse_duration(args.interval, "--interval")
+    if interval <= 0:
+        raise UsageError(f"--interval {args.interval} must be > 0 (sweeps back to back would load the server); "
+                         "fix: e.g. --interval 5m")
+    if not 0 <= args.port < 65536:
+        raise UsageError(f"--port {args.port} is not a TCP port; fix: use 0-65535 (0 picks a free one)")
+    exporter = Exporter(args.url, opts, interval=interval, top=args.top, finalize=_finalize(args))
     try:
         host, port = exporter.serve(args.port, args.addr, web_config=web)
     except OSError as exc:
-        raise UsageError(f"cannot serve on {args.addr}:{args.port}: {exc.strerror or exc}; pick another --port",
+        exporter.close()
+        from kvguardian.exporters.http import bind_fix
+
+        fix = bind_fix(exc, port_flag="--port", host_flag="--addr")
+        raise UsageError(f"cannot serve on {args.addr}:{args.port}: {exc.strerror or exc}; fix: {fix}",
                          exit_code=EXIT_ENVIRONMENT) from None
-    exporter.start()
-    sys.stderr.write(f"kv-guardian redis exporter: serving {web.scheme}://{host}:{port}/metrics, sweeping every "
-                     f"{interval:g} s\n")
-    sys.stderr.flush()
     done = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: done.set())
     try:
-        done.wait()
-    except KeyboardInterrupt:
-        pass
+        with stopping(done.set):  # SIGINT, SIGTERM and SIGHUP stop serving
+            exporter.start()
+            sys.stderr.write(visible(f"kv-guardian redis exporter: serving {web.scheme}://{host}:{port}/metrics, "
+                                     f"sweeping every {interval:g} s") + "\n")
+            sys.stderr.flush()
+            while not done.wait(1.0):
+                pass
     finally:
         exporter.close()
     return EXIT_OK

@@ -41,7 +41,7 @@ def add_rdb_command(sub: Any, hooks: ScanHooks) -> None:
     rdb.add_argument("--db", type=int, default=None, help="only keys of this database (default: all)")
     hooks.output_arguments(rdb)
     hooks.verdict_arguments(rdb)
-    rdb.set_defaults(_redis=lambda args: run_rdb(args, hooks))
+    rdb.set_defaults(redis_run=lambda args: run_rdb(args, hooks))
 
 
 def _progress_and_stop(args: argparse.Namespace) -> tuple[Any, threading.Event]:

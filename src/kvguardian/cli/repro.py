@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 from kvguardian._errors import EXIT_FINDINGS, EXIT_OK
+from kvguardian.report.reporter import reporting
 from kvguardian.repro import REPROS, load
 
 NAME = "repro"
@@ -20,14 +20,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         rp = sub.add_parser(name, help=module.TITLE, description=(module.__doc__ or module.TITLE).strip())
         module.add_arguments(rp)
         rp.add_argument("--json", action="store_true", help="print the measurements as JSON")
-        rp.set_defaults(_repro=module)
+        rp.set_defaults(repro_module=module)
 
 
 def run(args: argparse.Namespace) -> int:
-    result = args._repro.run(args)
-    if args.json:
-        print(json.dumps(result.to_dict(), indent=2, default=str))
-    else:
-        for line in result.lines:
-            print(line)
+    result = args.repro_module.run(args)
+    with reporting("json" if args.json else "console") as out:
+        result.show(out)
+        out.result(result.to_dict())
     return EXIT_OK if result.ok else EXIT_FINDINGS

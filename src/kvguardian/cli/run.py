@@ -4,13 +4,19 @@ Audits an unmodified program, like ``memray run``: the program runs as a child p
 stdout and stderr; a ``sitecustomize`` put first on its PYTHONPATH instruments transformers when the program
 imports it (every Python process it starts, too). Each top-level ``generate()`` call and each manually driven
 cache is a request. At exit each audited process writes a report; this command merges them, writes
-``--report FILE`` (JSON), prints a summary on stderr, and exits with:
+``--report FILE`` (JSON, checked before the program starts), prints a summary on stderr, and exits with:
 
 * the program's own exit code when it is not 0 (128+N when killed by signal N), after one line saying so;
 * 1 when findings reach ``--fail-on`` (default ``error``);
-* 3 when the program's transformers is unsupported, or it imported transformers but exited without running
-  its exit handlers (``os._exit``, a signal), so nothing could be audited;
+* 3 when nothing could be audited: transformers is unsupported, the interpreter ignores PYTHONPATH
+  (``python -E``/``-I``/``-S``), or every process that used transformers exited without running its exit
+  handlers (``os._exit``, a signal);
 * 127/126 when the program cannot be found/executed, 2 for a usage error; 0 otherwise.
+
+Signals reach the program exactly as without kv-guardian (`kvguardian.autorun.relay`): Ctrl-C raises
+``KeyboardInterrupt`` in it, a SIGTERM/SIGHUP sent to kv-guardian is forwarded, and kv-guardian waits for the
+program, still writes the report (``complete: false`` when a process died without being audited) and exits
+with the program's status.
 """
 
 from __future__ import annotations
@@ -18,16 +24,22 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kvguardian._errors import EXIT_ENVIRONMENT, EXIT_INTERNAL, EXIT_OK, UsageError
+from kvguardian.findings import Finding, Report, Severity
+from kvguardian.report.console import ConsoleReporter
+from kvguardian.report.escape import dumps, visible
+from kvguardian.report.output import check_writable
 
 NAME = "run"
 HELP = "audit an unmodified Python program's KV caches (like `memray run`): kv-guardian run -- python app.py"
@@ -42,8 +54,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "visited (default: %(default)s)")
     p.add_argument("--redact", action="store_true", help="hide dictionary keys in holder chains")
     p.add_argument("--quiet", action="store_true", help="no summary on stderr (the report file is still written)")
-    p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- PROGRAM [ARGS...]",
+    p.add_argument("program", nargs=argparse.REMAINDER, metavar="-- PROGRAM [ARGS...]",
                    help="the program to run, after --")
+
+
+def _say(text: str) -> None:
+    sys.stderr.write(visible(f"kv-guardian run: {text}") + "\n")
+    sys.stderr.flush()
 
 
 def _child_env(folder: str, args: argparse.Namespace) -> dict[str, str]:
@@ -57,6 +74,33 @@ def _child_env(folder: str, args: argparse.Namespace) -> dict[str, str]:
     env[ENV_OPTIONS] = json.dumps({"holder_seconds": args.holder_seconds, "redact": args.redact})
     env.setdefault("KVG_VLLM_AUDIT", "1")  # a vLLM server audits its own KV cache manager (engines/vllm_plugin)
     return env
+
+
+_PYTHON = re.compile(r"^(python|pypy)[0-9.]*(\.exe)?$")
+_BLIND_FLAGS = {"E": "ignores PYTHONPATH", "I": "runs isolated (ignores PYTHONPATH)",
+                "S": "skips the site module (and so sitecustomize)"}
+_FLAGS_WITH_VALUE = set("WXQ")
+
+
+def blind_interpreter(cmd: Sequence[str]) -> str | None:
+    """Why kv-guardian's hook cannot load into ``cmd`` (``python -E app.py``: the flag ignores PYTHONPATH),
+    or None. Only the interpreter's own options, before the script, ``-c`` or ``-m``, are read."""
+    if not cmd or not _PYTHON.match(os.path.basename(cmd[0])):
+        return None
+    args = iter(cmd[1:])
+    for arg in args:
+        if not arg.startswith("-") or arg in ("-", "--") or arg.startswith("--"):
+            return None
+        for i, flag in enumerate(arg[1:]):
+            if flag in _BLIND_FLAGS:
+                return f"python -{flag} {_BLIND_FLAGS[flag]}, which kv-guardian's hook needs; fix: drop -{flag}"
+            if flag in "cm":
+                return None
+            if flag in _FLAGS_WITH_VALUE:
+                if i == len(arg) - 2:
+                    next(args, None)
+                break
+    return None
 
 
 def shown_argv(argv: list[str]) -> list[str]:
@@ -75,156 +119,193 @@ def shown_argv(argv: list[str]) -> list[str]:
     return shown + ([f"(+{len(argv) - keep} arguments)"] if len(argv) > keep else [])
 
 
-def run(args: argparse.Namespace) -> int:
-    from kvguardian.findings import Finding, Report, Severity
-
-    cmd = list(args.command)
+def _program(args: argparse.Namespace) -> list[str]:
+    cmd = list(args.program)
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
     if not cmd:
         raise UsageError("no program to run; fix: kv-guardian run -- python app.py [args...]")
-    if args.holder_seconds <= 0:
-        raise UsageError(f"--holder-seconds {args.holder_seconds} must be > 0")
+    if not args.holder_seconds > 0 or args.holder_seconds == float("inf"):
+        raise UsageError(f"--holder-seconds {args.holder_seconds} must be a number > 0; fix: e.g. 3")
+    if args.report:
+        check_writable(args.report, "--report")
+    return cmd
+
+
+def run(args: argparse.Namespace) -> int:
+    from kvguardian.autorun.relay import run_relaying
+
+    cmd = _program(args)
     if shutil.which(cmd[0]) is None and not (os.sep in cmd[0] and os.path.exists(cmd[0])):
-        sys.stderr.write(f"kv-guardian run: program {cmd[0]!r} not found; fix: check the name or PATH\n")
+        _say(f"program {cmd[0]!r} not found; fix: check the name or PATH")
         return 127
     folder = tempfile.mkdtemp(prefix="kvg-run-")
     t0 = time.monotonic()
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the child; we wait for its report
     try:
         try:
-            proc = subprocess.Popen(cmd, env=_child_env(folder, args))
+            outcome = run_relaying(cmd, _child_env(folder, args))
         except PermissionError:
-            sys.stderr.write(f"kv-guardian run: program {cmd[0]!r} is not executable; fix: chmod +x it\n")
+            _say(f"program {cmd[0]!r} is not executable; fix: chmod +x it")
             return 126
         except OSError as exc:
-            sys.stderr.write(f"kv-guardian run: could not start {cmd[0]!r}: {exc.strerror or exc}\n")
+            _say(f"could not start {cmd[0]!r}: {exc.strerror or exc}")
             return 126
-        rc = proc.wait()
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    seconds = time.monotonic() - t0
-    try:
-        procs, started = _load(folder)
+        audit = load_audit(folder)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+    audit.blind = blind_interpreter(cmd)
+    report = merge(cmd, outcome.returncode, audit, seconds=time.monotonic() - t0,
+                   signals={"received": _names(outcome.received), "forwarded": _names(outcome.forwarded)})
+    if args.report:
+        try:
+            Path(args.report).write_text(dumps(report.to_dict()) + "\n")
+        except OSError as exc:  # checked before the start; gone since: say so, keep the program's code
+            _say(f"error: cannot write --report {args.report}: {exc.strerror or exc}")
+    if not args.quiet:
+        print_summary(report, audit, ConsoleReporter(stderr=True))
+    return exit_code(report, audit, outcome.returncode, Severity.parse(args.fail_on), quiet=args.quiet)
 
+
+def _names(signals: list[int]) -> list[str]:
+    return [_signal_name(s) for s in signals]
+
+
+def _signal_name(sig: int) -> str:
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"
+
+
+@dataclass
+class Audit:
+    """What the audited processes left in the run folder."""
+
+    procs: list[dict[str, Any]] = field(default_factory=list)  # report-<pid>.json contents
+    markers: dict[int, dict[str, Any]] = field(default_factory=dict)  # pid -> started/forked marker
+    blind: str | None = None  # why the interpreter could not load the hook
+
+    def unaudited(self) -> list[dict[str, Any]]:
+        """Processes that had KV to audit but wrote no report, each with why (as far as it can be told)."""
+        done = {p.get("pid") for p in self.procs}
+        out = []
+        for pid, m in sorted(self.markers.items()):
+            if pid in done:
+                continue
+            if m.get("kind") == "forked":
+                why = "a forked child that exited without running exit handlers (os._exit, as multiprocessing " \
+                      "'fork' workers do, or a signal)"
+            elif m.get("multiprocessing"):
+                why = "a multiprocessing worker ended by its pool (terminate) or os._exit"
+            else:
+                why = "exited without running exit handlers (os._exit or a signal)"
+            out.append({"pid": pid, "why": why})
+        return out
+
+
+def load_audit(folder: str) -> Audit:
+    audit = Audit()
+    for path in sorted(Path(folder).iterdir()):
+        kind, _, pid_text = path.name.partition("-")
+        if kind == "report" and path.suffix == ".json":
+            try:
+                audit.procs.append(json.loads(path.read_text()))
+            except (OSError, ValueError) as exc:
+                audit.procs.append({"pid": -1, "status": "error", "message": f"unreadable report {path.name}: {exc}"})
+        elif kind in ("started", "forked") and pid_text.isdigit():
+            try:
+                marker = json.loads(path.read_text() or "{}")
+            except (OSError, ValueError):
+                marker = {}
+            audit.markers[int(pid_text)] = {**(marker if isinstance(marker, dict) else {}), "kind": kind}
+    return audit
+
+
+def merge(cmd: list[str], rc: int, audit: Audit, *, seconds: float, signals: dict[str, list[str]]) -> Report:
+    """One report of every audited process; ``summary.complete`` is false when a process was not audited."""
     findings: list[Finding] = []
-    for p in procs:
+    for p in audit.procs:
         rep = p.get("report")
         if rep:
             for f in Report.from_dict(rep).findings:
                 f.evidence.setdefault("pid", p["pid"])
                 findings.append(f)
-    missing = sorted(set(started) - {p["pid"] for p in procs})
-    summary: dict[str, Any] = {
-        "program": {"argv": shown_argv(cmd), "exit_code": rc, "seconds": round(seconds, 3)},
-        "processes": [{k: v for k, v in p.items() if k != "report"} | {"summary": (p.get("report") or {})
-                                                                         .get("summary")}
-                      | {"argv": shown_argv(list(p.get("argv") or []))} for p in procs],
-        "unaudited_pids": missing,
-    }
-    report = Report(findings=findings, summary=summary)
-    if args.report:
-        try:
-            Path(args.report).write_text(report.to_json())
-        except OSError as exc:
-            raise UsageError(f"cannot write --report {args.report}: {exc.strerror or exc}") from None
-    if not args.quiet:
-        _print_summary(report, procs)
-
+    unaudited = audit.unaudited()
+    reasons = [f"{len(unaudited)} process(es) with KV were not audited"] if unaudited else []
     if rc < 0:
-        sig = -rc
-        try:
-            name = signal.Signals(sig).name
-        except ValueError:
-            name = f"signal {sig}"
-        sys.stderr.write(f"kv-guardian run: the program was killed by {name}; exit code {128 + sig}\n")
-        return 128 + sig
-    if rc != 0:
-        sys.stderr.write(f"kv-guardian run: the program exited with code {rc}; kv-guardian keeps it\n")
-        return rc
-    if any(p.get("status") == "error" for p in procs):
-        msg = next(p.get("message") for p in procs if p.get("status") == "error")
-        sys.stderr.write(f"kv-guardian run: internal error: {msg} (a bug in kv-guardian)\n")
-        return EXIT_INTERNAL
-    unsupported = [p for p in procs if p.get("status") == "unsupported"]
-    if unsupported:
-        sys.stderr.write(f"kv-guardian run: {unsupported[0].get('message')}\n")
-        return EXIT_ENVIRONMENT
-    if missing:
-        sys.stderr.write(
-            f"kv-guardian run: process(es) {missing} imported transformers but exited without running exit "
-            "handlers (os._exit or a signal); their KV was not audited\n"
-        )
-        return EXIT_ENVIRONMENT
-    if not procs and not args.quiet:
-        sys.stderr.write("kv-guardian run: the program never imported transformers; nothing to audit\n")
-    code = report.exit_code(Severity.parse(args.fail_on))
-    return code if code else EXIT_OK
+        reasons.insert(0, f"the program was killed by {_signal_name(-rc)}")
+    if audit.blind:
+        reasons.append(audit.blind)
+    summary: dict[str, Any] = {
+        "program": {"argv": shown_argv(cmd), "exit_code": 128 - rc if rc < 0 else rc, "seconds": round(seconds, 3),
+                    "killed_by": _signal_name(-rc) if rc < 0 else None, "signals": signals},
+        "complete": not reasons,
+        "incomplete_reason": "; ".join(reasons) or None,
+        "processes": [{k: v for k, v in p.items() if k != "report"}
+                      | {"summary": (p.get("report") or {}).get("summary"),
+                         "argv": shown_argv(list(p.get("argv") or []))} for p in audit.procs],
+        "unaudited": unaudited,
+        "unaudited_pids": [u["pid"] for u in unaudited],
+    }
+    return Report(findings=findings, summary=summary)
 
 
-def _load(folder: str) -> tuple[list[dict[str, Any]], list[int]]:
-    procs, started = [], []
-    for path in sorted(Path(folder).iterdir()):
-        if path.name.startswith("report-") and path.suffix == ".json":
-            try:
-                procs.append(json.loads(path.read_text()))
-            except (OSError, ValueError) as exc:
-                procs.append({"pid": -1, "status": "error", "message": f"unreadable report {path.name}: {exc}"})
-        elif path.name.startswith("started-"):
-            try:
-                started.append(int(path.name.split("-", 1)[1]))
-            except ValueError:
-                pass
-    return procs, started
+def print_summary(report: Report, audit: Audit, out: ConsoleReporter) -> None:
+    out.heading("kv-guardian run — KV audit of " + " ".join(report.summary["program"]["argv"])[:200])
+    for p in audit.procs:
+        out.text(_process_line(p))
+        skipped = ((p.get("report") or {}).get("summary") or {}).get("hf", {}).get("skipped_layers")
+        if skipped:
+            out.text(f"    layers without KV (skipped): {skipped}")
+    for u in audit.unaudited():
+        out.text(f"  pid {u['pid']}: NOT audited: {u['why']}", tone="warning")
+    if audit.procs:
+        out.findings(report, per_group=2, more="--report")
+    elif audit.markers:
+        out.text(f"nothing was audited: {report.summary['incomplete_reason']}", tone="warning")
 
 
-def _print_summary(report: Any, procs: list[dict[str, Any]]) -> None:
-    from rich.console import Console
-
-    con = Console(file=sys.stderr, soft_wrap=True, highlight=False)
-    con.print("[bold]kv-guardian run[/] — KV audit of " + " ".join(report.summary["program"]["argv"])[:200],
-              markup=True, highlight=False)
-    for p in procs:
-        s = (p.get("report") or {}).get("summary") or {}
-        if not s:
-            con.print(f"  pid {p['pid']}: {p.get('status')} {p.get('message') or ''}", markup=False)
-            continue
-        ev = s.get("events", {})
-        kv = s.get("kv", {})
-        reuse = (s.get("reuse") or {}).get("by_count") or {}
-        hf = s.get("hf") or {}
-        con.print(
-            f"  pid {p['pid']}: {s.get('requests_seen', 0)} request(s), {ev.get('cache_init', 0)} cache init, "
+def _process_line(p: dict[str, Any]) -> str:
+    s = (p.get("report") or {}).get("summary") or {}
+    if not s:
+        return f"  pid {p['pid']}: {p.get('status')} {p.get('message') or ''}"
+    ev, kv = s.get("events", {}), s.get("kv", {})
+    reuse = (s.get("reuse") or {}).get("by_count") or {}
+    return (f"  pid {p['pid']}: {s.get('requests_seen', 0)} request(s), {ev.get('cache_init', 0)} cache init, "
             f"{ev.get('cache_hit', 0)} hit, {ev.get('cache_evict', 0)} evict, {ev.get('cache_release', 0)} "
             f"release; KV alive at exit {kv.get('total_bytes', 0):,} bytes; reuse rate "
             f"{reuse.get('hit_rate')} over {reuse.get('requests', 0)} request(s); audit "
-            f"{p.get('audit_seconds', 0)} s",
-            markup=False,
-        )
-        if hf.get("skipped_layers"):
-            con.print(f"    layers without KV (skipped): {hf['skipped_layers']}", markup=False)
-    _print_findings(report, con)
+            f"{p.get('audit_seconds', 0)} s")
 
 
-def _print_findings(report: Any, con: Any, per_group: int = 2) -> None:
-    """Findings worst first; of several findings with the same id, severity and holder root, the first
-    ``per_group`` in full and a count of the rest (the JSON report has them all)."""
-    from kvguardian.report.console import _STYLE
-
-    groups: dict[tuple[str, str, str], list[Any]] = {}
-    for f in sorted(report.findings, key=lambda f: -f.severity.rank):
-        root = f.holder_chain[0] if f.holder_chain else ""
-        groups.setdefault((f.id, f.severity.value, root), []).append(f)
-    for items in groups.values():
-        for f in items[:per_group]:
-            con.print(f"[{_STYLE[f.severity]}]{f.id} {f.name} ({f.severity.value})[/] {f.message}", markup=True)
-            if f.holder_chain:
-                con.print("  held by: " + f.render_chain(), markup=False)
-        if len(items) > per_group:
-            con.print(f"  … and {len(items) - per_group} more like this (see --report)", markup=False)
-        con.print(f"  fix: {items[0].fix}", markup=False)
-    counts = report.counts()
-    con.print(f"{len(report.findings)} finding(s): {counts['error']} error, {counts['warning']} warning, "
-              f"{counts['info']} info", markup=False)
+def exit_code(report: Report, audit: Audit, rc: int, fail_on: Severity, *, quiet: bool = False) -> int:
+    """The command's exit code (see the module docstring), after the one line that explains it."""
+    if rc < 0:
+        _say(f"the program was killed by {_signal_name(-rc)}; exit code {128 - rc}")
+        return 128 - rc
+    if rc != 0:
+        _say(f"the program exited with code {rc}; kv-guardian keeps it")
+        return rc
+    errors = [p for p in audit.procs if p.get("status") == "error"]
+    if errors:
+        _say(f"internal error: {errors[0].get('message')} (a bug in kv-guardian)")
+        return EXIT_INTERNAL
+    unsupported = [p for p in audit.procs if p.get("status") == "unsupported"]
+    if unsupported:
+        _say(str(unsupported[0].get("message")))
+        return EXIT_ENVIRONMENT
+    unaudited = audit.unaudited()
+    audited = [p for p in audit.procs if p.get("report")]
+    if audit.blind and not audited:
+        _say(f"nothing was audited: {audit.blind}")
+        return EXIT_ENVIRONMENT
+    if unaudited:
+        pids = [u["pid"] for u in unaudited]
+        _say(f"process(es) {pids} used transformers but exited without running exit handlers (os._exit, a "
+             "signal, a pool's terminate); their KV was not audited (report: complete false)")
+        if not audited:
+            return EXIT_ENVIRONMENT
+    if not audit.procs and not audit.markers and not quiet:
+        _say("the program never imported transformers; nothing to audit")
+    code = report.exit_code(fail_on)
+    return code if code else EXIT_OK

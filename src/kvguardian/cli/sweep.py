@@ -14,11 +14,10 @@ On a GPU with flash-attn installed:
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from typing import Any
 
 from kvguardian._errors import EXIT_ENVIRONMENT, EXIT_FINDINGS, EXIT_OK, UsageError
+from kvguardian.report.reporter import Reporter
 
 NAME = "sweep"
 HELP = "run an attention callable at every length around each power of two and prove memory returns to baseline"
@@ -99,18 +98,16 @@ def run(args: argparse.Namespace) -> int:
                                      layout=args.layout, causal_kw=args.causal_kw)
     if not targets:
         raise UsageError(f"no attention target runs on {device}: " + "; ".join(notes), exit_code=EXIT_ENVIRONMENT)
-    from kvguardian.report.console import console
+    from kvguardian.report.console import ConsoleReporter
+    from kvguardian.report.reporter import reporting
     from kvguardian.repro.threads import torch_threads
 
-    err = console(stderr=True)
+    err = ConsoleReporter(stderr=True)
     with torch_threads(args.threads or torch.get_num_threads()):
-        result = run_sweep(targets, lengths, config, notes=notes, progress=None if args.json else (
-            lambda text: err.print(text, markup=False, soft_wrap=True)))
-    if args.json:
-        json.dump(result.to_dict(), sys.stdout, indent=2, default=str)
-        sys.stdout.write("\n")
-    else:
-        render(result, show=args.show)
+        result = run_sweep(targets, lengths, config, notes=notes, progress=None if args.json else err.text)
+    with reporting("json" if args.json else "console") as out:
+        render(result, out, show=args.show)
+        out.result(result.to_dict())
     return EXIT_OK if result.ok else EXIT_FINDINGS
 
 
@@ -120,50 +117,54 @@ def _fmt_bytes(values: list[int] | None) -> str:
     return " ".join(f"{v:+,}" for v in values)
 
 
-def render(result: Any, *, show: str = "pow2", out: Any = None) -> None:
-    """Print one table per target, the notes, and the verdict."""
-    from kvguardian.report.console import console, print_table
+def render(result: Any, out: Reporter, *, show: str = "pow2") -> None:
+    """One table per target, the notes, and the verdict."""
     from kvguardian.sweep.run import SweepResult
 
     assert isinstance(result, SweepResult)
-    con = out or console()
     cfg = result.config
-    con.print(
+    out.text(
         f"kv-guardian sweep: batch {cfg.batch}, {cfg.heads} heads, head dim {cfg.head_dim}, {cfg.dtype} on "
-        f"{cfg.device}, causal; {cfg.repeats} calls per length after a warm-up; tolerance {cfg.tolerance:,} bytes",
-        markup=False,
-    )
-    probes = ", ".join(f"{k}: {v}" for k, v in result.probes.items())
-    con.print(f"probes: {probes}", markup=False, soft_wrap=True)
-    con.print("columns: alive B = bytes of the storages the call received or returned still alive after it (ledger), "
-              "one value per call; malloc/CUDA Δ B = allocated bytes above the baseline after each call; err = max "
-              "|out - float64 reference| over the last 128 rows", markup=False, soft_wrap=True)
+        f"{cfg.device}, causal; {cfg.repeats} calls per length after a warm-up; tolerance {cfg.tolerance:,} bytes")
+    out.text("probes: " + ", ".join(f"{k}: {v}" for k, v in result.probes.items()))
+    out.text("columns: alive B = bytes of the storages the call received or returned still alive after it (ledger), "
+             "one value per call; malloc/CUDA Δ B = allocated bytes above the baseline after each call; err = max "
+             "|out - float64 reference| over the last 128 rows")
     cuda = any(r.cuda_allocated_delta is not None for r in result.rows)
     for target in result.targets:
-        rows = [r for r in result.rows if r.target == target]
-        if show == "problems":
-            rows = [r for r in rows if r.verdict != "ok"]
-        elif show == "pow2":
-            rows = [r for r in rows if r.kind != "other" or r.verdict != "ok"]
-        cols = ["len", "kind", "ms", "K+V B", "alive B", "malloc Δ B"]
-        if cuda:
-            cols += ["CUDA alloc Δ B", "reserved Δ B", "driver Δ B"]
-        cols += ["err", "verdict"]
-        table = []
-        for r in rows:
-            line = [r.length, r.kind, f"{r.ms:.2f}", f"{r.kv_bytes:,}", _fmt_bytes(r.alive_bytes),
-                    _fmt_bytes(r.malloc_delta)]
-            if cuda:
-                line += [_fmt_bytes(r.cuda_allocated_delta), _fmt_bytes(r.cuda_reserved_delta),
-                         _fmt_bytes(r.cuda_driver_delta)]
-            line += ["—" if r.max_abs_err is None else f"{r.max_abs_err:.1e}", r.verdict]
-            table.append(line)
-        print_table(f"{target}: {len(rows)} of {sum(1 for r in result.rows if r.target == target)} lengths shown",
-                    cols, table, out=con)
-        for r in [r for r in result.rows if r.target == target and r.verdict in ("LEAK", "WRONG")][:3]:
-            con.print(f"  length {r.length}: " + "; ".join(r.reasons), markup=False, soft_wrap=True)
-            if r.holder_chain:
-                con.print("    held by: " + " → ".join(r.holder_chain), markup=False, soft_wrap=True)
+        _target_table(result, target, out, show=show, cuda=cuda)
     for note in result.notes:
-        con.print(f"note: {note}", markup=False, soft_wrap=True)
-    con.print(f"verdict: {result.verdict()} ({result.seconds:.1f} s)", markup=False, soft_wrap=True)
+        out.text(f"note: {note}")
+    out.text(f"verdict: {result.verdict()} ({result.seconds:.1f} s)")
+
+
+def _shown(rows: list[Any], show: str) -> list[Any]:
+    if show == "problems":
+        return [r for r in rows if r.verdict != "ok"]
+    if show == "pow2":
+        return [r for r in rows if r.kind != "other" or r.verdict != "ok"]
+    return rows
+
+
+def _target_table(result: Any, target: str, out: Reporter, *, show: str, cuda: bool) -> None:
+    """The table of one target's lengths, then the reasons of its first three problems."""
+    every = [r for r in result.rows if r.target == target]
+    rows = _shown(every, show)
+    cols = ["len", "kind", "ms", "K+V B", "alive B", "malloc Δ B"]
+    if cuda:
+        cols += ["CUDA alloc Δ B", "reserved Δ B", "driver Δ B"]
+    cols += ["err", "verdict"]
+    table = []
+    for r in rows:
+        line = [r.length, r.kind, f"{r.ms:.2f}", f"{r.kv_bytes:,}", _fmt_bytes(r.alive_bytes),
+                _fmt_bytes(r.malloc_delta)]
+        if cuda:
+            line += [_fmt_bytes(r.cuda_allocated_delta), _fmt_bytes(r.cuda_reserved_delta),
+                     _fmt_bytes(r.cuda_driver_delta)]
+        line += ["—" if r.max_abs_err is None else f"{r.max_abs_err:.1e}", r.verdict]
+        table.append(line)
+    out.table(f"{target}: {len(rows)} of {len(every)} lengths shown", cols, table)
+    for r in [r for r in every if r.verdict in ("LEAK", "WRONG", "ERROR")][:3]:
+        out.text(f"  length {r.length}: " + "; ".join(r.reasons))
+        if r.holder_chain:
+            out.text("    held by: " + " → ".join(r.holder_chain))

@@ -3,28 +3,30 @@
 from __future__ import annotations
 
 import argparse
-import signal
-import sys
-import threading
-from collections.abc import Callable
+import math
 from typing import Any
 
 from kvguardian._errors import EXIT_ENVIRONMENT, UsageError
+from kvguardian.cli.signals import stopping
 from kvguardian.cli.web_options import add_web_config, web_config
 from kvguardian.findings import Finding, Severity
+from kvguardian.report.console import ConsoleReporter
+from kvguardian.report.reporter import Reporter, make_reporter
 
 NAME = "watch"
 HELP = "watch a live vLLM or SGLang server for KV leaks from its metrics and (vLLM) its KV-event stream"
 
 
-def _positive(kind: type) -> Any:
+def _positive(kind: type, *, zero: bool = False) -> Any:
+    """An argparse type: a finite number > 0 (>= 0 with ``zero``)."""
+
     def parse(text: str) -> Any:
         try:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"{text!r} must be > 0")
+        if not (value >= 0 if zero else value > 0) or not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{text!r} must be {'>=' if zero else '>'} 0 (a finite number)")
         return value
 
     return parse
@@ -34,7 +36,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metrics", required=True, metavar="URL", help="the server's Prometheus endpoint (…/metrics)")
     p.add_argument("--interval", type=_positive(float), default=5.0, metavar="S",
                    help="seconds between scrapes (default 5)")
-    p.add_argument("--grace", type=float, default=60.0, metavar="S",
+    p.add_argument("--grace", type=_positive(float, zero=True), default=60.0, metavar="S",
                    help="seconds a suspicious idle state must last before it is a finding (default 60)")
     p.add_argument("--duration", type=_positive(float), default=None, metavar="S",
                    help="stop after S seconds (default: until Ctrl-C or SIGTERM)")
@@ -84,10 +86,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from kvguardian.engines.watch import Watch
-    from kvguardian.report.console import console, print_report
 
-    if args.grace < 0:
-        raise UsageError(f"--grace must be >= 0 seconds, got {args.grace}")
+    if args.exporter_port is not None and not 0 <= args.exporter_port < 65536:
+        raise UsageError(f"--exporter-port {args.exporter_port} is not a TCP port; fix: use 0-65535 (0 picks a "
+                         "free one)")
     web = web_config(args)  # a bad --web-config fails before the watch starts
     vllm = args.engine == "vllm"
     watch = Watch(
@@ -99,44 +101,52 @@ def run(args: argparse.Namespace) -> int:
         tolerance=0 if vllm else args.tolerance, confirm=2 if vllm else args.confirm,
         events_bind=args.events_bind if vllm else False,
     )
-    exporter = None
-    restore = _stop_on_signals(watch)  # Ctrl-C and SIGTERM end the watch; the report is still printed
-    try:
-        if args.exporter_port is not None:
-            exporter = _serve(watch, args.exporter_host, args.exporter_port, web)
-        err = console(stderr=True)
-        watch.on_warning = lambda line: err.print(f"kv-guardian watch: warning: {line}", markup=False, soft_wrap=True)
-        if not args.json:
-            where = f" and KV events at {args.events}" if vllm and args.events else ""
-            until = f"for {args.duration:g} s" if args.duration else "until Ctrl-C"
-            served = f"; metrics on {exporter.url}" if exporter is not None else ""
-            err.print(f"watching {args.engine} at {args.metrics}{where} {until}{served}", markup=False)
-        out = console()
-
-        def show(new: list[Finding]) -> None:
-            for f in new:
-                out.print(f"{f.id} {f.name} ({f.severity.value}) {f.message}", markup=False)
-
-        watch.run(duration=args.duration, on_new=None if args.json else show)
-        report = watch.report()
-    finally:
-        restore()
-        watch.close()
-        if exporter is not None:
-            exporter.close()
-    if args.json:
-        sys.stdout.write(report.to_json() + "\n")
-    else:
-        print_report(report)
-        out = console()
-        for line in watch.summary_lines():
-            out.print(line, markup=False)
-    if watch.scrapes == 0 and watch.scrape_errors:  # tried, never reached the server
+    out = make_reporter("json" if args.json else "console")
+    with stopping(watch.stop) as ending:  # Ctrl-C, SIGTERM and SIGHUP end the watch; the report is still printed
+        report = _watch(args, watch, out, web)
+    out.findings(report)
+    for line in watch.summary_lines():
+        out.text(line)
+    out.result(report.to_dict())
+    out.close()
+    # tried, never reached the server (a scrape in flight when a signal ended the watch was cut off: not counted)
+    failed = sum(watch.scrape_errors.values()) - (1 if ending.signum is not None else 0)
+    if watch.scrapes == 0 and failed > 0:
         raise UsageError(
             f"no scrape of {args.metrics} succeeded ({watch.last_scrape_error}); fix: check that the server "
             "runs and --metrics points at its /metrics", exit_code=EXIT_ENVIRONMENT,
         )
     return report.exit_code(args.fail_on)
+
+
+def _watch(args: argparse.Namespace, watch: Any, out: Reporter, web: Any) -> Any:
+    """Run the watch (with its exporter, if asked for) until the duration or a signal; its report."""
+    exporter = None
+    try:
+        if args.exporter_port is not None:
+            exporter = _serve(watch, args.exporter_host, args.exporter_port, web)
+        err = ConsoleReporter(stderr=True)
+        watch.on_warning = lambda line: err.text(f"kv-guardian watch: warning: {line}", tone="warning")
+        if not args.json:
+            err.text(_banner(args, exporter))
+
+        def show(new: list[Finding]) -> None:
+            for f in new:
+                out.finding(f)
+
+        watch.run(duration=args.duration, on_new=None if args.json else show)
+        return watch.report()
+    finally:
+        watch.close()
+        if exporter is not None:
+            exporter.close()
+
+
+def _banner(args: argparse.Namespace, exporter: Any) -> str:
+    where = f" and KV events at {args.events}" if args.engine == "vllm" and args.events else ""
+    until = f"for {args.duration:g} s" if args.duration else "until Ctrl-C"
+    served = f"; metrics on {exporter.url}" if exporter is not None else ""
+    return f"watching {args.engine} at {args.metrics}{where} {until}{served}"
 
 
 def _serve(watch: Any, host: str, port: int, web: Any = None) -> Any:
@@ -145,16 +155,3 @@ def _serve(watch: Any, host: str, port: int, web: Any = None) -> Any:
 
     return start_exporter(collector=WatchCollector(watch), host=host, port=port, check_interval=None,
                           web_config=web)
-
-
-def _stop_on_signals(watch: Any) -> Callable[[], None]:
-    """Make SIGINT and SIGTERM stop the watch loop; returns a function restoring the previous handlers."""
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
-    previous = {sig: signal.signal(sig, lambda *_: watch.stop()) for sig in (signal.SIGINT, signal.SIGTERM)}
-
-    def restore() -> None:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-    return restore

@@ -55,9 +55,14 @@ class Scrape(dict[str, list[Sample]]):
 
 def check_url(url: str, flag: str = "--metrics") -> str:
     """Validate an http(s) URL; raises `UsageError` naming the flag and the fix."""
-    parts = urllib.parse.urlsplit(url)
+    fix = f"fix: e.g. {flag} http://127.0.0.1:8000/metrics"
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a port out of 0-65535
+    except ValueError as exc:
+        raise UsageError(f"{flag} {url!r}: {exc}; {fix}") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise UsageError(f"{flag} {url!r} is not an http(s) URL; fix: e.g. {flag} http://127.0.0.1:8000/metrics")
+        raise UsageError(f"{flag} {url!r} is not an http(s) URL; {fix}")
     return url
 
 
@@ -70,7 +75,7 @@ def fetch(url: str, timeout: float = 5.0, *, abort: threading.Event | None = Non
 
     Raises:
         ScrapeError: connection refused, the deadline passed (``timeout``), aborted, HTTP status >= 400, a
-            malformed HTTP answer, or a body over 64 MiB.
+            malformed HTTP answer, a body shorter than its Content-Length, or a body over 64 MiB.
     """
     deadline = time.monotonic() + timeout
     for _ in range(4):
@@ -123,6 +128,9 @@ def _get_once(url: str, deadline: float, abort: threading.Event | None) -> tuple
         raise ScrapeError("timeout", f"{url}: it did not answer in full within the scrape timeout")
     if len(body) > _MAX_BODY:
         raise ScrapeError("size", f"{url} returned more than {_MAX_BODY} bytes")
+    if resp.length:  # bytes announced by Content-Length that never came (http.client does not say)
+        raise ScrapeError("http", f"{url} sent {len(body)} of the {len(body) + resp.length} bytes it announced "
+                                  "(Content-Length): the page is truncated")
     return resp.status, resp.getheader("Location"), bytes(body)
 
 

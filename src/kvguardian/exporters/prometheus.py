@@ -21,7 +21,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -31,6 +31,7 @@ from kvguardian._faults import SITES
 from kvguardian.exporters.catalog import by_name
 from kvguardian.findings import CATALOG, Finding, Report
 from kvguardian.ledger import Ledger
+from kvguardian.report.escape import visible
 
 __all__ = [
     "POOL_METRIC_KEYS",
@@ -56,10 +57,29 @@ class PoolMetrics(Protocol):
     def metrics(self) -> Mapping[str, float | int]: ...
 
 
+class _SafeLabels:
+    """Label values may come from outside (a Redis key pattern, a server's label): control and bidi
+    characters are written as visible escapes (``\\x1b``), so the exposition stays one sample per line,
+    safe to print, and readable by every parser; prometheus_client then escapes ``\\``, ``"`` and newlines
+    as the text format requires."""
+
+    def add_metric(self, labels: Sequence[str], *args: Any, **kwargs: Any) -> None:
+        super().add_metric([visible(v) for v in labels], *args, **kwargs)  # type: ignore[misc]
+
+
+class _Gauge(_SafeLabels, GaugeMetricFamily):
+    pass
+
+
+class _Counter(_SafeLabels, CounterMetricFamily):
+    pass
+
+
 def family(name: str) -> GaugeMetricFamily | CounterMetricFamily:
-    """An empty metric family for catalog entry ``name`` (HELP text and labels from the catalog)."""
+    """An empty metric family for catalog entry ``name`` (HELP text and labels from the catalog); label values
+    added to it are made safe (`_SafeLabels`)."""
     spec = by_name(name)
-    cls = CounterMetricFamily if spec.kind == "counter" else GaugeMetricFamily
+    cls = _Counter if spec.kind == "counter" else _Gauge
     return cls(spec.family_name, spec.help, labels=list(spec.labels))
 
 

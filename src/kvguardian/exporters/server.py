@@ -15,13 +15,14 @@ import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from prometheus_client import CollectorRegistry, make_wsgi_app, start_http_server
+from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
 from kvguardian._errors import EXIT_ENVIRONMENT, UsageError
+from kvguardian.exporters.http import MetricsHTTPServer, bind_fix
 from kvguardian.exporters.prometheus import KVGuardianCollector
-from kvguardian.exporters.webconfig import WebConfig, serve_wsgi
+from kvguardian.exporters.webconfig import WebConfig
 
 __all__ = ["DEFAULT_HOST", "DEFAULT_PORT", "Exporter", "MetricsApp", "mount_metrics", "start_exporter"]
 
@@ -90,18 +91,16 @@ def mount_metrics(app: Any, registry: Collector, path: str = "/metrics") -> Metr
 class Exporter:
     """A running in-process exporter: its HTTP server, collector and (optional) periodic check thread."""
 
-    def __init__(self, collector: Collector, registry: CollectorRegistry, server: Any,
-                 thread: threading.Thread, checker: _Checker | None) -> None:
+    def __init__(self, collector: Collector, registry: CollectorRegistry, server: MetricsHTTPServer,
+                 checker: _Checker | None) -> None:
         self.collector = collector
         self.registry = registry
-        self._server = server
-        self._thread = thread
+        self._server: MetricsHTTPServer | None = server
         self._checker = checker
         host, port = server.server_address[:2]
         self.host: str = host
         self.port: int = int(port)
-
-    scheme = "http"  # "https" when served with a web config's TLS
+        self.scheme = server.scheme  # "https" when served with a web config's TLS
 
     @property
     def url(self) -> str:
@@ -114,10 +113,8 @@ class Exporter:
             self._checker.stop()
             self._checker = None
         if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+            self._server.close()
             self._server = None
-            self._thread.join(timeout=5)
 
     def __enter__(self) -> Exporter:
         return self
@@ -189,20 +186,13 @@ def start_exporter(
     registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
     registry.register(collector)
     try:
-        if web_config is not None and (web_config.tls or web_config.auth):
-            server, thread = serve_wsgi(make_wsgi_app(registry), host, port, web_config)
-        else:
-            server, thread = start_http_server(port, addr=host, registry=registry)
+        server = MetricsHTTPServer(registry, host, port, web=web_config)
     except UsageError:
         registry.unregister(collector)
         raise
     except OSError as exc:
         registry.unregister(collector)
-        raise UsageError(
-            f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}; fix: pick a free port with --port "
-            "(or port=0)", exit_code=EXIT_ENVIRONMENT,
-        ) from None
+        raise UsageError(f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}; fix: {bind_fix(exc)}",
+                         exit_code=EXIT_ENVIRONMENT) from None
     checker = _Checker(guard, checked, check_interval) if checked is not None and check_interval else None
-    exporter = Exporter(collector, registry, server, thread, checker)
-    exporter.scheme = web_config.scheme if web_config is not None else "http"
-    return exporter
+    return Exporter(collector, registry, server, checker)

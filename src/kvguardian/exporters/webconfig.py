@@ -15,9 +15,11 @@ redis_exporter and Prometheus itself read::
 Unknown keys are refused (exporter-toolkit reads the file strictly), so a typo never silently leaves an
 endpoint open. One `WebConfig` serves both server kinds kv-guardian runs:
 
-- WSGI (the exporters: ``kv-guardian exporter``, ``redis exporter``, ``watch``): `serve_wsgi` starts a
-  threaded server whose TLS handshake runs in the connection's own thread with a timeout, so a client that
-  stalls the handshake never blocks other scrapes; `BasicAuthWSGI` answers 401 without valid credentials.
+- the exporters (``kv-guardian exporter``, ``redis exporter``, ``watch``, `start_exporter`) are served by
+  `kvguardian.exporters.http.MetricsHTTPServer`, which takes a `WebConfig` for TLS (handshake bounded) and
+  basic auth (bcrypt off its event loop);
+- WSGI apps: `serve_wsgi` starts a threaded server whose TLS handshake runs in the connection's own thread
+  with a timeout; `BasicAuthWSGI` answers 401 without valid credentials.
 - ASGI (the mini OpenAI server, sidecars, middlewares others add): `uvicorn_ssl_options` for uvicorn and
   `BasicAuthASGI` as a middleware, checking bcrypt off the event loop.
 

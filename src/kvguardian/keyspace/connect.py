@@ -1,42 +1,88 @@
 """Connecting to Redis: URLs (``redis://``, ``rediss://``, ``unix://``, ACL user and password), the server's
 facts (version, role, ``maxmemory-policy``, uptime), and the masters to sweep (every master of a Cluster).
 
-Errors a user can fix (bad URL, refused connection, wrong password, missing ACL permission) become one
-`UsageError` line naming the target (never its password) and the fix.
+Errors a user can fix (bad URL, refused connection, wrong password, missing ACL permission, a server that
+is not Redis) become one `UsageError` line naming the target (never its password) and the fix.
+
+Credentials come from the URL (``redis://USER:PASSWORD@HOST``, ``?password=…``) or, as for redis-cli, from
+``REDISCLI_AUTH``; every form is masked as ``***`` in what kv-guardian shows (`display_url`, and any output
+through `kvguardian.report.secrets`).
 """
 
 from __future__ import annotations
 
+import os
+import re
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from kvguardian._errors import EXIT_ENVIRONMENT, UsageError, require
+from kvguardian.report import secrets
 
-__all__ = ["Node", "Topology", "connect", "discover", "display_url", "node_client"]
+__all__ = ["AUTH_ENV", "Node", "Topology", "connect", "discover", "display_url", "node_client"]
 
 SCHEMES = ("redis", "rediss", "unix")
+AUTH_ENV = "REDISCLI_AUTH"  # the password when the URL has none, as redis-cli reads it
+_SECRET_QUERY = re.compile(r"pass|auth|token|secret", re.IGNORECASE)
+_SECRET_PAIR = re.compile(r"((?:pass|auth|token|secret)[^=&/]*=)(?!\*\*\*(?:&|$))[^&]*", re.IGNORECASE)
 
 
 def display_url(url: str) -> str:
-    """The URL with any password replaced by ``***`` (what reports and errors show)."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.netloc.rsplit("@", 1)[1]
-    return urlunsplit((parts.scheme, f"{user}:***@{host}", parts.path, parts.query, parts.fragment))
+    """The URL with every credential (userinfo password, ``password=``-style query values) as ``***``."""
+    try:
+        parts = urlsplit(url)
+        netloc = parts.netloc
+        if parts.password is not None:
+            netloc = f"{parts.username or ''}:***@{netloc.rsplit('@', 1)[1]}"
+        query = urlencode([(k, "***" if _SECRET_QUERY.search(k) else v)
+                           for k, v in parse_qsl(parts.query, keep_blank_values=True)], safe="*")
+        shown = urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+    except ValueError:  # not even a URL: hide whatever sits where credentials would
+        shown = re.sub(r"(?<=://)[^/@]*@", "***@", url)
+    # and anything still shaped like user:password@ or password=…
+    return _SECRET_PAIR.sub(r"\1***", re.sub(r"(?<=:)[^:/@]*@", "***@", shown))
+
+
+def _remember_credentials(url: str) -> str | None:
+    """Register every credential in ``url`` (and ``REDISCLI_AUTH``) for masking; the env password to use."""
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+        query = parse_qsl(parts.query, keep_blank_values=True)
+    except ValueError:
+        return None
+    if password is not None:
+        secrets.remember(password)
+        secrets.remember(unquote(password))
+    for key, value in query:
+        if _SECRET_QUERY.search(key):
+            secrets.remember(value)
+    env = os.environ.get(AUTH_ENV)
+    secrets.remember(env)
+    has_password = password is not None or any(k.lower() == "password" for k, _ in query)
+    return env if env and not has_password else None
 
 
 def _check_url(url: str) -> None:
-    parts = urlsplit(url)
+    where = display_url(url)
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a port out of 0-65535
+    except ValueError as exc:  # its text may quote the URL's credentials: say what is wrong in our words
+        what = "the port is not a number in 0-65535" if "port" in str(exc).lower() else "the host part is malformed"
+        raise UsageError(f"bad Redis URL {where!r}: {what}; fix: e.g. redis://127.0.0.1:6379/0") from None
     if parts.scheme not in SCHEMES:
-        raise UsageError(f"unsupported Redis URL {display_url(url)!r}: the scheme must be one of "
+        raise UsageError(f"unsupported Redis URL {where!r}: the scheme must be one of "
                          f"{', '.join(s + '://' for s in SCHEMES)} (e.g. redis://127.0.0.1:6379/0)")
     if parts.scheme == "unix" and not parts.path:
-        raise UsageError(f"Redis URL {display_url(url)!r} names no socket path; use unix:///path/to/redis.sock")
+        raise UsageError(f"Redis URL {where!r} names no socket path; use unix:///path/to/redis.sock")
     if parts.scheme != "unix" and not parts.hostname:
-        raise UsageError(f"Redis URL {display_url(url)!r} names no host; use redis://HOST:PORT/DB")
+        raise UsageError(f"Redis URL {where!r} names no host; use redis://HOST:PORT/DB")
+    db = parts.path.strip("/") if parts.scheme != "unix" else ""
+    if db and not db.isdigit():
+        raise UsageError(f"Redis URL {where!r} names database {db!r}; fix: a database is a number, e.g. "
+                         "redis://HOST:PORT/0")
 
 
 def connect(url: str, *, timeout: float = 10.0) -> Any:
@@ -46,17 +92,24 @@ def connect(url: str, *, timeout: float = 10.0) -> Any:
         UsageError: a bad URL, or a server that refuses us (exit code 3 for an unreachable server).
         DependencyMissing: redis-py is not installed (``pip install 'kv-guardian[redis]'``).
     """
+    env_password = _remember_credentials(url)
     _check_url(url)
     redis: Any = require("redis", "redis")
+    extra = {"password": env_password} if env_password else {}
     try:
         client = redis.Redis.from_url(
             url, socket_timeout=timeout, socket_connect_timeout=timeout, decode_responses=False,
             retry=redis.retry.Retry(redis.backoff.NoBackoff(), 0),
-            health_check_interval=0,
+            health_check_interval=0, **extra,
         )
     except ValueError as exc:
         raise UsageError(f"bad Redis URL {display_url(url)!r}: {exc}") from None
-    ping(client, display_url(url))
+    try:
+        ping(client, display_url(url))
+    except TypeError as exc:  # redis-py hands unknown ?options to the connection as keyword arguments
+        option = str(exc).rpartition("argument ")[2] or str(exc)
+        raise UsageError(f"Redis URL {display_url(url)!r} has an option redis-py does not know ({option}); fix: "
+                         "drop it (known: db, username, password, socket_timeout, ssl_cert_reqs, …)") from None
     return client
 
 
@@ -78,6 +131,9 @@ def ping(client: Any, where: str) -> None:
     except redis.ResponseError as exc:
         raise UsageError(f"Redis at {where} answered PING with an error: {exc}",
                          exit_code=EXIT_ENVIRONMENT) from None
+    except redis.RedisError as exc:  # InvalidResponse: the reply is not the Redis protocol
+        raise UsageError(f"the server at {where} does not speak the Redis protocol ({exc}); fix: check the host "
+                         "and port (is it Redis, or an HTTP/TLS port?)", exit_code=EXIT_ENVIRONMENT) from None
 
 
 @dataclass
@@ -102,6 +158,7 @@ class Topology:
     policy: str = "noeviction"  # maxmemory-policy
     nodes: list[Node] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    idle_unknown: str | None = None  # why idle times (or LFU counters) cannot be read, e.g. an ACL without them
 
     @property
     def idle_metric(self) -> str:
@@ -179,6 +236,35 @@ def _cluster_masters(seed: Any, where: str) -> list[tuple[str, int]]:
     return sorted(out)
 
 
+def _dbsize(client: Any, where: str, topo: Topology) -> int:
+    """DBSIZE (the progress bar's total); 0 and a warning when the ACL user may not run it."""
+    import redis
+
+    try:
+        return int(client.dbsize())
+    except redis.exceptions.NoPermissionError:
+        topo.warnings.append(f"the ACL user may not run DBSIZE on {where}: the progress has no total and "
+                             "`dbsize` is 0 (grant +dbsize)")
+        return 0
+
+
+def _idle_denied(client: Any, metric: str, where: str) -> str | None:
+    """Why OBJECT IDLETIME (FREQ under LFU) is refused, or None. Asked about a key that does not exist: the
+    ACL check comes first, and a permitted call answers nil, touching nothing."""
+    import redis
+
+    sub = "FREQ" if metric == "freq" else "IDLETIME"
+    try:
+        client.execute_command("OBJECT", sub, "kvguardian:acl-probe:\x00")
+    except redis.exceptions.NoPermissionError:
+        return (f"the ACL user may not run OBJECT {sub} on {where}, so every key's "
+                f"{'LFU counter' if sub == 'FREQ' else 'idle time'} is unknown and KVG301 (cold keys) cannot "
+                f"fire; fix: grant +object|{sub.lower()}")
+    except redis.ResponseError:
+        return None  # e.g. a policy mismatch: the sweep reads the other metric
+    return None
+
+
 def discover(seed: Any, url: str) -> Topology:
     """Facts of the server behind ``seed`` and the nodes to sweep (all masters of a Cluster)."""
     where = display_url(url)
@@ -207,7 +293,8 @@ def discover(seed: Any, url: str) -> Topology:
         node.uptime_s = int(info.get("uptime_in_seconds", 0) or 0)
         repl = _info(node.client, "replication", node_where)
         node.role = str(repl.get("role", "master"))
-        node.dbsize = int(node.client.dbsize())
+        node.dbsize = _dbsize(node.client, node_where, topo)
+        topo.idle_unknown = topo.idle_unknown or _idle_denied(node.client, topo.idle_metric, node_where)
     if any(n.role != "master" for n in topo.nodes):
         topo.warnings.append("the server is a replica: idle times there count from the last replicated write, "
                              "not the last read, so the cold-key verdict (KVG301) is off; sweep the master")

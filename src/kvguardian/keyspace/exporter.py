@@ -19,7 +19,7 @@ from kvguardian.exporters.prometheus import family
 from kvguardian.keyspace.connect import connect, display_url
 from kvguardian.keyspace.metrics import info_families, sweep_families
 from kvguardian.keyspace.result import ScanResult
-from kvguardian.keyspace.sweep import SweepOptions, sweep
+from kvguardian.keyspace.sweep import IDLE_UNKNOWN, SweepOptions, sweep
 
 __all__ = ["Exporter"]
 
@@ -30,12 +30,11 @@ class Exporter:
     """Owns the sweep thread, the last completed sweep, and the collector; `serve` adds the HTTP server."""
 
     def __init__(self, url: str, options: SweepOptions | None = None, *, interval: float = 300.0, top: int = 50,
-                 redact: bool = False, finalize: Any = None) -> None:
+                 finalize: Any = None) -> None:
         self.url = url
         self.options = options or SweepOptions()
         self.interval = interval
         self.top = top
-        self.redact = redact
         self.finalize = finalize  # callable(ScanResult) -> ScanResult: verdicts and redaction
         self.last: ScanResult | None = None  # replaced whole, never mutated: scrapes read it without a lock
         self.sweeps_total = 0
@@ -56,7 +55,7 @@ class Exporter:
         if self.finalize is not None:
             result = self.finalize(result)
         self.sweeps_total += 1
-        if result.complete or result.incomplete_reason == "sample":
+        if result.complete or result.incomplete_reason in ("sample", IDLE_UNKNOWN):  # every key was seen
             self.last = result
         else:
             self.sweep_errors_total += 1
@@ -101,26 +100,29 @@ class Exporter:
 
     def serve(self, port: int, addr: str = "127.0.0.1", *, web_config: Any = None) -> tuple[str, int]:
         """Serve /metrics on ``addr:port`` (127.0.0.1 unless told otherwise), with ``web_config``'s TLS and
-        basic auth when given; returns the bound address."""
-        from prometheus_client import CollectorRegistry, make_wsgi_app, start_http_server
+        basic auth when given; returns the bound address.
 
-        from kvguardian.exporters.webconfig import serve_wsgi
+        Raises:
+            OSError: the address cannot be bound.
+            UsageError: the web config's certificate cannot be loaded.
+        """
+        from prometheus_client import CollectorRegistry
+
+        from kvguardian.exporters.http import MetricsHTTPServer
 
         registry = CollectorRegistry(auto_describe=False)
         registry.register(self)  # type: ignore[arg-type]
-        if web_config is not None and (web_config.tls or web_config.auth):
-            server, _thread = serve_wsgi(make_wsgi_app(registry), addr, port, web_config)
-        else:
-            server, _thread = start_http_server(port, addr=addr, registry=registry)
-        self._server = server
-        host, bound = server.server_address[:2]
+        self._server = MetricsHTTPServer(registry, addr, port, web=web_config)
+        host, bound = self._server.server_address[:2]
         return str(host), int(bound)
 
     def close(self) -> None:
+        """Stop serving at once; a sweep in flight sees the stop at its next batch (its thread is a daemon,
+        so a server that hangs cannot hold the exit)."""
         self._stop.set()
         if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+            self._server.close()
+            self._server = None
         if self._thread is not None:
-            self._thread.join(timeout=self.options.timeout + 5)
+            self._thread.join(timeout=1.0)
         self._info_client.close()

@@ -1,4 +1,5 @@
-"""Terminal output of a sweep and of a diff (rich tables); a progress bar with keys/s and an ETA."""
+"""The output of a sweep and of a diff, through a `Reporter` (tables, warnings, findings, the JSON result);
+a progress bar with keys/s and an ETA."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from typing import Any
 from kvguardian.findings import Report
 from kvguardian.keyspace.result import ScanResult
 from kvguardian.keyspace.verdicts import human_bytes, human_seconds
-from kvguardian.report.console import console, print_report, print_table
+from kvguardian.report.console import console
+from kvguardian.report.reporter import Reporter
 
 __all__ = ["print_diff", "print_scan", "progress_bar"]
 
@@ -19,14 +21,14 @@ def _ttl_text(ttl: dict[str, int]) -> str:
     return " ".join(parts) or "—"
 
 
-def print_scan(result: ScanResult, *, top: int = 20, out: Any = None) -> None:
-    con = out or console()
+def print_scan(result: ScanResult, out: Reporter, *, top: int = 20) -> None:
+    """The header line, the pattern table, warnings and findings of one sweep."""
     state = "complete" if result.complete else f"INCOMPLETE ({result.incomplete_reason})"
     nodes = result.server.get("nodes") or []
-    con.print(
+    out.text(
         f"{result.target}: {result.keys_scanned} of {result.dbsize} keys on {len(nodes)} node(s) in "
         f"{result.duration_s:.1f} s ({result.keys_per_s:,.0f} keys/s, {result.mode}), {human_bytes(result.bytes)}, "
-        f"{result.keys_vanished} vanished mid-scan — {state}", markup=False)
+        f"{result.keys_vanished} vanished mid-scan — {state}")
     idle_key = "idle_s" if result.idle_metric == "idletime" else "lfu_freq"
     rows = []
     for p in result.patterns[:top]:
@@ -40,31 +42,31 @@ def print_scan(result: ScanResult, *, top: int = 20, out: Any = None) -> None:
             f"{p['cold_keys']:,} ({human_bytes(p['cold_bytes'])})", idle, _ttl_text(p["ttl"]),
             " ".join(f"{k}:{v}" for k, v in p["types"].items()),
         ])
-    print_table(
+    out.table(
         f"key patterns by memory (top {min(top, len(result.patterns))} of {len(result.patterns)})",
         ["pattern", "keys", "bytes", "p50 / max", "no TTL", "cold", "idle p50/p90/max" if idle_key == "idle_s"
          else "LFU p50/p90/max", "TTL", "types"],
-        rows, out=con)
+        rows)
     for w in result.warnings:
-        con.print(f"warning: {w}", markup=False)
-    print_report(Report(findings=list(result.findings)), out=con)
+        out.text(f"warning: {w}", tone="warning")
+    out.findings(Report(findings=list(result.findings)))
 
 
-def print_diff(rows: list[dict[str, Any]], report: Report, warnings: list[str], *, top: int = 20,
-               out: Any = None) -> None:
-    con = out or console()
+def print_diff(rows: list[dict[str, Any]], report: Report, warnings: list[str], out: Reporter, *,
+               top: int = 20) -> None:
+    """The growth table, warnings and findings of a diff."""
     shown = sorted(rows, key=lambda r: -abs(r["bytes_delta"]))[:top]
-    print_table(
+    out.table(
         "key-space growth per pattern",
         ["pattern", "keys old → new", "Δ keys", "keys/h", "bytes old → new", "bytes/h", "coll. bytes/key"],
         [[r["pattern"] + (" (new)" if r["new_pattern"] else ""), f"{r['keys_old']:,} → {r['keys_new']:,}",
           f"{r['keys_delta']:+,}", f"{r['keys_per_hour']:+,.0f}",
           f"{human_bytes(r['bytes_old'])} → {human_bytes(r['bytes_new'])}", human_bytes(r["bytes_per_hour"]),
           f"{human_bytes(r['collection_bytes_per_key_old'])} → {human_bytes(r['collection_bytes_per_key_new'])}"]
-         for r in shown], out=con)
+         for r in shown])
     for w in warnings:
-        con.print(f"warning: {w}", markup=False)
-    print_report(report, out=con)
+        out.text(f"warning: {w}", tone="warning")
+    out.findings(report)
 
 
 @contextmanager

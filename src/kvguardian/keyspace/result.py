@@ -9,7 +9,11 @@ Top level:
 ``version``            ``1``
 ``target``             the URL without its password
 ``started``            Unix time the sweep started; ``finished``: when it stopped; ``duration_s``
-``complete``           false when interrupted (Ctrl-C), cut short by ``--sample``, or the server was lost
+``created``            when this result was made (= ``finished``; what ``kv-guardian exporter`` exports as
+                       ``kvguardian_last_check_timestamp_seconds``, so a staleness alert can fire)
+``complete``           false when interrupted (Ctrl-C, SIGTERM), cut short by ``--sample``, the server was
+                       lost, or idle times could not be read (``"idle times unknown"``: an ACL without
+                       ``+object|idletime``)
 ``incomplete_reason``  why not complete, or null
 ``sample``             the ``--sample`` limit, or null
 ``mode``               ``"lua"`` or ``"pipeline"``; ``mode_reason`` says why
@@ -38,12 +42,14 @@ histograms (±9 %). Key names are UTF-8 with ``\\xNN`` escapes for other bytes, 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kvguardian._errors import UsageError
 from kvguardian.findings import Finding, Report
+from kvguardian.report.escape import dumps
 
 __all__ = ["SCHEMA", "VERSION", "ScanResult", "key_text", "load_result"]
 
@@ -95,7 +101,9 @@ class ScanResult:
         return self.keys_scanned / self.duration_s if self.duration_s > 0 else 0.0
 
     def report(self) -> Report:
-        return Report(findings=list(self.findings), summary={"target": self.target, "keys": self.keys_scanned})
+        """The findings as a `Report` made when the sweep finished."""
+        return Report(findings=list(self.findings), summary={"target": self.target, "keys": self.keys_scanned},
+                      created=self.finished or self.started)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -104,6 +112,7 @@ class ScanResult:
             "target": self.target,
             "started": self.started,
             "finished": self.finished,
+            "created": self.finished or self.started,
             "duration_s": round(self.duration_s, 3),
             "complete": self.complete,
             "incomplete_reason": self.incomplete_reason,
@@ -125,7 +134,7 @@ class ScanResult:
         }
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, ensure_ascii=False)
+        return dumps(self.to_dict())
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, where: str = "the scan file") -> ScanResult:
@@ -137,24 +146,105 @@ class ScanResult:
             raise UsageError(f"{where} has scan schema version {data.get('version')!r}; this kv-guardian reads "
                              f"version {VERSION}")
         try:
-            patterns = list(data["patterns"])
-            for p in patterns:
-                if not isinstance(p, dict) or not isinstance(p["pattern"], str) or int(p["keys"]) < 0:
-                    raise ValueError(f"bad pattern entry {str(p)[:80]}")
-            return cls(
-                target=str(data["target"]), started=float(data["started"]), finished=float(data["finished"]),
-                complete=bool(data["complete"]), incomplete_reason=data.get("incomplete_reason"),
-                sample=data.get("sample"), mode=str(data.get("mode", "")),
-                mode_reason=str(data.get("mode_reason", "")), server=dict(data.get("server") or {}),
-                idle_metric=str(data.get("idle_metric", "idletime")), cold_after=float(data.get("cold_after", 0)),
-                dbsize=int(data.get("dbsize", 0)), keys_scanned=int(data["keys_scanned"]),
-                keys_vanished=int(data.get("keys_vanished", 0)), bytes=int(data.get("bytes", 0)),
-                redacted=bool(data.get("redacted", False)), warnings=list(data.get("warnings") or []),
-                patterns=patterns, findings=[Finding.from_dict(f) for f in data.get("findings") or []],
-            )
-        except (KeyError, TypeError, ValueError) as exc:
+            return cls._parse(data)
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError, UsageError) as exc:
             raise UsageError(f"{where} is a damaged kv-guardian Redis scan ({type(exc).__name__}: {exc}); "
                              "scan again") from None
+
+    @classmethod
+    def _parse(cls, data: dict[str, Any]) -> ScanResult:
+        patterns = data["patterns"]
+        if not isinstance(patterns, list):
+            raise ValueError("'patterns' must be a list")
+        for p in patterns:
+            _check_pattern(p)
+        return cls(
+            target=str(data["target"]), started=_time(data, "started"), finished=_time(data, "finished"),
+            complete=_bool(data["complete"]), incomplete_reason=_opt_str(data.get("incomplete_reason")),
+            sample=_opt_int(data.get("sample")), mode=str(data.get("mode", "")),
+            mode_reason=str(data.get("mode_reason", "")), server=_server(data.get("server") or {}),
+            idle_metric=str(data.get("idle_metric", "idletime")), cold_after=_number(data.get("cold_after", 0)),
+            dbsize=_count(data.get("dbsize", 0)), keys_scanned=_count(data["keys_scanned"]),
+            keys_vanished=_count(data.get("keys_vanished", 0)), bytes=_count(data.get("bytes", 0)),
+            redacted=_bool(data.get("redacted", False)), warnings=[str(w) for w in data.get("warnings") or []],
+            patterns=patterns, findings=[Finding.from_dict(f) for f in data.get("findings") or []],
+        )
+
+
+_PATTERN_COUNTS = ("keys", "bytes", "bytes_p50", "bytes_max", "no_ttl_keys", "no_ttl_bytes", "cold_keys",
+                   "cold_bytes", "collection_keys", "collection_bytes")
+
+
+def _check_pattern(p: Any) -> None:
+    """One pattern row as the verdicts, the diff, the tables and the metrics read it (fills defaults)."""
+    if not isinstance(p, dict) or not isinstance(p.get("pattern"), str):
+        raise ValueError(f"bad pattern entry {str(p)[:80]!r}")
+    name = p["pattern"][:60]
+    for k in _PATTERN_COUNTS:
+        p[k] = _count(p[k] if k in ("keys", "bytes") else p.get(k, 0), f"{name!r}: {k}")
+    for k in ("ttl", "types"):
+        p[k] = {str(kk): _count(v, f"{name!r}: {k}[{kk!r}]") for kk, v in _dict(p.get(k, {})).items()}
+    for k in ("idle_s", "lfu_freq"):
+        if k in p:
+            p[k] = {q: None if v is None else _number(v, f"{name!r}: {k}[{q!r}]") for q, v in _dict(p[k]).items()}
+    for k in ("example_key", "example_cold_key"):
+        if p.get(k) is not None and not isinstance(p[k], str):
+            raise ValueError(f"{name!r}: {k} must be a string or null")
+    p["overflow"] = _bool(p.get("overflow", False))
+    p["placeholders"] = [str(x) for x in p.get("placeholders") or []]
+    top = p.get("top_keys", [])
+    if not isinstance(top, list) or not all(isinstance(t, dict) and isinstance(t.get("key"), str) for t in top):
+        raise ValueError(f"{name!r}: top_keys must be a list of {{key, bytes}}")
+    for t in top:
+        t["bytes"] = _count(t.get("bytes", 0), f"{name!r}: top_keys.bytes")
+
+
+def _server(v: Any) -> dict[str, Any]:
+    server = _dict(v)
+    nodes = server.get("nodes") or []
+    if not isinstance(nodes, list) or not all(isinstance(n, dict) and isinstance(n.get("role", ""), str)
+                                              for n in nodes):
+        raise ValueError("server.nodes must be a list of {addr, role, …}")
+    return server
+
+
+def _number(v: Any, what: str = "a number") -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise ValueError(f"{what} must be a finite number, got {str(v)[:40]!r}")
+    return float(v)
+
+
+def _time(data: dict[str, Any], key: str) -> float:
+    value = _number(data[key], f"{key!r}")
+    if value < 0:
+        raise ValueError(f"{key!r} must be a Unix time >= 0, got {value}")
+    return value
+
+
+def _count(v: Any, what: str = "a count") -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise ValueError(f"{what} must be an integer >= 0, got {str(v)[:40]!r}")
+    return v
+
+
+def _bool(v: Any) -> bool:
+    if not isinstance(v, bool):
+        raise ValueError(f"expected true or false, got {str(v)[:40]!r}")
+    return v
+
+
+def _opt_str(v: Any) -> str | None:
+    return None if v is None else str(v)
+
+
+def _opt_int(v: Any) -> int | None:
+    return None if v is None else _count(v, "'sample'")
+
+
+def _dict(v: Any) -> dict[str, Any]:
+    if not isinstance(v, dict):
+        raise ValueError(f"expected an object, got {str(v)[:40]!r}")
+    return v
 
 
 def load_result(path: str | Path) -> ScanResult:
@@ -164,9 +254,19 @@ def load_result(path: str | Path) -> ScanResult:
         text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise UsageError(f"cannot read scan file {str(p)!r}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"scan file {str(p)!r} is not UTF-8 text (byte {exc.start}); write one with: "
+                         "kv-guardian redis scan URL --json > FILE") from None
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise UsageError(f"scan file {str(p)!r} is not JSON (line {exc.lineno}: {exc.msg}); "
+        data = json.loads(text, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as exc:
+        where = (f"line {exc.lineno}: {exc.msg}" if isinstance(exc, json.JSONDecodeError)
+                 else "nested too deep" if isinstance(exc, RecursionError) else str(exc))
+        raise UsageError(f"scan file {str(p)!r} is not JSON ({where}); "
                          "write one with: kv-guardian redis scan URL --json > FILE") from None
     return ScanResult.from_dict(data, where=f"scan file {str(p)!r}")
+
+
+def _no_constant(name: str) -> None:
+    """``NaN``, ``Infinity`` and ``-Infinity`` are not JSON (Python's parser accepts them by default)."""
+    raise ValueError(f"{name} is not a JSON value")

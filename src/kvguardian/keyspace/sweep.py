@@ -13,6 +13,7 @@ process mines the last one. It ends in one of four ways, always with a `ScanResu
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -32,6 +33,8 @@ from kvguardian.keyspace.stats import PatternStats
 __all__ = ["SweepOptions", "mine_and_count", "parse_duration", "sweep"]
 
 Progress = Callable[[int, int], None]  # (keys probed so far, total expected)
+IDLE_UNKNOWN = "idle times unknown"  # incomplete_reason of a full sweep whose idle times could not be read
+MAX_SECONDS = 3650 * 86400.0  # longest duration accepted (ten years; Redis idle times wrap long before)
 
 
 @dataclass
@@ -53,32 +56,41 @@ class SweepOptions:
     timeout: float = 10.0  # socket timeout: a dead server ends the sweep, never hangs it
 
     def check(self) -> None:
+        """Raises `UsageError` naming the option, the value and the range."""
         if not 0 <= self.batch <= 10_000:
             raise UsageError(f"--batch {self.batch} is out of range; use 1..10000, or 0 to adapt to --max-call-ms")
         if not 0.05 <= self.max_call_ms <= 1000:
             raise UsageError(f"--max-call-ms {self.max_call_ms:g} is out of range; use 0.05..1000 (default 0.5)")
         if not 0 <= self.nice <= 19:
             raise UsageError(f"--nice {self.nice} is out of range; use 0..19")
-        if self.max_keys_per_sec is not None and self.max_keys_per_sec <= 0:
-            raise UsageError(f"--max-keys-per-sec {self.max_keys_per_sec} must be > 0")
+        if self.max_keys_per_sec is not None and not 0 < self.max_keys_per_sec < math.inf:
+            raise UsageError(f"--max-keys-per-sec {self.max_keys_per_sec} must be a number > 0")
         if self.sample is not None and self.sample <= 0:
             raise UsageError(f"--sample {self.sample} must be > 0")
         if self.mode not in ("auto", "lua", "pipeline"):
             raise UsageError(f"--mode {self.mode!r}: use auto, lua or pipeline")
-        if self.cold_after < 0 or self.timeout <= 0:
-            raise UsageError("--cold-after must be ≥ 0 and --timeout > 0")
+        if not 0 <= self.cold_after <= MAX_SECONDS:
+            raise UsageError(f"--cold-after {self.cold_after:g} s is out of range; fix: use 0..3650d")
+        if not 0 < self.timeout <= 3600:
+            raise UsageError(f"--timeout {self.timeout:g} must be a number of seconds in (0, 3600]; fix: e.g. 10")
+        for name, value, low in (("--cold-freq", self.cold_freq, 0), ("--max-patterns", self.max_patterns, 1),
+                                 ("--collapse-after", self.collapse_after, 1)):
+            if value < low:
+                raise UsageError(f"{name} {value} must be >= {low}")
 
 
-def parse_duration(text: str) -> float:
-    """``"90"``, ``"90s"``, ``"15m"``, ``"6h"``, ``"7d"`` → seconds; `UsageError` otherwise."""
+def parse_duration(text: str, flag: str = "duration") -> float:
+    """``"90"``, ``"90s"``, ``"15m"``, ``"6h"``, ``"7d"`` → seconds (finite, ≥ 0, at most 3650 days);
+    `UsageError` naming ``flag`` otherwise."""
     t = text.strip().lower()
     mult = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
     try:
-        if t and t[-1] in mult:
-            return float(t[:-1]) * mult[t[-1]]
-        return float(t)
+        seconds = float(t[:-1]) * mult[t[-1]] if t and t[-1] in mult else float(t)
     except ValueError:
-        raise UsageError(f"bad duration {text!r}; use seconds or a unit: 90s, 15m, 6h, 7d") from None
+        raise UsageError(f"bad duration for {flag}: {text!r}; use seconds or a unit: 90s, 15m, 6h, 7d") from None
+    if not 0 <= seconds <= MAX_SECONDS:  # NaN fails too
+        raise UsageError(f"{flag} {text!r} is out of range; fix: use 0 to 3650d")
+    return seconds
 
 
 def mine_and_count(miner: PatternMiner, stats: PatternStats, keys: list[bytes], probe: np.ndarray) -> None:
@@ -200,6 +212,7 @@ def _sweep(url: str, opts: SweepOptions, progress: Progress | None, stop: thread
                    "keys_scanned": scanned[i]} for i, n in enumerate(topo.nodes)],
     }
     result.server["pacing"] = _pacing(opts, sizers, lanes)
+    _mark_idle_unknown(topo, result)
     result.patterns = build_patterns(miner, stats)
     result.bytes = sum(p["bytes"] for p in result.patterns)
     if any(p["overflow"] and p["keys"] for p in result.patterns):
@@ -217,6 +230,15 @@ def _pacing(opts: SweepOptions, sizers: list[BatchSizer], lanes: list[Lane]) -> 
     return {"adaptive": True, "max_call_ms": opts.max_call_ms, "nice": opts.nice,
             "batch_last": [lane.batch for lane in lanes], "worst_call_ms": round(worst * 1000, 3),
             "server_us_per_key": round(1e6 * sum(per_key) / len(per_key), 2) if per_key else None}
+
+
+def _mark_idle_unknown(topo: Topology, result: ScanResult) -> None:
+    """Without idle times the sweep saw every key but cannot judge coldness: warn and mark it incomplete."""
+    if topo.idle_unknown is None:
+        return
+    result.warnings.append(topo.idle_unknown)
+    if result.complete:
+        result.complete, result.incomplete_reason = False, IDLE_UNKNOWN
 
 
 def _warn_uptime(topo: Topology, result: ScanResult, opts: SweepOptions) -> None:

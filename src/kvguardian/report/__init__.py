@@ -1,1 +1,2 @@
-"""Sinks that render findings and reports: terminal text (rich) and JSON. They never mutate the ledger."""
+"""Sinks that render a command's output: one `reporter.Reporter` interface, a console and a JSON reporter,
+and `escape` (what makes data from outside safe to print). They never mutate the ledger."""

@@ -2,7 +2,8 @@
 runs the detector, and verifies the fix.
 
 Each reproduction module defines ``NAME``, ``SECTION``, ``TITLE``, ``add_arguments(parser)`` (its own
-options; ``kv-guardian repro`` adds ``--json`` to every one), ``run(args) -> ReproResult`` and
+options; ``kv-guardian repro`` adds ``--json`` to every one), ``run(args) -> ReproResult``,
+``render(data, out)`` (its measurements, through a `kvguardian.report.reporter.Reporter`) and
 ``demo_row() -> DemoRow``. Register it in `REPROS` (the order is the
 demo table's order).
 """
@@ -10,11 +11,15 @@ demo table's order).
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-__all__ = ["ARTICLE_SECTIONS", "REPROS", "DemoRow", "ReproResult", "load", "not_built_rows", "section_order"]
+from kvguardian.report.reporter import Reporter
+
+__all__ = ["ARTICLE_SECTIONS", "REPROS", "DemoRow", "Renderer", "ReproResult", "load", "not_built_rows",
+           "section_order"]
 
 #: reproduction name -> module, in the order of the article's sections.
 REPROS: dict[str, str] = {
@@ -85,16 +90,26 @@ class DemoRow:
         }
 
 
+#: A reproduction's renderer: its measurements (``data``) to a reporter, after the heading.
+Renderer = Callable[[dict[str, Any], Reporter], None]
+
+
 @dataclass
 class ReproResult:
-    """What ``kv-guardian repro NAME`` measured: data for ``--json`` plus text for the terminal."""
+    """What ``kv-guardian repro NAME`` measured: data for ``--json`` and a renderer for people."""
 
     name: str
     section: str
     title: str
     data: dict[str, Any]  # everything measured, JSON-ready
-    lines: list[str] = field(default_factory=list)  # the readable report, one line each
+    render: Renderer | None = None  # the module's render(data, out)
     ok: bool = True  # detector verdicts and fixes came out as the reproduction expects
+
+    def show(self, out: Reporter) -> None:
+        """The heading (section and title), then what the reproduction's renderer says about ``data``."""
+        out.heading(f"{self.section} {self.title}".strip())
+        if self.render is not None:
+            self.render(self.data, out)
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "section": self.section, "title": self.title, "ok": self.ok, **self.data}

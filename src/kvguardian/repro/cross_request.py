@@ -23,10 +23,12 @@ import contextlib
 import statistics
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from kvguardian._errors import UsageError
 from kvguardian.repro import DemoRow, ReproResult
+from kvguardian.repro.cross_request_report import demo_texts, render
 from kvguardian.repro.models import GRAD_SPEC, TINY, TinySpec, build_llama
 
 NAME = "cross-request"
@@ -94,19 +96,37 @@ def oracle(model: Any, reqs: list[Any]) -> dict[str, list[int]]:
     return out
 
 
-def run_variant(engine_model: Any, reqs: list[Any], variant: str, *, debug: bool, eos: int | None,
-                num_blocks: int) -> dict[str, Any]:
+@dataclass(frozen=True)
+class PoolRun:
+    """How one variant's engine runs: debug checks on or off, the end-of-sequence token, the pool's size."""
+
+    debug: bool
+    eos: int | None
+    num_blocks: int
+
+
+@dataclass(frozen=True)
+class Timing:
+    """The throughput part of the measurement: the model, rounds, system-prompt lengths, variants."""
+
+    spec: TinySpec = GRAD_SPEC
+    rounds: int = 3
+    sys_tokens: tuple[int, int] = (112, 128)
+    variants: tuple[str, ...] = TIMING_VARIANTS
+
+
+def run_variant(engine_model: Any, reqs: list[Any], variant: str, run: PoolRun) -> dict[str, Any]:
     from kvguardian.paged import PagedKVPool
     from kvguardian.paged.engine import Engine, OwnershipScheduler
     from kvguardian.repro.slot_scheduler import SlotScheduler
 
     caching = variant.startswith("sharing")
-    pool = PagedKVPool(num_blocks, BLOCK_SIZE, engine_model.spec, prefix_caching=caching, debug=debug)
+    pool = PagedKVPool(run.num_blocks, BLOCK_SIZE, engine_model.spec, prefix_caching=caching, debug=run.debug)
     if variant.startswith("buggy"):
         scheduler: Any = SlotScheduler(pool, (variant.split()[1],))
     else:
         scheduler = OwnershipScheduler(pool)
-    result = Engine(engine_model, scheduler, max_num_seqs=MAX_NUM_SEQS, eos_token_id=eos).run(reqs)
+    result = Engine(engine_model, scheduler, max_num_seqs=MAX_NUM_SEQS, eos_token_id=run.eos).run(reqs)
     first, first_write = pool.first_fault(), pool.first_fault("KVG202")
     return {
         "outputs": result.outputs,
@@ -128,9 +148,7 @@ def _fault(f: Any) -> dict[str, Any] | None:
             "layer": ev.get("layer"), "message": f.message}
 
 
-def measure(requests: int = DEFAULT_REQUESTS, *, seed: int = 0, timing_spec: TinySpec = GRAD_SPEC,
-            rounds: int = 3, timing_sys_tokens: tuple[int, int] = (112, 128),
-            timing_variants: tuple[str, ...] = TIMING_VARIANTS) -> dict[str, Any]:
+def measure(requests: int = DEFAULT_REQUESTS, *, seed: int = 0, timing: Timing | None = None) -> dict[str, Any]:
     from kvguardian.paged.model import PagedLlama
 
     t0 = time.perf_counter()
@@ -142,39 +160,39 @@ def measure(requests: int = DEFAULT_REQUESTS, *, seed: int = 0, timing_spec: Tin
         engine_model = PagedLlama(model)
         checks = {}
         for variant in CHECK_VARIANTS:
-            v = run_variant(engine_model, reqs, variant, debug=True, eos=eos, num_blocks=256)
+            v = run_variant(engine_model, reqs, variant, PoolRun(debug=True, eos=eos, num_blocks=256))
             diverged = [rid for rid, toks in expected.items() if v["outputs"][rid] != toks]
             v["diverged"] = len(diverged)
             v["diverged_requests"] = diverged[:8]
             del v["outputs"]
             checks[variant] = v
-        timing = measure_timing(timing_spec, requests, seed, rounds, timing_sys_tokens, timing_variants)
+        timed = measure_timing(timing or Timing(), requests, seed)
     buggy = [checks[v] for v in CHECK_VARIANTS if v.startswith("buggy")]
     fixed = [checks["strict"], checks["sharing"]]
     ok = (all(b["diverged"] > 0 and b["first_fault"] is not None for b in buggy)
           and all(f["diverged"] == 0 and not f["faults"] and not f["audit"] for f in fixed)
-          and timing["outputs_agree"])
-    return {"model": TINY.describe(), "timing_model": timing_spec.describe(), "workload": workload,
+          and timed["outputs_agree"])
+    return {"model": TINY.describe(), "timing_model": (timing or Timing()).spec.describe(), "workload": workload,
             "block_size": BLOCK_SIZE, "max_num_seqs": MAX_NUM_SEQS, "torch_threads": 1, "checks": checks,
-            "timing": timing, "article": ARTICLE, "ok": ok, "seconds": time.perf_counter() - t0}
+            "timing": timed, "article": ARTICLE, "ok": ok, "seconds": time.perf_counter() - t0}
 
 
-def measure_timing(spec: TinySpec, requests: int, seed: int, rounds: int, sys_tokens: tuple[int, int],
-                   variants: tuple[str, ...] = TIMING_VARIANTS) -> dict[str, Any]:
+def measure_timing(timing: Timing, requests: int, seed: int) -> dict[str, Any]:
     """Isolation vs sharing (and sharing with the debug checks on), interleaved rounds, medians."""
     from kvguardian.paged.model import PagedLlama
 
-    model = build_llama(spec)
+    rounds, variants = timing.rounds, timing.variants
+    model = build_llama(timing.spec)
     engine_model = PagedLlama(model)
-    reqs, workload = make_workload(requests, spec.vocab, seed + 1, sys_tokens)
-    run_variant(engine_model, reqs[:4], "sharing", debug=False, eos=None, num_blocks=512)  # warm-up, not counted
+    reqs, workload = make_workload(requests, timing.spec.vocab, seed + 1, timing.sys_tokens)
+    run_variant(engine_model, reqs[:4], "sharing", PoolRun(debug=False, eos=None, num_blocks=512))  # warm-up
     samples: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
     outputs: dict[str, Any] = {}
     hit_rate = 0.0
     for _ in range(rounds):
         for variant in variants:
-            v = run_variant(engine_model, reqs, variant.split("+")[0], debug=variant.endswith("+checks"),
-                            eos=None, num_blocks=512)
+            v = run_variant(engine_model, reqs, variant.split("+")[0],
+                            PoolRun(debug=variant.endswith("+checks"), eos=None, num_blocks=512))
             samples[variant].append(v["summary"])
             outputs.setdefault(variant, v["outputs"])
             if variant == "sharing":
@@ -204,21 +222,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> ReproResult:
-    from kvguardian.repro.cross_request_report import render
-
     if not 8 <= args.requests <= 512:
         raise UsageError(f"--requests {args.requests} is out of range; fix: use 8..512")
     if not 1 <= args.rounds <= 20:
         raise UsageError(f"--rounds {args.rounds} is out of range; fix: use 1..20")
-    data = measure(args.requests, seed=args.seed, rounds=args.rounds)
-    return ReproResult(NAME, SECTION, TITLE, data, render(data), ok=data["ok"])
+    data = measure(args.requests, seed=args.seed, timing=Timing(rounds=args.rounds))
+    return ReproResult(NAME, SECTION, TITLE, data, render, ok=data["ok"])
 
 
 def demo_row() -> DemoRow:
-    from kvguardian.repro.cross_request_report import demo_texts
-
     t0 = time.perf_counter()
-    data = measure(DEFAULT_REQUESTS, rounds=1, timing_variants=("sharing", "strict"))
+    data = measure(DEFAULT_REQUESTS, timing=Timing(rounds=1, variants=("sharing", "strict")))
     measured, verdict = demo_texts(data)
     return DemoRow(
         name=NAME, section=SECTION,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvguardian.report.reporter import Reporter
+
 __all__ = ["demo_texts", "render"]
 
 
@@ -14,91 +16,87 @@ def _fault_line(f: dict[str, Any] | None) -> str:
             f"op #{f['op_seq']} {f['operation']}")
 
 
-def render(data: dict[str, Any]) -> list[str]:
-    from kvguardian.repro.cross_request import ARTICLE, CHECK_VARIANTS, SECTION, TIMING_VARIANTS, TITLE
-
+def render(data: dict[str, Any], out: Reporter) -> None:
     w = data["workload"]
-    lines = [
-        f"{SECTION} {TITLE}",
-        f"model: {data['model']}; paged attention over the pool, blocks of {data['block_size']} tokens, "
-        f"at most {data['max_num_seqs']} running, torch on {data['torch_threads']} thread",
-        f"workload: {w['requests']} requests, tenants acme/globex, system prompts {w['system_prompt_tokens']} tokens "
-        f"({w['preamble_tokens_in_common']} in common across tenants), {w['without_system_prompt']} without one; "
-        f"prompts {w['prompt_tokens'][0]}–{w['prompt_tokens'][1]} tokens, {w['max_new_tokens'][0]}–"
-        f"{w['max_new_tokens'][1]} new tokens",
-        "oracle: Hugging Face generate() on the same model, greedy, one request at a time",
-        "",
-        f"{'variant':<20}{'diverged':>10}  {'debug-check findings':<42}audit after the run",
-    ]
-    for name in CHECK_VARIANTS:
-        v = data["checks"][name]
-        faults = " ".join(f"{k}×{n}" for k, n in v["faults"].items()) or "none"
-        audit = " ".join(a["id"] for a in v["audit"]) or "clean"
-        lines.append(f"{name:<20}{v['diverged']:>4}/{w['requests']:<5}  {faults:<42}{audit}")
-    lines.append("")
-    for name in CHECK_VARIANTS:
-        v = data["checks"][name]
-        if not name.startswith("buggy"):
-            continue
-        lines.append(f"{name}: first fault  {_fault_line(v['first_fault'])}")
-        if v["first_fault"]:
-            lines.append(f"    {v['first_fault']['message']}")
-        lines.append(f"{name}: first bad write  {_fault_line(v['first_bad_write'])}")
-        if v["first_bad_write"]:
-            lines.append(f"    {v['first_bad_write']['message']}")
-        if v["diverged_requests"]:
-            lines.append(f"    diverged: {', '.join(v['diverged_requests'])}{' …' if v['diverged'] > 8 else ''}")
-        m = v["metrics"]
-        if m["requests_lost_free"]:
-            lines.append(f"    after the run: {m['requests_lost_free']} finished requests still hold "
-                         f"{m['blocks_orphaned']} blocks (lost frees), residency {m['residency_ratio']:.2f}, "
-                         f"of it undeclared {m['residency_leaked_ratio']:.2f}")
-    m = data["checks"]["sharing"]["metrics"]
-    lines += [
-        f"sharing: prefix hit rate {m['prefix_hit_rate']:.0%} of prompt tokens, {m['cow_copies_total']} copy-on-write, "
-        f"residency {m['residency_ratio']:.2f} (cached blocks kept after the run), fragmentation "
-        f"{m['fragmentation_ratio']:.2f}, evictions {m['evictions_total']}",
-        "",
-    ]
-    t = data["timing"]
+    out.text(f"model: {data['model']}; paged attention over the pool, blocks of {data['block_size']} tokens, "
+             f"at most {data['max_num_seqs']} running, torch on {data['torch_threads']} thread")
+    out.text(f"workload: {w['requests']} requests, tenants acme/globex, system prompts {w['system_prompt_tokens']} "
+             f"tokens ({w['preamble_tokens_in_common']} in common across tenants), {w['without_system_prompt']} "
+             f"without one; prompts {w['prompt_tokens'][0]}–{w['prompt_tokens'][1]} tokens, "
+             f"{w['max_new_tokens'][0]}–{w['max_new_tokens'][1]} new tokens")
+    out.text("oracle: Hugging Face generate() on the same model, greedy, one request at a time")
+    checks = data["checks"]
+    out.table("each pool variant against the oracle", ["variant", "diverged", "debug-check findings",
+                                                       "audit after the run"],
+              [[name, f"{v['diverged']}/{w['requests']}",
+                " ".join(f"{k}×{n}" for k, n in v["faults"].items()) or "none",
+                " ".join(a["id"] for a in v["audit"]) or "clean"] for name, v in checks.items()])
+    for name, v in checks.items():
+        if name.startswith("buggy"):
+            _buggy(name, v, out)
+    m = checks["sharing"]["metrics"]
+    out.text(f"sharing: prefix hit rate {m['prefix_hit_rate']:.0%} of prompt tokens, {m['cow_copies_total']} "
+             f"copy-on-write, residency {m['residency_ratio']:.2f} (cached blocks kept after the run), fragmentation "
+             f"{m['fragmentation_ratio']:.2f}, evictions {m['evictions_total']}")
+    out.text("")
+    _timing(data, out)
+    out.text("")
+    out.text(f"verdict: {'as expected' if data['ok'] else 'NOT as expected'} (buggy variants diverge and are caught "
+             "at the faulty operation; strict and sharing match the oracle with no finding and a clean audit)",
+             tone="strong")
+
+
+def _buggy(name: str, v: dict[str, Any], out: Reporter) -> None:
+    """A buggy variant's first fault, first bad write, diverged requests and lost frees."""
+    out.text(f"{name}: first fault  {_fault_line(v['first_fault'])}")
+    if v["first_fault"]:
+        out.text(f"    {v['first_fault']['message']}")
+    out.text(f"{name}: first bad write  {_fault_line(v['first_bad_write'])}")
+    if v["first_bad_write"]:
+        out.text(f"    {v['first_bad_write']['message']}")
+    if v["diverged_requests"]:
+        out.text(f"    diverged: {', '.join(v['diverged_requests'])}{' …' if v['diverged'] > 8 else ''}")
+    m = v["metrics"]
+    if m["requests_lost_free"]:
+        out.text(f"    after the run: {m['requests_lost_free']} finished requests still hold "
+                 f"{m['blocks_orphaned']} blocks (lost frees), residency {m['residency_ratio']:.2f}, "
+                 f"of it undeclared {m['residency_leaked_ratio']:.2f}")
+
+
+_TIMING_LABELS = {"sharing": "here: sharing (salted)", "strict": "here: strict isolation",
+                  "sharing+checks": "here: sharing + checks"}
+
+
+def _timing(data: dict[str, Any], out: Reporter) -> None:
+    """Throughput and latency of each variant beside the article's, then what differs."""
+    t, article = data["timing"], data["article"]
     tw = t["workload"]
-    lines += [
-        f"throughput and latency: {data['timing_model']}, {tw['requests']} requests submitted at once, system prompts "
-        f"{tw['system_prompt_tokens']} tokens, medians of {t['rounds']} interleaved round(s) (min–max in brackets)",
-        f"{'':<26}{'requests/s':>16}{'tokens/s':>18}{'first token ms':>22}{'per token ms':>18}",
-        f"{'article: native vLLM':<26}{ARTICLE['native']['qps']:>16.0f}{'—':>18}{ARTICLE['native']['ttft_ms']:>22.0f}"
-        f"{'—':>18}",
-        f"{'article: patched':<26}{ARTICLE['patched']['qps']:>16.0f}{'—':>18}{ARTICLE['patched']['ttft_ms']:>22.0f}"
-        f"{'—':>18}",
-    ]
-    labels = {"sharing": "here: sharing (salted)", "strict": "here: strict isolation",
-              "sharing+checks": "here: sharing + checks"}
-    for name in (v for v in TIMING_VARIANTS if v in t["median"]):
+
+    def cell(name: str, k: str, fmt: str) -> str:
         med, rng = t["median"][name], t["range"][name]
+        return f"{med[k]:{fmt}} [{rng[k][0]:{fmt}}–{rng[k][1]:{fmt}}]" if t["rounds"] > 1 else f"{med[k]:{fmt}}"
 
-        def cell(k: str, fmt: str, width: int, med: Any = med, rng: Any = rng) -> str:
-            text = f"{med[k]:{fmt}} [{rng[k][0]:{fmt}}–{rng[k][1]:{fmt}}]" if t["rounds"] > 1 else f"{med[k]:{fmt}}"
-            return f"{text:>{width}}"
-
-        lines.append(f"{labels[name]:<26}{cell('requests_per_s', '.1f', 16)}{cell('tokens_per_s', '.0f', 18)}"
-                     f"{cell('ttft_ms_mean', '.0f', 22)}{cell('tpot_ms_mean', '.1f', 18)}")
-    iso, art, chk = t["isolation_vs_sharing"], t["article_patched_vs_native"], t["checks_vs_sharing"]
-    lines += [
-        f"isolation / sharing: requests/s ×{iso['requests_per_s']:.2f}, first-token latency ×{iso['ttft']:.2f} "
-        f"(article: ×{art['requests_per_s']:.2f}, ×{art['ttft']:.2f}); prefix hit rate {t['prefix_hit_rate']:.0%}; "
-        + (f"debug checks on: requests/s ×{chk['requests_per_s']:.2f}; " if chk else "")
-        + f"all variants' tokens agree: {t['outputs_agree']}",
-        "What differs: the article measures vLLM on a GPU it does not name, at a load it does not state; here a CPU",
-        "engine serves a small random-weight model with every request queued at t=0, so first-token latency is",
-        "mostly queueing and absolute numbers are not comparable; only the ratios are. The article's patch gives",
-        "each sequence its own blocks, i.e. it turns sharing off; that is our 'strict isolation' row. Its cost",
-        "grows with the shared prompt share of the work. The pool here keeps sharing and is still correct: the",
-        "bug was the missing binding of blocks to (request, tenant), not sharing itself.",
-        "",
-        f"verdict: {'as expected' if data['ok'] else 'NOT as expected'} (buggy variants diverge and are caught at the "
-        "faulty operation; strict and sharing match the oracle with no finding and a clean audit)",
+    rows: list[list[object]] = [
+        ["article: native vLLM", f"{article['native']['qps']:.0f}", "—", f"{article['native']['ttft_ms']:.0f}", "—"],
+        ["article: patched", f"{article['patched']['qps']:.0f}", "—", f"{article['patched']['ttft_ms']:.0f}", "—"],
     ]
-    return lines
+    rows += [[_TIMING_LABELS.get(name, name), cell(name, "requests_per_s", ".1f"), cell(name, "tokens_per_s", ".0f"),
+              cell(name, "ttft_ms_mean", ".0f"), cell(name, "tpot_ms_mean", ".1f")] for name in t["median"]]
+    out.table(f"throughput and latency: {data['timing_model']}, {tw['requests']} requests submitted at once, system "
+              f"prompts {tw['system_prompt_tokens']} tokens, medians of {t['rounds']} interleaved round(s) (min–max "
+              "in brackets)", ["", "requests/s", "tokens/s", "first token ms", "per token ms"], rows)
+    iso, art, chk = t["isolation_vs_sharing"], t["article_patched_vs_native"], t["checks_vs_sharing"]
+    out.text(f"isolation / sharing: requests/s ×{iso['requests_per_s']:.2f}, first-token latency ×{iso['ttft']:.2f} "
+             f"(article: ×{art['requests_per_s']:.2f}, ×{art['ttft']:.2f}); prefix hit rate "
+             f"{t['prefix_hit_rate']:.0%}; "
+             + (f"debug checks on: requests/s ×{chk['requests_per_s']:.2f}; " if chk else "")
+             + f"all variants' tokens agree: {t['outputs_agree']}")
+    out.text("What differs: the article measures vLLM on a GPU it does not name, at a load it does not state; here a "
+             "CPU engine serves a small random-weight model with every request queued at t=0, so first-token latency "
+             "is mostly queueing and absolute numbers are not comparable; only the ratios are. The article's patch "
+             "gives each sequence its own blocks, i.e. it turns sharing off; that is our 'strict isolation' row. Its "
+             "cost grows with the shared prompt share of the work. The pool here keeps sharing and is still "
+             "correct: the bug was the missing binding of blocks to (request, tenant), not sharing itself.")
 
 
 def demo_texts(data: dict[str, Any]) -> tuple[str, str]:

@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 from kvguardian._errors import UsageError
+from kvguardian.report.reporter import Reporter
 from kvguardian.repro import DemoRow, ReproResult
 from kvguardian.repro.fit import growth_exponent, local_exponent, quadratic_share
 from kvguardian.repro.models import GRAD_SPEC, TinySpec, build_llama
@@ -190,63 +191,53 @@ def _fmt_exp(x: float | None) -> str:
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.2f}"
 
 
-def render(data: dict[str, Any]) -> list[str]:
-    lines = [f"{SECTION} {TITLE}", f"model: {data['model']}, prompt {data['prompt_tokens']} tokens, CPU", ""]
-    lines.append(f"{'mode':<15}{'steps':>7}{'KV MiB':>10}{'graph MiB':>12}{'nodes':>10}{'held MiB':>11}")
-    for mode in MODES:
-        m = data["modes"][mode]
-        for p in m["points"]:
-            lines.append(
-                f"{mode:<15}{p['steps']:>7}{p['kv_bytes'] / MIB:>10.2f}{p['graph_saved_bytes'] / MIB:>12.1f}"
-                f"{p['graph_nodes']:>10}{p['held_bytes'] / MIB:>11.1f}"
-            )
-    lines += [
-        "",
-        "growth exponent: least-squares slope on log-log axes of the bytes accumulated by decoding (held at",
-        "step n minus held after the prefill); 'raw' fits the held bytes themselves, prefill included.",
-    ]
+def render(data: dict[str, Any], out: Reporter) -> None:
+    out.text(f"model: {data['model']}, prompt {data['prompt_tokens']} tokens, CPU")
+    out.table("memory held after n decode steps, per mode",
+              ["mode", "steps", "KV MiB", "graph MiB", "nodes", "held MiB"],
+              [[mode, p["steps"], f"{p['kv_bytes'] / MIB:.2f}", f"{p['graph_saved_bytes'] / MIB:.1f}",
+                p["graph_nodes"], f"{p['held_bytes'] / MIB:.1f}"]
+               for mode in MODES for p in data["modes"][mode]["points"]])
+    out.text("growth exponent: least-squares slope on log-log axes of the bytes accumulated by decoding (held at "
+             "step n minus held after the prefill); 'raw' fits the held bytes themselves, prefill included.")
     for mode in MODES:
         m = data["modes"][mode]
         extra = ""
         if m["quadratic_share"] is not None:
             extra = f", quadratic share at {m['points'][-1]['steps']} steps {m['quadratic_share']:.0%}"
         flag = f"KVG101 at step {m['kvg101_first_step']}" if m["kvg101_first_step"] else "KVG101 silent"
-        lines.append(
+        out.text(
             f"{mode:<15} growth exponent {_fmt_exp(m['exponent'])} (last pair {_fmt_exp(m['local_exponent'])}"
             f"{extra}; raw {_fmt_exp(m['raw_exponent'])}); {flag}"
         )
     g = data["generate"]
-    lines.append(
+    out.text(
         f"{'generate()':<15} inside enable_grad(): KVG101 {'FIRED' if g['kvg101'] else 'silent'} — generate() is "
         "decorated @torch.no_grad(), so it never builds a graph; the anti-pattern needs a manual decode loop"
     )
-    lines += ["", "The article's table (a GPU model it does not name) beside ours:"]
+    out.text("")
+    out.text("The article's table (a GPU model it does not name) beside ours:")
     for row in data["article"]:
-        lines.append(f"  article: context {row['context']:>5} → {row['gib']} GiB, {row['objects']:,} objects")
-    grad = data["modes"]["enable_grad"]
-    for p in grad["points"]:
-        lines.append(
-            f"  here:    {p['steps']:>5} steps → {p['held_bytes'] / MIB:.1f} MiB held, {p['graph_nodes']:,} graph nodes"
-        )
+        out.text(f"  article: context {row['context']:>5} → {row['gib']} GiB, {row['objects']:,} objects")
+    for p in data["modes"]["enable_grad"]["points"]:
+        out.text(f"  here:    {p['steps']:>5} steps → {p['held_bytes'] / MIB:.1f} MiB held, "
+                 f"{p['graph_nodes']:,} graph nodes")
     research = ", ".join(f"{r['mib']} MiB at {r['steps']}" for r in data["research_mib"])
-    lines += [
-        f"  earlier research on this machine, same config: {research}",
-        "What differs: the article's own numbers grow linearly (8× context → 8.9× memory, 8× objects), not as",
-        "O(n²); its 'objects' are not defined. Here, the graph of each step saves activations that do not",
-        "depend on n (linear total) plus attention inputs that grow with n (quadratic total), so the exponent",
-        "climbs toward 2 as n grows. Memory is counted as storage bytes reachable from the cache's graph,",
-        "not RSS or GPU allocator peaks.",
-        "",
-        f"verdict: grad case flagged at step 1: {data['grad_detected_first_step']}; fixes verified: "
-        f"{data['fixes_verified']}; generate() immune: {data['generate_immune']}",
-    ]
-    return lines
+    out.text(f"  earlier research on this machine, same config: {research}")
+    out.text("What differs: the article's own numbers grow linearly (8× context → 8.9× memory, 8× objects), not as "
+             "O(n²); its 'objects' are not defined. Here, the graph of each step saves activations that do not "
+             "depend on n (linear total) plus attention inputs that grow with n (quadratic total), so the exponent "
+             "climbs toward 2 as n grows. Memory is counted as storage bytes reachable from the cache's graph, "
+             "not RSS or GPU allocator peaks.")
+    out.text("")
+    out.text(f"verdict: grad case flagged at step 1: {data['grad_detected_first_step']}; fixes verified: "
+             f"{data['fixes_verified']}; generate() immune: {data['generate_immune']}", tone="strong")
 
 
 def run(args: argparse.Namespace) -> ReproResult:
     steps = parse_steps(args.steps)
     data = measure(steps)
-    return ReproResult(NAME, SECTION, TITLE, data, render(data), ok=data["ok"])
+    return ReproResult(NAME, SECTION, TITLE, data, render, ok=data["ok"])
 
 
 def demo_row() -> DemoRow:

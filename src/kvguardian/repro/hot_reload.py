@@ -22,6 +22,7 @@ import time
 from typing import Any
 
 from kvguardian._errors import UsageError
+from kvguardian.report.reporter import Reporter
 from kvguardian.repro import DemoRow, ReproResult
 
 NAME = "hot-reload"
@@ -128,38 +129,32 @@ def measure(*, reloads: int, requests_per_reload: int) -> dict[str, Any]:
     }
 
 
-def render(data: dict[str, Any]) -> list[str]:
+def render(data: dict[str, Any], out: Reporter) -> None:
     b, f = data["buggy"], data["fixed"]
     first = b["kvg105_first"] or {}
-    lines = [
-        f"{SECTION} {TITLE}",
-        f"server: FastAPI + uvicorn on 127.0.0.1 (tiny random-weight Llama), {b['reloads']} reloads, "
-        f"{b['requests']} /generate requests over HTTP per variant",
-        "",
-        "buggy (functools.lru_cache on the prefix method): KV bytes after each reload "
-        f"{b['kv_bytes_after_each_reload']}",
-        f"  slope {b['slope_bytes_per_reload']:,.0f} bytes/reload, R² {b['r2']:.4f}; models alive at the end: "
-        f"{b['models_alive_end']}; generations with live KV: {b['generations_with_kv_end']}",
-        f"  guard: {b['findings']}; {b['stale_bytes']:,} bytes of stale-generation KV",
-    ]
+    out.text(f"server: FastAPI + uvicorn on 127.0.0.1 (tiny random-weight Llama), {b['reloads']} reloads, "
+             f"{b['requests']} /generate requests over HTTP per variant")
+    out.text("")
+    out.text("buggy (functools.lru_cache on the prefix method): KV bytes after each reload "
+             f"{b['kv_bytes_after_each_reload']}")
+    out.text(f"  slope {b['slope_bytes_per_reload']:,.0f} bytes/reload, R² {b['r2']:.4f}; models alive at the end: "
+             f"{b['models_alive_end']}; generations with live KV: {b['generations_with_kv_end']}")
+    out.text(f"  guard: {b['findings']}; {b['stale_bytes']:,} bytes of stale-generation KV")
     if first:
-        lines.append(f"  e.g. {first['message']}")
+        out.text(f"  e.g. {first['message']}")
         if first.get("holder_chain"):
-            lines.append("  held by: " + " → ".join(first["holder_chain"]))
-    lines += [
-        f"fixed (prefix store on the instance): KV bytes after each reload {f['kv_bytes_after_each_reload']}",
-        f"  slope {f['slope_bytes_per_reload']:,.0f} bytes/reload; models alive at the end: {f['models_alive_end']}; "
-        f"guard: {f['findings'] or 'no findings'}",
-        "",
-        "article: the leak goes through Ray's ray.get_runtime_context().get_kv(): that API does not exist in Ray",
-        "(RuntimeContext has id, resource, namespace and runtime-env getters, no KV accessor). The same check runs",
-        "inside a Ray Serve replica: attach a Guard in __init__, call guard.new_generation() in reconfigure(),",
-        "and read guard.check() from a replica method (README, 'Hot reload').",
-        "",
-        f"verdict: growth linear in reloads and KVG105 per stale generation (buggy); flat and silent (fixed): "
-        f"{data['ok']}",
-    ]
-    return lines
+            out.text("  held by: " + " → ".join(first["holder_chain"]))
+    out.text(f"fixed (prefix store on the instance): KV bytes after each reload {f['kv_bytes_after_each_reload']}")
+    out.text(f"  slope {f['slope_bytes_per_reload']:,.0f} bytes/reload; models alive at the end: "
+             f"{f['models_alive_end']}; guard: {f['findings'] or 'no findings'}")
+    out.text("")
+    out.text("article: the leak goes through Ray's ray.get_runtime_context().get_kv(): that API does not exist in Ray "
+             "(RuntimeContext has id, resource, namespace and runtime-env getters, no KV accessor). The same check "
+             "runs inside a Ray Serve replica: attach a Guard in __init__, call guard.new_generation() in "
+             "reconfigure(), and read guard.check() from a replica method (README, 'Hot reload').")
+    out.text("")
+    out.text(f"verdict: growth linear in reloads and KVG105 per stale generation (buggy); flat and silent (fixed): "
+             f"{data['ok']}", tone="strong")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -171,7 +166,7 @@ def run(args: argparse.Namespace) -> ReproResult:
     if not 2 <= args.reloads <= 500 or not 1 <= args.requests <= 100:
         raise UsageError("--reloads must be 2..500 and --requests 1..100; fix: e.g. --reloads 20 --requests 2")
     data = measure(reloads=args.reloads, requests_per_reload=args.requests)
-    return ReproResult(NAME, SECTION, TITLE, data, render(data), ok=data["ok"])
+    return ReproResult(NAME, SECTION, TITLE, data, render, ok=data["ok"])
 
 
 def demo_row() -> DemoRow:

@@ -29,6 +29,7 @@ import time
 from typing import Any
 
 from kvguardian._errors import UsageError
+from kvguardian.report.reporter import Reporter
 from kvguardian.repro import DemoRow, ReproResult
 from kvguardian.repro.rank_server import VARIANTS, WORLD, launch
 from kvguardian.repro.vlm import VLM_TINY, VlmSpec
@@ -100,49 +101,40 @@ def measure(*, sequences: int, new_tokens: int, spec: VlmSpec = VLM_TINY) -> dic
     }
 
 
-def render(data: dict[str, Any]) -> list[str]:
+def render(data: dict[str, Any], out: Reporter) -> None:
     v = data["variants"]
     b = v["buggy"]
     n = data["sequences"]
-    lines = [
-        f"{SECTION} {TITLE}",
-        f"model: {data['model']}",
-        f"{data['world_size']} ranks, torch.distributed {data['backend']} on 127.0.0.1, {n} sequences "
-        f"(one image each, {data['new_tokens']} new tokens), {data['visual_kv_bytes_per_image']:,} bytes of "
-        "visual-token KV per image",
-        "",
-        "article: [Rank 0] Visual KV cache ref count: 128 | [Rank 1] ... 0 → dangling KV, memory grows to OOM",
-        f"buggy: after {n} sequences rank 0 holds {b['held_storages_end']['0']} storages = "
-        f"{b['held_bytes_by_rank']['0'][-1]:,} bytes of finished sequences' KV, rank 1 holds "
-        f"{b['held_bytes_by_rank']['1'][-1]:,} (rank 0 after each sequence: {b['held_bytes_by_rank']['0']})",
-        f"  cross-rank check: KVG106 ×{b['kvg106_count']}"
-        + (f", e.g. {b['kvg106'][0]['message']}" if b["kvg106"] else ""),
-        f"  rank 0's own check: {b['local_findings_by_rank']['0']}; held by: "
-        + (" → ".join(b["holder_chain"]) if b["holder_chain"] else "(no chain)"),
-        "",
-        f"{'variant':<11}{'ops/seq':>8}{'comm B/seq':>12}{'comm ms/seq':>13}{'in-run ms':>11}{'seq ms':>9}"
-        f"{'KVG106':>8}{'held r0':>10}{'held r1':>9}",
-    ]
-    for name in VARIANTS:
-        x = v[name]
-        lines.append(
-            f"{name:<11}{x['collectives_per_sequence']:>8}{x['comm_bytes_per_sequence']:>12,.0f}"
-            f"{x['comm_ms_per_sequence']:>13.3f}{x['comm_wait_ms_per_sequence']:>11.3f}{x['sequence_ms']:>9.1f}"
-            f"{x['kvg106_count']:>8}{x['held_bytes_by_rank']['0'][-1]:>10,}{x['held_bytes_by_rank']['1'][-1]:>9,}"
-        )
-    lines += [
-        "comm B/seq: bytes each rank sends or receives in collectives per sequence (buggy and refcount include the",
-        "visual-token broadcast from the vision rank; broadcast replaces it with every layer's K and V).",
-        "comm ms/seq: that sequence's collectives replayed alone after a barrier (median of 50); in-run ms: time",
-        "inside the collectives during the run, which includes waiting for the other rank's compute.",
-        f"computed, not measured: the broadcast fix on LLaVA-1.5-7B (32 layers, 32 KV heads × 128, 576 visual "
-        f"tokens, fp16) moves {data['llava_7b_broadcast_bytes_per_sequence']:,} bytes per sequence; the "
-        "refcount fix moves 8.",
-        "",
-        f"verdict: divergence caught ({b['kvg106_count']}/{n} sequences named); both fixes consistent and "
-        f"leak-free: {data['fixes_clean']}",
-    ]
-    return lines
+    out.text(f"model: {data['model']}")
+    out.text(f"{data['world_size']} ranks, torch.distributed {data['backend']} on 127.0.0.1, {n} sequences "
+             f"(one image each, {data['new_tokens']} new tokens), {data['visual_kv_bytes_per_image']:,} bytes of "
+             "visual-token KV per image")
+    out.text("")
+    out.text("article: [Rank 0] Visual KV cache ref count: 128 | [Rank 1] ... 0 → dangling KV, memory grows to OOM")
+    out.text(f"buggy: after {n} sequences rank 0 holds {b['held_storages_end']['0']} storages = "
+             f"{b['held_bytes_by_rank']['0'][-1]:,} bytes of finished sequences' KV, rank 1 holds "
+             f"{b['held_bytes_by_rank']['1'][-1]:,} (rank 0 after each sequence: {b['held_bytes_by_rank']['0']})")
+    out.text(f"  cross-rank check: KVG106 ×{b['kvg106_count']}"
+             + (f", e.g. {b['kvg106'][0]['message']}" if b["kvg106"] else ""))
+    out.text(f"  rank 0's own check: {b['local_findings_by_rank']['0']}; held by: "
+             + (" → ".join(b["holder_chain"]) if b["holder_chain"] else "(no chain)"))
+    out.table("cost and effect of each variant, per sequence",
+              ["variant", "ops/seq", "comm B/seq", "comm ms/seq", "in-run ms", "seq ms", "KVG106", "held r0",
+               "held r1"],
+              [[name, x["collectives_per_sequence"], f"{x['comm_bytes_per_sequence']:,.0f}",
+                f"{x['comm_ms_per_sequence']:.3f}", f"{x['comm_wait_ms_per_sequence']:.3f}",
+                f"{x['sequence_ms']:.1f}", x["kvg106_count"], f"{x['held_bytes_by_rank']['0'][-1]:,}",
+                f"{x['held_bytes_by_rank']['1'][-1]:,}"] for name, x in ((name, v[name]) for name in VARIANTS)])
+    out.text("comm B/seq: bytes each rank sends or receives in collectives per sequence (buggy and refcount include "
+             "the visual-token broadcast from the vision rank; broadcast replaces it with every layer's K and V).")
+    out.text("comm ms/seq: that sequence's collectives replayed alone after a barrier (median of 50); in-run ms: time "
+             "inside the collectives during the run, which includes waiting for the other rank's compute.")
+    out.text(f"computed, not measured: the broadcast fix on LLaVA-1.5-7B (32 layers, 32 KV heads × 128, 576 visual "
+             f"tokens, fp16) moves {data['llava_7b_broadcast_bytes_per_sequence']:,} bytes per sequence; the "
+             "refcount fix moves 8.")
+    out.text("")
+    out.text(f"verdict: divergence caught ({b['kvg106_count']}/{n} sequences named); both fixes consistent and "
+             f"leak-free: {data['fixes_clean']}", tone="strong")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -159,7 +151,7 @@ def run(args: argparse.Namespace) -> ReproResult:
         raise UsageError(f"--image-size {args.image_size}: use a multiple of {VLM_TINY.patch_size} in 16..448")
     spec = VlmSpec(image_size=args.image_size)
     data = measure(sequences=args.sequences, new_tokens=args.new_tokens, spec=spec)
-    return ReproResult(NAME, SECTION, TITLE, data, render(data), ok=data["ok"])
+    return ReproResult(NAME, SECTION, TITLE, data, render, ok=data["ok"])
 
 
 def demo_row() -> DemoRow:

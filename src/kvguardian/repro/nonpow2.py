@@ -25,6 +25,7 @@ import time
 from typing import Any
 
 from kvguardian._errors import UsageError
+from kvguardian.report.reporter import Reporter
 from kvguardian.repro import DemoRow, ReproResult
 
 NAME = "nonpow2"
@@ -146,46 +147,41 @@ def measure(*, max_length: int, heads: int, repeats: int) -> dict[str, Any]:
     return data
 
 
-def render(data: dict[str, Any]) -> list[str]:
+def render(data: dict[str, Any], out: Reporter) -> None:
     a, s, f, c = data["article"], data["sdpa"], data["control_floor"], data["control_ceil"]
     cfg = data["config"]
-    lines = [
-        f"{SECTION} {TITLE}",
-        f"article: FlashAttention-2 leaks ≈{a['leak_mb']} MB per call at length {a['length']} "
-        f"({a['blocks_freed']} of {a['blocks_needed']} blocks freed: floor division), none at {a['clean_length']}",
-        f"here: CPU (1 thread), batch 1, {cfg['heads']} heads, head dim {cfg['head_dim']}, {cfg['dtype']}, causal; "
-        f"{len(cfg['lengths'])} lengths (2^k-1, 2^k, 2^k+1 up to {cfg['lengths'][-1]}), {cfg['repeats']} calls each",
-        "",
-        f"PyTorch SDPA ({', '.join(s['targets'])}): {s['verdict']}",
-        f"  largest: {s['max_alive_bytes']} bytes alive after a call (ledger), "
-        f"{s['max_malloc_delta']} bytes above the allocator baseline, error {s['max_abs_err']:.1e}",
-    ]
+    out.text(f"article: FlashAttention-2 leaks ≈{a['leak_mb']} MB per call at length {a['length']} "
+             f"({a['blocks_freed']} of {a['blocks_needed']} blocks freed: floor division), none at {a['clean_length']}")
+    out.text(f"here: CPU (1 thread), batch 1, {cfg['heads']} heads, head dim {cfg['head_dim']}, {cfg['dtype']}, "
+             f"causal; {len(cfg['lengths'])} lengths (2^k-1, 2^k, 2^k+1 up to {cfg['lengths'][-1]}), "
+             f"{cfg['repeats']} calls each")
+    out.text("")
+    out.text(f"PyTorch SDPA ({', '.join(s['targets'])}): {s['verdict']}")
+    out.text(f"  largest: {s['max_alive_bytes']} bytes alive after a call (ledger), "
+             f"{s['max_malloc_delta']} bytes above the allocator baseline, error {s['max_abs_err']:.1e}")
     for t in s["targets"]:
         r1, r2 = s["at_1023"].get(t), s["at_1024"].get(t)
         if r1 and r2:
-            lines.append(
-                f"  {t}: length 1023 → alive {r1['alive_bytes']} B, malloc Δ {r1['malloc_delta']} B, {r1['ms']} ms; "
-                f"length 1024 → alive {r2['alive_bytes']} B, malloc Δ {r2['malloc_delta']} B, {r2['ms']} ms"
-            )
-    lines += [f"  note: {n}" for n in s["notes"]]
-    lines += [
-        "",
-        f"control (floor-division release, the article's mechanism): caught at {len(f['caught_lengths'])} lengths, "
-        f"exactly the {len(f['expected_leak_lengths'])} that are not multiples of {cfg['block_m']}: {f['exact']}; "
-        f"{f['alive_bytes_per_call_at_1023']:,} bytes per call still alive at 1023, none at 1024",
-        "  held by: " + (" → ".join(f["holder_chain"]) if f["holder_chain"] else "(no chain)"),
-        f"fix (ceil-division release): clean at every length: {c['clean']}"
-        + (f" (bad at {c['bad_lengths']})" if c["bad_lengths"] else ""),
-        "",
-        "FlashAttention-2's source launches (seqlen_q + kBlockM - 1) / kBlockM row blocks (a ceiling) and masks the",
-        "partial block; its kernels allocate nothing. A kernel that skipped the last block would give wrong rows, not",
-        "a leak. The GPU side is not measured here (no GPU); on one run:",
-        "  kv-guardian sweep --device cuda --attn sdpa --attn flash-attn",
-        "",
-        f"verdict: the article's claim {'REPRODUCES' if data['claim_reproduced'] else 'does not reproduce'} on this "
-        f"machine's SDPA; the sweep catches the claimed mechanism: {data['ok']}",
-    ]
-    return lines
+            out.text(f"  {t}: length 1023 → alive {r1['alive_bytes']} B, malloc Δ {r1['malloc_delta']} B, "
+                     f"{r1['ms']} ms; length 1024 → alive {r2['alive_bytes']} B, malloc Δ {r2['malloc_delta']} B, "
+                     f"{r2['ms']} ms")
+    for n in s["notes"]:
+        out.text(f"  note: {n}")
+    out.text("")
+    out.text(f"control (floor-division release, the article's mechanism): caught at {len(f['caught_lengths'])} "
+             f"lengths, exactly the {len(f['expected_leak_lengths'])} that are not multiples of {cfg['block_m']}: "
+             f"{f['exact']}; {f['alive_bytes_per_call_at_1023']:,} bytes per call still alive at 1023, none at 1024")
+    out.text("  held by: " + (" → ".join(f["holder_chain"]) if f["holder_chain"] else "(no chain)"))
+    out.text(f"fix (ceil-division release): clean at every length: {c['clean']}"
+             + (f" (bad at {c['bad_lengths']})" if c["bad_lengths"] else ""))
+    out.text("")
+    out.text("FlashAttention-2's source launches (seqlen_q + kBlockM - 1) / kBlockM row blocks (a ceiling) and masks "
+             "the partial block; its kernels allocate nothing. A kernel that skipped the last block would give wrong "
+             "rows, not a leak. The GPU side is not measured here (no GPU); on one run:")
+    out.text("  kv-guardian sweep --device cuda --attn sdpa --attn flash-attn")
+    out.text("")
+    out.text(f"verdict: the article's claim {'REPRODUCES' if data['claim_reproduced'] else 'does not reproduce'} on "
+             f"this machine's SDPA; the sweep catches the claimed mechanism: {data['ok']}", tone="strong")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -200,7 +196,7 @@ def run(args: argparse.Namespace) -> ReproResult:
     if not 1 <= args.heads <= 64 or not 1 <= args.repeats <= 20:
         raise UsageError("--heads must be 1..64 and --repeats 1..20; fix: e.g. --heads 4 --repeats 3")
     data = measure(max_length=args.max_length, heads=args.heads, repeats=args.repeats)
-    return ReproResult(NAME, SECTION, TITLE, data, render(data), ok=data["ok"])
+    return ReproResult(NAME, SECTION, TITLE, data, render, ok=data["ok"])
 
 
 def demo_row() -> DemoRow:

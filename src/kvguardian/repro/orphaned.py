@@ -13,6 +13,7 @@ from collections import OrderedDict
 from typing import Any
 
 from kvguardian._errors import UsageError
+from kvguardian.report.reporter import Reporter
 from kvguardian.repro import DemoRow, ReproResult
 from kvguardian.repro.models import TINY, build_llama
 
@@ -118,21 +119,17 @@ def measure(requests: int) -> dict[str, Any]:
     return {"model": TINY.describe(), "variants": results, "ok": ok}
 
 
-def render(data: dict[str, Any]) -> list[str]:
+def render(data: dict[str, Any], out: Reporter) -> None:
     b, f = data["variants"]["buggy"], data["variants"]["fixed"]
-    lines = [TITLE, f"model: {data['model']}", ""]
-    lines.append(
-        f"buggy: {b['requests']} requests → findings {b['findings']}, {b['orphaned_bytes']} bytes orphaned"
-    )
+    out.text(f"model: {data['model']}")
+    out.text("")
+    out.text(f"buggy: {b['requests']} requests → findings {b['findings']}, {b['orphaned_bytes']} bytes orphaned")
     if b["holder_chain"]:
-        lines.append("  holder chain: " + " → ".join(b["holder_chain"]))
-    lines.append(f"  growth flagged after {b['growth_flagged_after']} requests: {b['growth_message']}")
-    lines.append(
-        f"fixed: {f['requests']} requests → findings {f['findings'] or 'none'} "
-        f"(bounded LRU of {MAX_SESSIONS}, declared with guard.retain)"
-    )
-    lines.append(f"verdict: {'as expected' if data['ok'] else 'NOT as expected'}")
-    return lines
+        out.text("  holder chain: " + " → ".join(b["holder_chain"]))
+    out.text(f"  growth flagged after {b['growth_flagged_after']} requests: {b['growth_message']}")
+    out.text(f"fixed: {f['requests']} requests → findings {f['findings'] or 'none'} "
+             f"(bounded LRU of {MAX_SESSIONS}, declared with guard.retain)")
+    out.text(f"verdict: {'as expected' if data['ok'] else 'NOT as expected'}", tone="strong")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -143,7 +140,7 @@ def run(args: argparse.Namespace) -> ReproResult:
     if not 16 <= args.requests <= 10_000:
         raise UsageError(f"--requests {args.requests} is out of range; fix: use 16..10000 (growth needs 16)")
     data = measure(args.requests)
-    return ReproResult(NAME, SECTION, TITLE, data, render(data), ok=data["ok"])
+    return ReproResult(NAME, SECTION, TITLE, data, render, ok=data["ok"])
 
 
 def demo_row() -> DemoRow:

@@ -14,6 +14,7 @@ import socket
 import statistics
 import time
 import traceback
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -197,7 +198,17 @@ def _ended_bytes(guard: Any) -> tuple[int, int]:
     return sum(r.storage_bytes for r in recs), len(recs)
 
 
-def _run_variant(model: Any, rank: int, variant: str, spec: VlmSpec, sequences: int, new_tokens: int) -> dict[str, Any]:
+@dataclass(frozen=True)
+class RankJob:
+    """What every rank runs: the variants, the model spec and the workload (picklable, for spawn)."""
+
+    variants: tuple[str, ...]
+    spec: VlmSpec
+    sequences: int
+    new_tokens: int
+
+
+def _run_variant(model: Any, rank: int, variant: str, job: RankJob) -> dict[str, Any]:
     from kvguardian.guard import Guard
     from kvguardian.ranks import check_ranks
 
@@ -205,11 +216,11 @@ def _run_variant(model: Any, rank: int, variant: str, spec: VlmSpec, sequences: 
     guard = Guard()
     guard.attach(model)
     try:
-        RANK_SERVER = RankServer(model, guard, rank, variant, spec)
+        RANK_SERVER = RankServer(model, guard, rank, variant, job.spec)
         per_seq = []
         held = []
-        for i in range(sequences):
-            per_seq.append(RANK_SERVER.run_sequence(f"seq-{i}", image_seed=1000 + i, new_tokens=new_tokens))
+        for i in range(job.sequences):
+            per_seq.append(RANK_SERVER.run_sequence(f"seq-{i}", image_seed=1000 + i, new_tokens=job.new_tokens))
             held.append(_ended_bytes(guard))
         replay = RANK_SERVER.replay()
         collectives = len(RANK_SERVER.pattern)
@@ -236,8 +247,7 @@ def _run_variant(model: Any, rank: int, variant: str, spec: VlmSpec, sequences: 
     }
 
 
-def _worker(rank: int, port: int, variants: tuple[str, ...], spec: VlmSpec, sequences: int, new_tokens: int,
-            out: Any) -> None:
+def _worker(rank: int, port: int, job: RankJob, out: Any) -> None:
     """One rank: join the gloo group, run every variant, send the results (or the error) to the parent."""
     import torch
     import torch.distributed as dist
@@ -247,9 +257,9 @@ def _worker(rank: int, port: int, variants: tuple[str, ...], spec: VlmSpec, sequ
         t0 = time.perf_counter()
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
                                 timeout=timedelta(seconds=120))
-        model = build_vlm(spec, seed=0)  # the same weights on every rank
+        model = build_vlm(job.spec, seed=0)  # the same weights on every rank
         setup = time.perf_counter() - t0
-        results = {v: _run_variant(model, rank, v, spec, sequences, new_tokens) for v in variants}
+        results = {v: _run_variant(model, rank, v, job) for v in job.variants}
         gc.collect()
         out.put({"rank": rank, "setup_seconds": setup, "variants": results})
     except BaseException as exc:  # the parent must hear about it, whatever it is
@@ -275,8 +285,8 @@ def launch(*, variants: tuple[str, ...] = VARIANTS, spec: VlmSpec = VLM_TINY, se
     ctx: Any = mp.get_context(method)
     out = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_worker, args=(r, port, variants, spec, sequences, new_tokens, out), daemon=True)
-             for r in range(WORLD)]
+    job = RankJob(variants, spec, sequences, new_tokens)
+    procs = [ctx.Process(target=_worker, args=(r, port, job, out), daemon=True) for r in range(WORLD)]
     for p in procs:
         p.start()
     results: list[dict[str, Any]] = []

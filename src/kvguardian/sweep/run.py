@@ -30,7 +30,7 @@ from typing import Any
 from kvguardian.findings import Report
 from kvguardian.sweep.lengths import length_kind
 from kvguardian.sweep.memory import CudaProbe, MallocProbe
-from kvguardian.sweep.targets import Target
+from kvguardian.sweep.targets import BadOutput, Target
 
 __all__ = ["Row", "SweepConfig", "SweepResult", "run_sweep"]
 
@@ -66,7 +66,7 @@ class Row:
     cuda_driver_delta: list[int] | None
     cuda_peak_bytes: int | None  # peak allocated during the repeats
     max_abs_err: float | None  # last REF_ROWS query rows against float64
-    verdict: str = "ok"  # "ok", "one-time", "LEAK", "WRONG"
+    verdict: str = "ok"  # "ok", "one-time", "LEAK", "WRONG", "ERROR" (the callable raised or returned bad output)
     reasons: list[str] = field(default_factory=list)
     holder_chain: list[str] | None = None
 
@@ -102,7 +102,7 @@ class SweepResult:
     seconds: float
 
     def bad_rows(self) -> list[Row]:
-        return [r for r in self.rows if r.verdict in ("LEAK", "WRONG")]
+        return [r for r in self.rows if r.verdict in ("LEAK", "WRONG", "ERROR")]
 
     @property
     def ok(self) -> bool:
@@ -202,6 +202,8 @@ def run_sweep(
             gc.disable()  # no automatic collection of unrelated garbage between baseline and readings (timeit does so)
             try:
                 rows.append(_measure_length(target, n, config, guard, make, read, malloc, cuda, elem, device))
+            except Exception as exc:  # a failing kernel is what a sweep is for: this length is an ERROR row
+                rows.append(_error_row(target, n, config, elem, exc))
             finally:
                 if gc_was_enabled:
                     gc.enable()
@@ -224,6 +226,24 @@ def run_sweep(
 
 
 
+def _error_row(target: Target, n: int, config: SweepConfig, elem: int, exc: Exception) -> Row:
+    """The row of a length where the callable raised or returned a bad output; the sweep goes on."""
+    what = str(exc) if isinstance(exc, BadOutput) else f"the callable raised {type(exc).__name__}: {exc}"
+    return Row(target=target.name, length=n, kind=length_kind(n), ms=0.0,
+               kv_bytes=2 * config.batch * config.heads * n * config.head_dim * elem, alive_bytes=[],
+               malloc_delta=None, cuda_allocated_delta=None, cuda_reserved_delta=None, cuda_driver_delta=None,
+               cuda_peak_bytes=None, max_abs_err=None, verdict="ERROR", reasons=[what.splitlines()[0][:300]])
+
+
+def _check_output(out: Any, q: Any) -> None:
+    import torch
+
+    if not isinstance(out, torch.Tensor):
+        raise BadOutput(f"the callable returned {type(out).__name__}, not a tensor")
+    if tuple(out.shape) != tuple(q.shape):
+        raise BadOutput(f"the callable returned shape {tuple(out.shape)}, expected {tuple(q.shape)} (as q)")
+
+
 def _measure_length(target: Target, n: int, config: SweepConfig, guard: Any, make: Any, read: Any,
                     malloc: MallocProbe, cuda: CudaProbe, elem: int, device: Any) -> Row:
     """Warm up, read the baseline, run ``config.repeats`` calls and read after each; judge the row."""
@@ -232,6 +252,7 @@ def _measure_length(target: Target, n: int, config: SweepConfig, guard: Any, mak
     q, k, v = make(n)
     out, received = target(q, k, v)  # warm-up; its output is the one checked against the reference, so the
     # reference's own allocations (BLAS keeps float64 GEMM buffers) happen before the baseline is read
+    _check_output(out, q)
     err = _tail_error(q, k, v, out) if config.check_output else None
     del q, k, v, out, received
     base_m, base_c = read()
@@ -248,6 +269,7 @@ def _measure_length(target: Target, n: int, config: SweepConfig, guard: Any, mak
         with guard.request(f"{target.name}/len={n}/call={r}"):
             t0 = time.perf_counter()
             out, received = target(q, k, v)
+            _check_output(out, q)
             if cuda.available:
                 torch.cuda.synchronize(device)
             times.append(time.perf_counter() - t0)

@@ -34,7 +34,7 @@ from typing import Any
 
 from kvguardian._errors import EXIT_ENVIRONMENT, UsageError
 
-__all__ = ["LAYOUTS", "SDPA_BACKENDS", "Target", "resolve_targets"]
+__all__ = ["LAYOUTS", "SDPA_BACKENDS", "BadOutput", "Target", "resolve_targets"]
 
 LAYOUTS = ("bhsd", "bshd", "varlen")
 #: spec suffix -> torch.nn.attention.SDPBackend member
@@ -71,8 +71,10 @@ class Target:
 
     def finish(self, out: Any, shape: tuple[int, ...]) -> Any:
         """The callable's output back as ``[B, H, S, D]`` (flash-attn may return a tuple: take the first)."""
-        if isinstance(out, (tuple, list)):
+        if isinstance(out, (tuple, list)) and out:
             out = out[0]
+        if not hasattr(out, "shape") or len(out.shape) not in (3, 4):
+            raise BadOutput(f"the callable returned {type(out).__name__}, not an attention output tensor")
         b, h, s, d = shape
         if self.layout == "bshd":
             return out.transpose(1, 2)
@@ -89,6 +91,10 @@ class Target:
         else:
             out = self.fn(*args, **kw)
         return self.finish(out, tuple(q.shape)), received
+
+
+class BadOutput(ValueError):
+    """The callable returned something that is not attention's output for the call (the row is an ERROR)."""
 
 
 def _sdpa(backend: str) -> Target:

@@ -1,0 +1,231 @@
+"""The exporters' HTTP server: ``/metrics``, a short index at ``/``, 404 elsewhere; bounded by construction.
+
+prometheus_client's ``start_http_server`` answers every path with the metrics, refuses HEAD, and runs one
+thread per connection with no read timeout (3,000 idle half-requests made 2,717 threads and stalled scrapes
+for seconds). This server is one asyncio loop on one thread plus a small pool that renders expositions:
+
+- at most ``max_connections`` connections; a new one beyond that closes the oldest connection still waiting
+  for its request, so idle or trickling clients can never lock a scraper out;
+- a request's head must arrive within ``header_timeout`` seconds and fit ``max_header_bytes``; a kept-alive
+  connection closes after ``idle_timeout`` seconds without a request;
+- ``GET``/``HEAD`` ``/metrics`` (any query) → the exposition (content negotiated as prometheus_client does),
+  ``/`` → a short text index, other paths → 404, other methods → 405 with ``Allow: GET, HEAD``;
+- with a `kvguardian.exporters.webconfig.WebConfig` (``--web-config``): TLS (the handshake bounded by
+  ``header_timeout``) and basic auth on every path (401 without valid credentials; bcrypt runs in the render
+  pool, never on the loop).
+
+Binds 127.0.0.1 unless told otherwise; a bind error is raised by the constructor (``OSError``), a TLS
+certificate that cannot be loaded as `UsageError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import socket
+import threading
+import time
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Limits", "MetricsHTTPServer", "bind_fix"]
+
+_INDEX = (b"kv-guardian exporter\n\n/metrics  Prometheus metrics (GET or HEAD)\n")
+_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed",
+            408: "Request Timeout", 431: "Request Header Fields Too Large", 500: "Internal Server Error",
+            505: "HTTP Version Not Supported"}
+
+
+def bind_fix(exc: OSError, *, port_flag: str = "", host_flag: str = "") -> str:
+    """The fix for a failed bind: another port when the port is taken, else an address of this machine
+    (naming the flag when the caller has one)."""
+    if exc.errno == errno.EADDRINUSE:
+        return "pick a free port" + (f" with {port_flag}" if port_flag else "") + " (0 picks one)"
+    return ("bind an address of this machine (127.0.0.1, 0.0.0.0, or an interface's address)"
+            + (f" with {host_flag}" if host_flag else ""))
+
+
+@dataclass(frozen=True)
+class _Response:
+    status: int
+    body: bytes
+    content_type: str = "text/plain; charset=utf-8"
+    extra: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one exporter spends on its clients, at most."""
+
+    max_connections: int = 64  # open connections; the oldest still reading its request goes first
+    header_timeout: float = 10.0  # seconds for a request line and headers to arrive
+    idle_timeout: float = 30.0  # seconds a kept-alive connection may wait for its next request
+    max_header_bytes: int = 16 * 1024
+    render_threads: int = 2  # threads rendering expositions (a scrape never blocks the loop)
+
+
+class MetricsHTTPServer:
+    """Serve ``registry`` (anything prometheus_client's encoders take) on ``host:port`` from a daemon thread."""
+
+    def __init__(self, registry: Any, host: str = "127.0.0.1", port: int = 0, limits: Limits | None = None, *,
+                 web: Any = None) -> None:
+        self.registry = registry
+        self.limits = limits or Limits()
+        self.web = web  # a WebConfig (TLS, basic auth), or None
+        self._ssl = web.ssl_context() if web is not None else None  # UsageError for a bad certificate
+        self.scheme = "https" if self._ssl is not None else "http"
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self._sock.bind((host, port))
+            self._sock.listen(128)
+        except OSError:
+            self._sock.close()
+            raise
+        self._sock.setblocking(False)
+        self.server_address: tuple[str, int] = self._sock.getsockname()[:2]
+        self._pool = ThreadPoolExecutor(self.limits.render_threads, thread_name_prefix="kvg-metrics-render")
+        self._loop = asyncio.new_event_loop()
+        self._waiting: OrderedDict[asyncio.Task[None], asyncio.StreamWriter] = OrderedDict()  # reading a request
+        self._tasks: set[asyncio.Task[None]] = set()  # every open connection
+        self._started = threading.Event()
+        self._server: asyncio.AbstractServer | None = None
+        self._thread = threading.Thread(target=self._serve, name="kvg-metrics-http", daemon=True)
+        self._thread.start()
+        self._started.wait(10)
+
+    # ------------------------------------------------------------------ lifecycle
+    def _serve(self) -> None:
+        asyncio.set_event_loop(self._loop)
+
+        async def start() -> None:
+            self._server = await asyncio.start_server(
+                self._client, sock=self._sock, limit=self.limits.max_header_bytes, ssl=self._ssl,
+                ssl_handshake_timeout=self.limits.header_timeout if self._ssl is not None else None)
+            self._started.set()
+
+        self._loop.run_until_complete(start())
+        self._loop.run_forever()
+        self._loop.run_until_complete(self._loop.shutdown_asyncgens())
+        self._loop.close()
+
+    def close(self) -> None:
+        """Stop serving and close every connection (idempotent)."""
+        if self._loop.is_closed() or not self._thread.is_alive():
+            return
+
+        async def stop() -> None:
+            if self._server is not None:
+                self._server.close()
+            tasks = list(self._tasks)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            self._loop.stop()
+
+        with contextlib.suppress(RuntimeError):  # the loop already stopped
+            asyncio.run_coroutine_threadsafe(stop(), self._loop)
+        self._thread.join(timeout=5)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._sock.close()
+
+    # ------------------------------------------------------------------ one connection
+    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        if len(self._tasks) > self.limits.max_connections and self._waiting:
+            oldest, old_writer = next(iter(self._waiting.items()))
+            self._waiting.pop(oldest)
+            old_writer.close()
+            oldest.cancel()
+        try:
+            await self._requests(reader, writer, task)
+        except (asyncio.CancelledError, ConnectionError, OSError):
+            pass
+        finally:
+            self._waiting.pop(task, None)
+            self._tasks.discard(task)
+            writer.close()
+
+    async def _requests(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                        task: asyncio.Task[None]) -> None:
+        timeout = self.limits.header_timeout
+        while True:
+            self._waiting[task] = writer
+            head = await self._read_head(reader, writer, timeout)
+            self._waiting.pop(task, None)
+            if head is None:
+                return
+            keep = await self._answer(head, writer)
+            if not keep:
+                return
+            timeout = self.limits.idle_timeout
+
+    async def _read_head(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                         timeout: float) -> bytes | None:
+        try:
+            return await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout)
+        except asyncio.TimeoutError:
+            return None
+        except asyncio.LimitOverrunError:
+            await self._send(writer, _Response(431, b"request headers too large\n"), keep=False)
+            return None
+        except asyncio.IncompleteReadError:  # the client went away
+            return None
+
+    async def _answer(self, head: bytes, writer: asyncio.StreamWriter) -> bool:
+        """Answer one request; whether the connection stays open."""
+        lines = head.decode("latin-1").split("\r\n")
+        parts = lines[0].split(" ")
+        if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+            await self._send(writer, _Response(400, b"bad request\n"), keep=False)
+            return False
+        method, target, version = parts
+        headers = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:] if ln)}
+        keep = headers.get("connection", "").lower() != "close" and version == "HTTP/1.1"
+        if not await self._authorized(headers.get("authorization")):
+            from kvguardian.exporters.webconfig import REALM
+
+            await self._send(writer, _Response(401, b"unauthorized\n", extra=(("WWW-Authenticate", REALM),)),
+                             keep=keep)
+            return keep
+        if method not in ("GET", "HEAD"):
+            await self._send(writer, _Response(405, b"use GET or HEAD\n", extra=(("Allow", "GET, HEAD"),)), keep=keep)
+            return keep
+        path = target.split("?", 1)[0]
+        if path == "/metrics":
+            response = await self._metrics(headers.get("accept", ""))
+        elif path == "/":
+            response = _Response(200, _INDEX)
+        else:
+            response = _Response(404, b"not found: try /metrics\n")
+        await self._send(writer, response, keep=keep, head=method == "HEAD")
+        return keep
+
+    async def _authorized(self, header: str | None) -> bool:
+        if self.web is None or not self.web.auth:
+            return True
+        return bool(await self._loop.run_in_executor(self._pool, self.web.check_header, header))
+
+    async def _metrics(self, accept: str) -> _Response:
+        from prometheus_client.exposition import choose_encoder
+
+        encoder, content_type = choose_encoder(accept)
+        try:
+            body = await self._loop.run_in_executor(self._pool, encoder, self.registry)
+        except Exception as exc:  # a collector that raises: one 500, the server goes on
+            return _Response(500, f"error rendering metrics: {type(exc).__name__}\n".encode())
+        return _Response(200, body, content_type)
+
+    async def _send(self, writer: asyncio.StreamWriter, r: _Response, *, keep: bool, head: bool = False) -> None:
+        lines = [f"HTTP/1.1 {r.status} {_REASONS.get(r.status, '')}", f"Content-Type: {r.content_type}",
+                 f"Content-Length: {len(r.body)}",
+                 f"Date: {time.strftime('%a, %d %b %Y %H:%M:%S GMT', time.gmtime())}",
+                 f"Connection: {'keep-alive' if keep else 'close'}", *(f"{k}: {v}" for k, v in r.extra)]
+        writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (b"" if head else r.body))
+        await asyncio.wait_for(writer.drain(), self.limits.idle_timeout)

@@ -1,0 +1,36 @@
+"""Output files, checked before the work that fills them starts: a sweep, a program run or a test session
+must never be thrown away because the file it was for could not be written."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from kvguardian._errors import UsageError
+
+__all__ = ["check_writable"]
+
+
+def check_writable(path: str | os.PathLike[str], flag: str) -> Path:
+    """``path`` as a `Path` when a file can be written there (its folder exists and is writable; it is not a
+    folder; an existing file is writable). ``"-"`` (standard output) always passes.
+
+    Raises:
+        UsageError: naming ``flag``, the path, what is wrong, and the fix.
+    """
+    p = Path(path)
+    if str(path) == "-":
+        return p
+    folder = p.parent if str(p.parent) else Path(".")
+    if p.is_dir():
+        problem = "is a folder"
+    elif not folder.is_dir():
+        problem = f"is in a folder that does not exist ({folder})"
+    elif p.exists() and not os.access(p, os.W_OK):
+        problem = "exists and is not writable"
+    elif not p.exists() and not os.access(folder, os.W_OK | os.X_OK):
+        problem = f"is in a folder this user may not write to ({folder})"
+    else:
+        return p
+    raise UsageError(f"{flag} {str(path)!r} {problem}; fix: pass a writable file path (checked before starting, "
+                     "so no work is lost)")

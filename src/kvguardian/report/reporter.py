@@ -1,0 +1,88 @@
+"""The one reporter interface: every command's output goes through a `Reporter`.
+
+A command (or a renderer such as ``keyspace.render.print_scan``) describes its output as a sequence of
+blocks — a heading, lines of text, tables, findings, and the machine-readable result — and the reporter
+chosen by the user turns them into a format:
+
+==============  ==================================================================================
+``console``     `kvguardian.report.console.ConsoleReporter`: rich tables and lines on a terminal
+``json``        `kvguardian.report.json.JsonReporter`: only the result document, as JSON
+==============  ==================================================================================
+
+Every argument is data, never markup: reporters escape what they show (`kvguardian.report.escape`), so a key
+named ``[/oops]`` or ``"\\x1b[2J"`` prints as itself. To add a format (HTML, say), write a class with these
+methods that takes ``(stream)`` and add one line to `FORMATS`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import IO, Any, Literal, Protocol
+
+from kvguardian._errors import UsageError
+from kvguardian.findings import Finding, Report
+
+__all__ = ["FORMATS", "Reporter", "Tone", "make_reporter", "reporting"]
+
+#: How a line of text is meant: plain prose, emphasised, a warning, or an error.
+Tone = Literal["plain", "strong", "warning", "error"]
+
+#: format name -> "module:class". Add a line here to add a format.
+FORMATS: dict[str, str] = {
+    "console": "kvguardian.report.console:ConsoleReporter",
+    "json": "kvguardian.report.json:JsonReporter",
+}
+
+
+class Reporter(Protocol):
+    """Where a command's output goes. Implementations escape every string they are given."""
+
+    def heading(self, text: str) -> None:
+        """The title of what follows (a command's first line, a section)."""
+
+    def text(self, line: str, *, tone: Tone = "plain") -> None:
+        """One line of prose; ``""`` is a blank line."""
+
+    def table(self, title: str, columns: Sequence[str], rows: Iterable[Sequence[object]]) -> None:
+        """A table; cells are shown with ``str()``."""
+
+    def findings(self, report: Report, *, per_group: int | None = None, limit: int = 50,
+                 more: str = "the JSON report") -> None:
+        """Findings worst first, each with its holder chain and fix, then the counts. With ``per_group``,
+        findings sharing id, severity and holder root are shown ``per_group`` at a time and counted;
+        ``more`` names where the rest can be read."""
+
+    def finding(self, finding: Finding) -> None:
+        """One finding's first line, as it appears (live output of a long-running command)."""
+
+    def result(self, payload: Mapping[str, Any]) -> None:
+        """The machine-readable result of the command (what ``--json`` prints)."""
+
+    def close(self) -> None:
+        """Finish the output (a buffering format writes it now)."""
+
+
+def make_reporter(fmt: str = "console", stream: IO[str] | None = None) -> Reporter:
+    """A reporter of format ``fmt`` writing to ``stream`` (stdout by default).
+
+    Raises:
+        UsageError: ``fmt`` is not a key of `FORMATS`.
+    """
+    target = FORMATS.get(fmt)
+    if target is None:
+        raise UsageError(f"unknown output format {fmt!r}; use one of: {', '.join(FORMATS)}")
+    module, _, cls = target.partition(":")
+    reporter: Reporter = getattr(importlib.import_module(module), cls)(stream)
+    return reporter
+
+
+@contextmanager
+def reporting(fmt: str = "console", stream: IO[str] | None = None) -> Iterator[Reporter]:
+    """`make_reporter` as a context: the reporter is closed (its output written) when the block ends."""
+    reporter = make_reporter(fmt, stream)
+    try:
+        yield reporter
+    finally:
+        reporter.close()
