@@ -1,18 +1,23 @@
 """Detectors are pure functions of a snapshot: feed them hand-built snapshots."""
 
 from kvguardian.detectors import DetectContext, grad_tracked, orphaned, run_all
-from kvguardian.ledger import EntryState, LedgerSnapshot, Record, RequestInfo
+from kvguardian.ledger import EntryOrigin, EntrySite, EntryState, LedgerSnapshot, Record, RequestInfo
 from kvguardian.tensors.holders import HolderChain
 
 
 def rec(eid, rid, state, layer=0, nbytes=100, kind="k"):
-    return Record(eid, 1000 + eid, kind, layer, rid, "t", 0, "DynamicLayer", (1, 2, 4, 8), "torch.float32", "cpu",
-                  nbytes, nbytes, 0.0, 0.0, state)
+    origin = EntryOrigin(entry_id=eid, site=EntrySite(kind, layer, "DynamicLayer"), generation=0,
+                         dtype="torch.float32", device="cpu", created=0.0, capacity_tokens=None)
+    return Record(origin=origin, key=1000 + eid, request_id=rid, tenant="t", shape=(1, 2, 4, 8), logical_bytes=nbytes,
+                  storage_bytes=nbytes, last_access=0.0, state=state)
 
 
 def snap(records=(), grad=(), series=()):
-    reqs = {r: RequestInfo(r, "t", 0, 0.0, ended=1.0) for r in {x.request_id for x in records if x.request_id}}
-    return LedgerSnapshot(10.0, 0, tuple(records), reqs, tuple(series), tuple(grad), {}, 0, {}, 0, 0)
+    reqs = {r: RequestInfo(request_id=r, tenant="t", generation=0, started=0.0, ended=1.0)
+            for r in {x.request_id for x in records if x.request_id}}
+    return LedgerSnapshot(taken=10.0, generation=0, records=tuple(records), requests=reqs,
+                          retained_series=tuple(series), grad_observations=tuple(grad), event_counts={},
+                          events_dropped=0, instrumentation_errors={}, released_entries=0, released_bytes=0)
 
 
 def test_orphaned_groups_by_request_and_uses_the_complete_chain():

@@ -1,0 +1,207 @@
+"""What the ledger records: one `Record` per KV entry, one `RequestInfo` per request, and the small named types
+sources describe an observation with (`EntrySite`, `Update`).
+
+Ownership: only the ledger (this package) mutates a record or a request; sources go through `Ledger` methods;
+snapshots hold copies. What an entry *is* - its id, where it was observed, its generation, dtype and device -
+is an `EntryOrigin`, an immutable tuple held in a ``Final`` field: write-once by construction, and read through
+read-only attributes of the record. A request's write-once fields raise on a second write.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from operator import attrgetter
+from typing import TYPE_CHECKING, Any, Final, Generic, NamedTuple, TypeVar, overload
+
+__all__ = ["INDEXED", "NO_FILL", "NO_GRAD", "EntryOrigin", "EntrySite", "EntryState", "OriginField", "Record",
+           "RequestInfo", "Update"]
+
+T = TypeVar("T")
+
+
+class EntryState(str, enum.Enum):
+    """live (owner active) → retained (declared) or orphaned (nothing declared it) → released."""
+
+    LIVE = "live"
+    RETAINED = "retained"
+    ORPHANED = "orphaned"
+    RELEASED = "released"
+
+
+#: the states of indexed (not yet released) entries
+INDEXED = (EntryState.LIVE, EntryState.RETAINED, EntryState.ORPHANED)
+
+
+class EntrySite(NamedTuple):
+    """Where a source observed a KV entry. Constant per logical place, so a source builds it once (per cache
+    layer and kind) and passes the same tuple at every step; every entry created there keeps it."""
+
+    kind: str  # "k", "v", "kv", "block", "qk", ...
+    layer: int | None  # model layer index, when known
+    source: str  # who reported it ("DynamicLayer", "StaticLayer", "track", "pool", ...)
+    slot: Hashable | None = None  # logical place (cache id, layer, kind): a newer storage there supersedes the old
+    role: str | None = None  # "self" / "cross" attention for encoder-decoder caches, else None
+    cache: str | None = None  # label of the cache object the storage belongs to, when known
+
+
+class Update(NamedTuple):
+    """What a source knows about the update that stored the tensors it reports, besides the tensors."""
+
+    filled_tokens: int | None = None  # tokens holding data (static caches), None when unknown
+    capacity_tokens: int | None = None  # token capacity of the storage (static caches), None when unknown
+    grad_enabled: bool = True  # False: grad mode was off, so no tensor this update produced requires grad
+
+
+#: an update that says nothing beyond its tensors (grad mode on, or unknown)
+NO_FILL = Update()
+#: the same with grad mode off (``torch.is_grad_enabled()`` was False): requires_grad is not read where an
+#: entry continues
+NO_GRAD = Update(grad_enabled=False)
+
+
+class EntryOrigin(NamedTuple):
+    """What an entry is, fixed when the ledger creates it (an immutable tuple: write-once by construction)."""
+
+    entry_id: int  # ledger-assigned, never reused
+    site: EntrySite  # kind, layer, source, slot, role, cache
+    generation: int  # model generation when created (a reload bumps it)
+    dtype: str  # "torch.float16", "" for non-tensor entries
+    device: str  # "cpu", "cuda:0", "" for non-tensor entries
+    created: float  # time.monotonic() at creation
+    capacity_tokens: int | None  # token capacity of the storage (static caches), None when unknown
+
+
+class OriginField(property, Generic[T]):
+    """A read-only attribute of a `Record` that reads a field of its `EntryOrigin` (a C-level getter: as cheap as
+    reading a slot)."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(attrgetter(f"origin.{path}"))
+
+    if TYPE_CHECKING:
+        @overload
+        def __get__(self, instance: None, owner: type, /) -> OriginField[T]: ...
+        @overload
+        def __get__(self, instance: Any, owner: type | None = None, /) -> T: ...
+        def __get__(self, instance: Any, owner: type | None = None, /) -> Any: ...
+
+
+@dataclass(slots=True, eq=False, kw_only=True)
+class Record:
+    """One KV entry: its `origin` (immutable) and its current state, which only the ledger changes.
+
+    A tensor entry is keyed by its storage's data pointer, so views of one storage are one entry. An entry whose
+    slot's storage is freed and replaced (DynamicLayer's ``torch.cat`` every step) continues with the new storage
+    instead of being released and created again: ``key``, ``storage_bytes``, ``wref`` and ``incarnation``
+    change then, and only then.
+    """
+
+    origin: Final[EntryOrigin]  # write-once: an immutable tuple, and Final (mypy refuses a reassignment)
+    key: Hashable  # storage data pointer (tensors) or the source's key (block id, key name); see the class doc
+    request_id: str | None  # owner; changes on a hit (a later request reuses the entry)
+    tenant: str | None  # the owner's tenant; changes with request_id
+    shape: tuple[int, ...]  # last observed shape of the view ([B, H_kv, S, D] for HF layers; the hot path stores
+    # the torch.Size it read, a tuple subclass, and copies make it a plain tuple)
+    logical_bytes: int  # bytes of the last observed view (numel * element size)
+    storage_bytes: int  # bytes of the whole storage, counted once however many views exist; see the class doc
+    last_access: float  # time.monotonic() of the last observation
+    state: EntryState = EntryState.LIVE  # changed by request ends, hits, retention marks and the release
+    superseded: bool = False  # a newer storage took this entry's slot while this one was still alive
+    filled_tokens: int | None = None  # tokens holding data (static caches), None when unknown
+    grad: bool = False  # requires_grad or grad_fn seen on the tensor
+    retained_reason: str | None = None  # set (and cleared) by a declared retention
+    released_at: float | None = None  # set once, when the storage was freed (released records leave the index)
+    wref: Any = None  # the weak reference whose callback reports the storage's release (never a strong ref)
+    incarnation: int = 0  # storages this entry tracked before the current one (see the class doc)
+    appends: int = 0  # appends by the current owner; only the first is buffered as an event
+
+    def __repr__(self) -> str:  # id-only: records are compared and logged by id
+        return f"<Record #{self.origin.entry_id} {self.origin.site.kind} layer={self.origin.site.layer} " \
+               f"{self.state.value}>"
+
+    def copy(self) -> Record:
+        """A detached copy for a snapshot: the same origin, a plain-tuple shape, no weak reference."""
+        return Record(
+            origin=self.origin, key=self.key, request_id=self.request_id, tenant=self.tenant, shape=tuple(self.shape),
+            logical_bytes=self.logical_bytes, storage_bytes=self.storage_bytes, last_access=self.last_access,
+            state=self.state, superseded=self.superseded, filled_tokens=self.filled_tokens, grad=self.grad,
+            retained_reason=self.retained_reason, released_at=self.released_at, incarnation=self.incarnation,
+        )
+
+    # what the entry is, read from its origin (assigning one raises AttributeError)
+    entry_id = OriginField[int]("entry_id")
+    kind = OriginField[str]("site.kind")
+    layer = OriginField["int | None"]("site.layer")
+    source = OriginField[str]("site.source")
+    slot = OriginField["Hashable | None"]("site.slot")
+    role = OriginField["str | None"]("site.role")
+    cache = OriginField["str | None"]("site.cache")
+    generation = OriginField[int]("generation")
+    dtype = OriginField[str]("dtype")
+    device = OriginField[str]("device")
+    created = OriginField[float]("created")
+    capacity_tokens = OriginField["int | None"]("capacity_tokens")
+
+    # ------------------------------------------------------------------ derived
+    @property
+    def kv_heads(self) -> int | None:
+        return self.shape[1] if len(self.shape) == 4 else None
+
+    @property
+    def seq_len(self) -> int | None:
+        return self.shape[2] if len(self.shape) == 4 else None
+
+    @property
+    def unused_bytes(self) -> int:
+        """Bytes of the storage that hold no token: unused static capacity, or the rest of a cropped view."""
+        cap = self.origin.capacity_tokens
+        if self.filled_tokens is not None and cap:
+            used = self.storage_bytes * min(self.filled_tokens, cap) // cap
+            return max(0, self.storage_bytes - used)
+        return max(0, self.storage_bytes - self.logical_bytes)
+
+
+#: RequestInfo fields that are set once: in the constructor, or (``ended``) from None by `Ledger.end_request`
+_REQUEST_WRITE_ONCE = frozenset({"request_id", "tenant", "generation", "started", "implicit", "ended"})
+
+
+@dataclass(slots=True, eq=False)
+class RequestInfo:
+    """One request (or an implicit one: a bare generate() call, a manually driven cache).
+
+    Write-once fields raise `AttributeError` on a second write; ``entry_ids`` is the ledger's to change.
+    """
+
+    request_id: Final[str]  # write-once
+    tenant: Final[str | None]  # write-once
+    generation: Final[int]  # write-once: model generation when the request began
+    started: Final[float]  # write-once: time.monotonic() at begin_request
+    ended: float | None = None  # write-once: set from None by end_request
+    implicit: bool = False  # write-once: created by kv-guardian, not by the user
+    entry_ids: set[int] = field(default_factory=set)  # live entries it owns (ledger-maintained)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _REQUEST_WRITE_ONCE:
+            try:
+                current = object.__getattribute__(self, name)
+            except AttributeError:  # the constructor's assignment
+                pass
+            else:
+                if name != "ended" or current is not None:
+                    raise AttributeError(f"RequestInfo.{name} of {self!r} is write-once")
+        object.__setattr__(self, name, value)
+
+    def __repr__(self) -> str:
+        return f"<Request {self.request_id!r} {'ended' if self.ended is not None else 'active'}>"
+
+    @property
+    def active(self) -> bool:
+        return self.ended is None
+
+    def copy(self) -> RequestInfo:
+        """A detached copy for a snapshot."""
+        return RequestInfo(request_id=self.request_id, tenant=self.tenant, generation=self.generation,
+                           started=self.started, ended=self.ended, implicit=self.implicit,
+                           entry_ids=set(self.entry_ids))

@@ -1,0 +1,148 @@
+"""Tensor entries: each observed tensor's storage is one entry, and a slot's entry goes on with the next storage.
+
+Called by `Ledger.observe` / `Ledger.observe_kv` with the lock held, once per tensor per cache update (per
+layer per decode step): the common cases - the same storage written in place (static caches), or the slot's
+previous storage freed and replaced (DynamicLayer's ``torch.cat``) - are dictionary hits and attribute writes
+on the slot's entry (`TensorEntries._continue`), never a new record.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvguardian.ledger.records import EntryOrigin, EntrySite, Record, RequestInfo, Update
+from kvguardian.ledger.table import EntryTable
+
+__all__ = ["TensorEntries"]
+
+
+class TensorEntries:
+    """Observes tensors into the entry table (lock held)."""
+
+    def __init__(self, table: EntryTable) -> None:
+        self.table = table
+        self._names: dict[Any, str] = {}  # torch dtype/device -> its name (str() is slow on the hot path)
+
+    def observe(self, tensor: Any, site: EntrySite, request: RequestInfo | None, update: Update,
+                now: float) -> Record | None:
+        """Record one observation of ``tensor`` (a KV tensor or a view of one) at ``site``. Returns its entry, or
+        None for an empty tensor (no storage to track)."""
+        storage = tensor.untyped_storage()
+        ptr = storage.data_ptr()
+        if not ptr:
+            return None
+        slot = site.slot
+        rec = self.table.slots.get(slot) if slot is not None else None
+        if rec is None or not self._continue(rec, tensor, storage, ptr, update):
+            rec = self._existing(tensor, storage, ptr, site, update)
+            if rec is None:
+                return self._create(tensor, site, request, update, now)
+        rec.last_access = now
+        self.table.touch(rec, request, now)
+        return rec
+
+    def _continue(self, rec: Record, tensor: Any, storage: Any, ptr: int, update: Update) -> bool:
+        """The fast path of a slot's next observation: the slot's entry ``rec`` goes on with this tensor. False
+        when it cannot (a storage already tracked elsewhere, or the slot's previous storage still alive - a new
+        entry supersedes it)."""
+        wref = rec.wref
+        if wref is None:
+            return False
+        if rec.key == ptr and wref() is not None:
+            # the same storage (written in place, as static caches do, or a new view of it)
+            rec.shape = tensor.shape  # a torch.Size (a tuple); copies convert it
+            nb = rec.logical_bytes = tensor.nbytes
+            if nb < rec.storage_bytes:
+                self.table.totals.partial[rec.origin.entry_id] = rec
+            filled = update.filled_tokens
+            if filled is not None:
+                rec.filled_tokens = filled
+            if update.grad_enabled and tensor.requires_grad:
+                rec.grad = True
+            return True
+        if wref() is not None:
+            return False
+        other = self.table.by_key.get(ptr)
+        if other is not None and other is not rec:
+            return False
+        self._recycle(rec, tensor, storage, ptr, update.grad_enabled)
+        return True
+
+    def _existing(self, tensor: Any, storage: Any, ptr: int, site: EntrySite, update: Update) -> Record | None:
+        """The entry this storage belongs to, brought up to date: the one already tracking it, or the slot's
+        entry whose storage was just freed. None: a new entry."""
+        table = self.table
+        rec = table.by_key.get(ptr)
+        if rec is not None and rec.wref is not None and rec.wref() is None:
+            # the entry's storage was freed and this new storage got its address (release not applied yet)
+            if site.slot is not None and rec.origin.site.slot == site.slot:
+                self._recycle(rec, tensor, storage, ptr, True)
+                return rec
+            table.drain()
+            rec = table.by_key.get(ptr)
+        if rec is not None:
+            rec.shape = tuple(tensor.shape)
+            nb = rec.logical_bytes = tensor.nbytes
+            if nb < rec.storage_bytes:
+                table.totals.partial[rec.origin.entry_id] = rec
+            if update.filled_tokens is not None:
+                rec.filled_tokens = update.filled_tokens
+            if tensor.requires_grad:
+                rec.grad = True
+            return rec
+        if site.slot is not None:
+            prev = table.slots.get(site.slot)
+            if prev is not None and prev.wref is not None and prev.wref() is None:
+                # DynamicLayer's torch.cat: the slot's previous storage has just been freed and this one takes
+                # its place. The entry continues with the new storage: no new record.
+                self._recycle(prev, tensor, storage, ptr, True)
+                return prev
+        return None
+
+    def _recycle(self, rec: Record, tensor: Any, storage: Any, ptr: int, check_grad: bool) -> None:
+        """The entry of a slot whose storage was freed continues with the storage that replaced it.
+
+        Equivalent to releasing the old storage and recording the new one in the same slot - the same counters
+        (released entries and bytes), the same "append" (or "hit") event, which the caller records - without
+        creating and dropping a record every decode step. The old storage's queued release is skipped because
+        the entry's ``wref`` is no longer the one queued.
+        """
+        table = self.table
+        table.rekey(rec, ptr)
+        rec.incarnation += 1
+        rec.wref = table.releases.watch(storage, rec.origin.entry_id)
+        new_bytes = storage.nbytes()
+        table.resize(rec, new_bytes)
+        rec.shape = tensor.shape  # a torch.Size (a tuple); copies convert it
+        nb = rec.logical_bytes = tensor.nbytes
+        if nb < new_bytes:
+            table.totals.partial[rec.origin.entry_id] = rec
+        rec.superseded = False
+        rec.grad = check_grad and tensor.requires_grad
+
+    def _create(self, tensor: Any, site: EntrySite, request: RequestInfo | None, update: Update,
+                now: float) -> Record:
+        """A new entry for ``tensor``'s storage."""
+        table = self.table
+        storage = tensor.untyped_storage()
+        eid = table.new_id()
+        rec = Record(
+            origin=EntryOrigin(entry_id=eid, site=site, generation=table.generation, dtype=self._name(tensor.dtype),
+                               device=self._name(tensor.device), created=now,
+                               capacity_tokens=update.capacity_tokens),
+            key=storage.data_ptr(),
+            request_id=request.request_id if request is not None else None,
+            tenant=request.tenant if request is not None else None,
+            shape=tuple(tensor.shape), logical_bytes=tensor.nbytes, storage_bytes=storage.nbytes(),
+            last_access=now, filled_tokens=update.filled_tokens, grad=bool(tensor.requires_grad),
+        )
+        rec.wref = table.releases.watch(storage, eid)
+        table.insert(rec, request, now)
+        return rec
+
+    def _name(self, obj: Any) -> str:
+        """The name of a torch dtype or device, cached."""
+        name = self._names.get(obj)
+        if name is None:
+            name = self._names[obj] = str(obj)
+        return name
