@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextvars
 import functools
-import itertools
 import threading
 import weakref
 from typing import TYPE_CHECKING, Any
@@ -32,6 +31,7 @@ from kvguardian import _faults
 from kvguardian._errors import UsageError
 from kvguardian.hf.compat import MIN_TRANSFORMERS, check_transformers_version
 from kvguardian.hf.observers import CacheUpdate
+from kvguardian.hf.roles import cache_role, note_roles
 
 if TYPE_CHECKING:
     from kvguardian.hf.tracker import HFTracker
@@ -85,8 +85,6 @@ _patch_lock = threading.RLock()
 _patch_users = 0
 _originals: dict[tuple[type, str], Any] = {}  # (class, attribute) -> original, for uninstall
 _observed = [0]  # updates observed by the base wrapper: lets an overriding subclass's wrapper skip doubles
-_ROLES: weakref.WeakKeyDictionary[Any, tuple[str, str]] = weakref.WeakKeyDictionary()
-_edc_ids = itertools.count(1)
 
 
 def process_tracker() -> HFTracker | None:
@@ -111,14 +109,6 @@ def set_process_tracker(tracker: HFTracker | None, *, generate: bool = True) -> 
 def _target_tracker() -> HFTracker | None:
     t = ACTIVE.get()
     return t if t is not None else _PROCESS[0]
-
-
-def cache_role(cache: Any) -> tuple[str, str] | None:
-    """("self" | "cross", parent label) for a sub-cache of an EncoderDecoderCache, else None."""
-    try:
-        return _ROLES.get(cache)
-    except TypeError:
-        return None
 
 
 def _wrap_update(original: Any, *, base: bool) -> Any:
@@ -185,9 +175,7 @@ def _wrap_edc_init(original: Any) -> Any:
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
         try:
-            parent = f"{type(self).__name__}#{next(_edc_ids)}"
-            _ROLES[self.self_attention_cache] = ("self", parent)
-            _ROLES[self.cross_attention_cache] = ("cross", parent)
+            note_roles(self)
         except Exception:  # never break the model
             pass
 

@@ -19,6 +19,7 @@ from kvguardian import _faults
 from kvguardian.hf.layers import plan_for, static_filled
 from kvguardian.hf.lifecycle import Lifecycle
 from kvguardian.hf.observers import CacheUpdate, LayerState, ObserveEnv
+from kvguardian.hf.roles import cache_role
 from kvguardian.hf.states import CacheState
 from kvguardian.ledger import EntrySite, EntryState, Record, RequestInfo, Update
 from kvguardian.reuse import ReuseWindow
@@ -165,8 +166,6 @@ class HFTracker:
 
     # ------------------------------------------------------------------ cache states
     def _new_cache(self, cache: Any) -> CacheState:
-        from kvguardian.hf.instrument import cache_role
-
         old = self.caches.get(id(cache))
         if old is not None:  # the address was reused by a new cache before the old one's death was seen
             if self._by_ref.pop(id(old.ref), None) is not None:
