@@ -8,6 +8,7 @@ import torch
 import transformers
 from transformers import DynamicCache, EncoderDecoderCache, QuantizedCache
 
+from kvg_testing import grow_kv
 from kvguardian._errors import UsageError
 from kvguardian.guard import Guard
 from kvguardian.hf import layers as hf_layers
@@ -258,13 +259,7 @@ def test_unknown_cache_class_is_audited_through_the_generic_path_with_a_warning(
             self.k, self.v = [], []
 
         def update(self, key_states, value_states, layer_idx, *args, **kwargs):
-            if layer_idx == len(self.k):
-                self.k.append(key_states)
-                self.v.append(value_states)
-            else:
-                self.k[layer_idx] = torch.cat([self.k[layer_idx], key_states], -2)
-                self.v[layer_idx] = torch.cat([self.v[layer_idx], value_states], -2)
-            return self.k[layer_idx], self.v[layer_idx]
+            return grow_kv(self.k, self.v, key_states, value_states, layer_idx)
 
     g = Guard().audit_process()
     try:

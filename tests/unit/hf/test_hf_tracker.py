@@ -5,6 +5,7 @@ import gc
 
 import torch
 
+from kvg_testing import grow_kv
 from kvguardian.detectors import DetectContext, run_all
 from kvguardian.hf.layers import KNOWN_LAYERS
 from kvguardian.hf.observers import OBSERVERS, CacheUpdate
@@ -20,13 +21,7 @@ class ListCache:
         self.k, self.v = [], []
 
     def update(self, key_states, value_states, layer_idx):
-        if layer_idx == len(self.k):
-            self.k.append(key_states)
-            self.v.append(value_states)
-        else:
-            self.k[layer_idx] = torch.cat([self.k[layer_idx], key_states], -2)
-            self.v[layer_idx] = torch.cat([self.v[layer_idx], value_states], -2)
-        return self.k[layer_idx], self.v[layer_idx]
+        return grow_kv(self.k, self.v, key_states, value_states, layer_idx)
 
 
 def drive(tracker, cache, steps=3, layers=2):
