@@ -40,19 +40,25 @@ class CacheUpdate(NamedTuple):
 
 
 class ObserveEnv(NamedTuple):
-    """What every observer uses, bound once per tracker."""
+    """What every observer uses, bound once per tracker (attribute chains cost as much as the calls here)."""
 
-    ledger: Ledger
+    observe_kv: Callable[[Any, Any, tuple[EntrySite, EntrySite], RequestInfo | None, Update], bool]  # Ledger's
+    observe: Callable[[Any, EntrySite, RequestInfo | None], Any]  # Ledger.observe
     grad_enabled: Callable[[], bool]  # torch.is_grad_enabled, or a constant False without torch
+
+    @classmethod
+    def of(cls, ledger: Ledger, grad_enabled: Callable[[], bool]) -> ObserveEnv:
+        return cls(ledger.observe_kv, ledger.observe, grad_enabled)
 
 
 class LayerState:
     """What the tracker knows about one layer of one cache: its plan, its observer, where its entries go."""
 
-    __slots__ = ("extra", "index", "marker", "observe", "plan", "sites")
+    __slots__ = ("cls", "extra", "index", "marker", "observe", "plan", "sites")
 
     def __init__(self, plan: LayerPlan, index: int, sites: tuple[EntrySite, EntrySite]) -> None:
         self.plan = plan
+        self.cls = plan.cls  # the layer class it was planned for: another class is planned again
         self.index = index
         self.observe: Observer = OBSERVERS[plan.kind]
         self.sites = sites  # keys' and values' sites: slot (cache id, layer, "k"/"v"), source = the layer class
@@ -90,7 +96,7 @@ def observe_kv(env: ObserveEnv, ls: LayerState, layer: Any, req: RequestInfo, u:
     if keys is None:
         return None
     values = layer.values
-    grad = env.ledger.observe_kv(keys, values, ls.sites, req, NO_FILL if env.grad_enabled() else NO_GRAD)
+    grad = env.observe_kv(keys, values, ls.sites, req, NO_FILL if env.grad_enabled() else NO_GRAD)
     return _grad_tensor(keys, values) if grad else None
 
 
@@ -109,7 +115,7 @@ def observe_static(env: ObserveEnv, ls: LayerState, layer: Any, req: RequestInfo
         n = c if type(c) is int else None
     cap = layer.max_cache_len
     update = Update(min(n, cap) if n is not None else None, cap, env.grad_enabled())
-    grad = env.ledger.observe_kv(keys, values, ls.sites, req, update)
+    grad = env.observe_kv(keys, values, ls.sites, req, update)
     return _grad_tensor(keys, values) if grad else None
 
 
@@ -121,7 +127,7 @@ def observe_fp8(env: ObserveEnv, ls: LayerState, layer: Any, req: RequestInfo, u
         return None
     keys = qk[0]
     values = qv[0] if qv is not None else None
-    grad = env.ledger.observe_kv(keys, values, ls.sites, req, NO_FILL if env.grad_enabled() else NO_GRAD)
+    grad = env.observe_kv(keys, values, ls.sites, req, NO_FILL if env.grad_enabled() else NO_GRAD)
     return _grad_tensor(keys, values) if grad else None
 
 
@@ -129,11 +135,10 @@ def observe_quantized(env: ObserveEnv, ls: LayerState, layer: Any, req: RequestI
     """Quanto/HQQ/QuantizedLayer: the original-precision residual every step, and the backend's quantized
     states (a QTensor's inner tensors, hqq's ``(tensor, meta)``) only when they change (every
     ``residual_length`` tokens)."""
-    ledger = env.ledger
     keys = getattr(layer, "keys", None)
     values = getattr(layer, "values", None)
     if keys is not None and keys.numel():
-        ledger.observe_kv(keys, values, ls.sites, req)
+        env.observe_kv(keys, values, ls.sites, req, NO_FILL)
     qk = getattr(layer, "_quantized_keys", None)
     qv = getattr(layer, "_quantized_values", None)
     marker = id(qk) ^ (id(qv) << 1)
@@ -141,7 +146,7 @@ def observe_quantized(env: ObserveEnv, ls: LayerState, layer: Any, req: RequestI
         ls.marker = marker
         for kind, state in (("qk", qk), ("qv", qv)):
             for j, t in enumerate(iter_plain_tensors(state)):
-                ledger.observe(t, ls.site(kind, (kind, j)), req)
+                env.observe(t, ls.site(kind, (kind, j)), req)
     return keys if keys is not None and keys.requires_grad else None
 
 
@@ -149,7 +154,7 @@ def observe_generic(env: ObserveEnv, ls: LayerState, layer: Any, req: RequestInf
     """An unknown layer class: every tensor attribute (audited, with a KVG107 warning)."""
     first = None
     for name, t in generic_tensors(layer):
-        env.ledger.observe(t, ls.site(name, name), req)
+        env.observe(t, ls.site(name, name), req)
         if first is None:
             first = t
     return first if first is not None and first.requires_grad else None

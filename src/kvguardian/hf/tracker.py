@@ -75,7 +75,7 @@ class HFTracker:
         self._note_grad = host.note_grad
         # grad mode off (inference_mode, no_grad): nothing an update stores requires grad, so the ledger does not
         # read requires_grad where an entry continues
-        self._env = ObserveEnv(self.ledger, _grad_mode())
+        self._env = ObserveEnv.of(self.ledger, _grad_mode())
         host.add_source(self)
 
     @property
@@ -141,7 +141,7 @@ class HFTracker:
         layers = cache.layers
         layer = layers[idx]
         ls = st.layers[idx] if idx < len(st.layers) else None
-        if ls is None or type(layer) is not ls.plan.cls:
+        if ls is None or type(layer) is not ls.cls:
             ls = self._plan_layer(st, idx, layer, len(layers))
         grad = ls.observe(self._env, ls, layer, req, u)
         if grad is not None:

@@ -64,6 +64,7 @@ class Ledger:
         self._releases = ReleaseQueue(clock)
         self._table = EntryTable(events=self._events, releases=self._releases, request_history=request_history)
         self._tensors = TensorEntries(self._table)
+        self._observe_tensor = self._tensors.observe  # bound once: observe_kv runs per layer per decode step
         self._series: deque[tuple[float, str, int]] = deque(maxlen=series_capacity)
         self._grad_obs: deque[dict[str, Any]] = deque(maxlen=256)
         self.instrumentation_errors: Counter[str] = Counter()
@@ -159,7 +160,7 @@ class Ledger:
         lock.acquire()  # not `with`: the context-manager protocol costs as much as the rest of a fast path
         try:
             now = self._clock()
-            observe = self._tensors.observe
+            observe = self._observe_tensor
             # releases are applied after, not before: a slot whose storage was just freed (DynamicLayer's cat)
             # then continues with the new storage instead of a release plus a new record
             rec = observe(keys, sites[0], request, update, now)

@@ -41,11 +41,13 @@ class ReleaseQueue:
             # appends (atomic under the GIL; nothing here can raise but MemoryError); the ledger applies it.
             append((wref, clock()))
 
-        self._on_freed = on_freed  # the callback of every weak reference
+        #: the callback of every weak reference the ledger makes (`watch`; the tensor path makes its own
+        #: ``StorageRef(storage, on_freed)`` inline, once per tensor per decode step)
+        self.on_freed = on_freed
 
     def watch(self, obj: Any, entry_id: int) -> StorageRef:
         """A weak reference to ``obj`` (a storage, or any weak-referenceable object) that queues ``entry_id``'s
         release when ``obj`` dies."""
-        wref = StorageRef(obj, self._on_freed)
+        wref = StorageRef(obj, self.on_freed)
         wref.eid = entry_id
         return wref

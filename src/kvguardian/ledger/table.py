@@ -114,28 +114,6 @@ class EntryTable:
         self.totals.move(rec, EntryState.RETAINED if rec.retained_reason else EntryState.ORPHANED)
         self.totals.ended_bytes += rec.storage_bytes
 
-    def resize(self, rec: Record, new_bytes: int) -> None:
-        """``rec`` continues with a storage of ``new_bytes``: the old storage counts as released."""
-        totals = self.totals
-        old_bytes = rec.storage_bytes
-        totals.released_entries += 1
-        totals.released_bytes += old_bytes
-        if rec.state is not EntryState.LIVE and rec.request_id is not None:
-            info = self.requests.get(rec.request_id)
-            if info is not None and info.ended is not None:
-                totals.ended_bytes += new_bytes - old_bytes
-        rec.storage_bytes = new_bytes
-        totals.bytes[rec.state] += new_bytes - old_bytes
-
-    def rekey(self, rec: Record, key: Hashable) -> None:
-        """``rec`` is found under ``key`` from now on (it continues with the storage at that address)."""
-        by_key = self.by_key
-        old = by_key.pop(rec.key, None)
-        if old is not None and old is not rec:  # the old address already belongs to another entry
-            by_key[rec.key] = old
-        by_key[key] = rec
-        rec.key = key
-
     def release(self, rec: Record, ts: float, detail: str | None) -> None:
         """``rec``'s storage (or entry) is gone: it leaves the index; its release event may wait (vacated)."""
         eid = rec.origin.entry_id

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvguardian.ledger.records import EntryOrigin, EntrySite, Record, RequestInfo, Update
+from kvguardian.ledger.records import EntryOrigin, EntrySite, EntryState, Record, RequestInfo, Update
+from kvguardian.ledger.releases import StorageRef
 from kvguardian.ledger.table import EntryTable
 
 __all__ = ["TensorEntries"]
@@ -21,6 +22,13 @@ class TensorEntries:
 
     def __init__(self, table: EntryTable) -> None:
         self.table = table
+        # bound once (the table never replaces them): attribute chains cost as much as the rest of a step here
+        self._slots = table.slots
+        self._by_key = table.by_key
+        self._totals = table.totals
+        self._events = table.events
+        self._watch = table.releases.watch
+        self._on_freed = table.releases.on_freed
         self._names: dict[Any, str] = {}  # torch dtype/device -> its name (str() is slow on the hot path)
 
     def observe(self, tensor: Any, site: EntrySite, request: RequestInfo | None, update: Update,
@@ -32,13 +40,17 @@ class TensorEntries:
         if not ptr:
             return None
         slot = site.slot
-        rec = self.table.slots.get(slot) if slot is not None else None
+        rec = self._slots.get(slot) if slot is not None else None
         if rec is None or not self._continue(rec, tensor, storage, ptr, update):
             rec = self._existing(tensor, storage, ptr, site, update)
             if rec is None:
                 return self._create(tensor, site, request, update, now)
         rec.last_access = now
-        self.table.touch(rec, request, now)
+        if rec.appends and (request is None or rec.request_id == request.request_id):
+            rec.appends += 1  # EntryTable.touch's per-step case, inlined: an append by the owner, only counted
+            self._events.appends += 1
+        else:
+            self.table.touch(rec, request, now)
         return rec
 
     def _continue(self, rec: Record, tensor: Any, storage: Any, ptr: int, update: Update) -> bool:
@@ -53,7 +65,7 @@ class TensorEntries:
             rec.shape = tensor.shape  # a torch.Size (a tuple); copies convert it
             nb = rec.logical_bytes = tensor.nbytes
             if nb < rec.storage_bytes:
-                self.table.totals.partial[rec.origin.entry_id] = rec
+                self._totals.partial[rec.origin.entry_id] = rec
             filled = update.filled_tokens
             if filled is not None:
                 rec.filled_tokens = filled
@@ -62,7 +74,7 @@ class TensorEntries:
             return True
         if wref() is not None:
             return False
-        other = self.table.by_key.get(ptr)
+        other = self._by_key.get(ptr)
         if other is not None and other is not rec:
             return False
         self._recycle(rec, tensor, storage, ptr, update.grad_enabled)
@@ -105,18 +117,35 @@ class TensorEntries:
         Equivalent to releasing the old storage and recording the new one in the same slot - the same counters
         (released entries and bytes), the same "append" (or "hit") event, which the caller records - without
         creating and dropping a record every decode step. The old storage's queued release is skipped because
-        the entry's ``wref`` is no longer the one queued.
+        the entry's ``wref`` is no longer the one queued. This is the one place an entry's key and storage size
+        change, so the table's index and totals are updated here, inline (once per tensor per decode step).
         """
-        table = self.table
-        table.rekey(rec, ptr)
+        totals = self._totals
+        eid = rec.origin.entry_id
+        old_bytes = rec.storage_bytes
+        totals.released_entries += 1
+        totals.released_bytes += old_bytes
+        by_key = self._by_key
+        old = by_key.pop(rec.key, None)
+        if old is not None and old is not rec:  # the old address already belongs to another entry
+            by_key[rec.key] = old
+        by_key[ptr] = rec
+        rec.key = ptr
         rec.incarnation += 1
-        rec.wref = table.releases.watch(storage, rec.origin.entry_id)
+        wref = rec.wref = StorageRef(storage, self._on_freed)
+        wref.eid = eid
         new_bytes = storage.nbytes()
-        table.resize(rec, new_bytes)
+        # the totals by state, and the ended-owner bytes, follow the storage's size
+        if rec.state is not EntryState.LIVE and rec.request_id is not None:
+            info = self.table.requests.get(rec.request_id)
+            if info is not None and info.ended is not None:
+                totals.ended_bytes += new_bytes - old_bytes
+        rec.storage_bytes = new_bytes
+        totals.bytes[rec.state] += new_bytes - old_bytes
         rec.shape = tensor.shape  # a torch.Size (a tuple); copies convert it
         nb = rec.logical_bytes = tensor.nbytes
         if nb < new_bytes:
-            table.totals.partial[rec.origin.entry_id] = rec
+            totals.partial[eid] = rec
         rec.superseded = False
         rec.grad = check_grad and tensor.requires_grad
 
@@ -136,7 +165,7 @@ class TensorEntries:
             shape=tuple(tensor.shape), logical_bytes=tensor.nbytes, storage_bytes=storage.nbytes(),
             last_access=now, filled_tokens=update.filled_tokens, grad=bool(tensor.requires_grad),
         )
-        rec.wref = table.releases.watch(storage, eid)
+        rec.wref = self._watch(storage, eid)
         table.insert(rec, request, now)
         return rec
 
