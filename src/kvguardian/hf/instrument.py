@@ -25,7 +25,7 @@ import contextvars
 import functools
 import threading
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from kvguardian import _faults
 from kvguardian._errors import UsageError
@@ -62,22 +62,21 @@ PENDING: contextvars.ContextVar[list[CacheUpdate] | None] = contextvars.ContextV
     "kvguardian_pending_updates", default=None)
 
 
-class KeyInfo:
+class KeyInfo(NamedTuple):
     """What a deferred update keeps of its ``key_states`` (the new tokens' keys): shape, dtype and device, not
     the tensor - holding each layer's new keys until the forward returns would raise the model's peak memory."""
 
-    __slots__ = ("device", "dtype", "shape")
-
-    def __init__(self, shape: Any, dtype: Any, device: Any) -> None:
-        self.shape = shape
-        self.dtype = dtype
-        self.device = device
+    shape: Any  # torch.Size
+    dtype: Any
+    device: Any
 
     def dim(self) -> int:
         return len(self.shape)
 
-# CacheUpdate's positional construction, once per layer per step: tuple.__new__ takes 152 ns here where
-# CacheUpdate(...) takes 273 ns and by keyword 932 ns (python 3.11 on this machine); the order is its field order.
+
+# The positional construction of KeyInfo and CacheUpdate, once per layer per step: tuple.__new__ takes 152 ns here
+# where CacheUpdate(...) takes 273 ns and by keyword 932 ns (python 3.11 on this machine); the order is the
+# field order.
 _new_tuple = tuple.__new__
 
 _PROCESS: list[HFTracker | None] = [None]  # the process tracker (kv-guardian run, pytest plugin), or None
@@ -134,7 +133,7 @@ def _wrap_update(original: Any, *, base: bool) -> Any:
                 # quantized cache returns fresh dequantized copies, which must not be kept alive meanwhile
                 ret = out if type(getattr(self, "layers", None)) is not list else None
                 try:  # keep the new keys' shape, dtype and device, not the tensor
-                    key: Any = KeyInfo(key_states.shape, key_states.dtype, key_states.device)
+                    key: Any = _new_tuple(KeyInfo, (key_states.shape, key_states.dtype, key_states.device))
                 except Exception:  # not a tensor: keep the object itself
                     key = key_states
                 pending.append(_new_tuple(CacheUpdate, (self, layer_idx, key, args, kwargs, ret)))
