@@ -3,8 +3,8 @@
 =============  ==============================================================================================
 module         what it owns
 =============  ==============================================================================================
-`records`      `Record` (one KV entry, its immutable `EntryOrigin`), `RequestInfo`, `EntryState`, and the small
-               types sources describe an observation with (`EntrySite`, `Update`)
+`records`      `Record` (one KV entry), `RequestInfo`, `EntryState`, and the small types sources describe an
+               observation with (`EntrySite`, `Update`, `EntryView`)
 `table`        the index of live entries and every state change (init, append, hit, owner ended, release)
 `tensors`      the per-step tensor path: a slot's entry continues with the next storage
 `events`       `Event` and the one bounded event buffer
@@ -17,7 +17,7 @@ module         what it owns
 
 from kvguardian.ledger.events import EVENT_KINDS, Event
 from kvguardian.ledger.ledger import Ledger
-from kvguardian.ledger.records import NO_FILL, NO_GRAD, EntryOrigin, EntrySite, EntryState, Record, RequestInfo, Update
+from kvguardian.ledger.records import NO_FILL, NO_GRAD, EntrySite, EntryState, EntryView, Record, RequestInfo, Update
 from kvguardian.ledger.snapshot import LedgerSnapshot
 from kvguardian.ledger.totals import LedgerTotals
 
@@ -25,9 +25,9 @@ __all__ = [
     "EVENT_KINDS",
     "NO_FILL",
     "NO_GRAD",
-    "EntryOrigin",
     "EntrySite",
     "EntryState",
+    "EntryView",
     "Event",
     "Ledger",
     "LedgerSnapshot",

@@ -64,18 +64,17 @@ class EventBuffer:
         buffer = self.buffer
         if len(buffer) == self.capacity:
             self.dropped += 1
-        site = rec.origin.site
         shape: tuple[int, ...] | None = None
         dtype: str | None = None
         device: str | None = None
         if kind == "init":
-            shape, dtype, device = tuple(rec.shape), rec.origin.dtype, rec.origin.device
+            shape, dtype, device = tuple(rec.shape), rec.dtype, rec.device
         # The one positional construction of an Event: tuple.__new__ takes 256 ns here where Event(**fields)
         # takes 632 ns (python 3.11 on this machine), once per entry created, owner change and release. The
         # order is Event's field order.
         buffer.append(_new_tuple(Event, (
-            ts, kind, rec.origin.entry_id, rec.request_id, rec.tenant, site.layer, rec.storage_bytes, detail,
-            "entry", site.cache, shape, dtype, device, None, None, None,
+            ts, kind, rec.entry_id, rec.request_id, rec.tenant, rec.layer, rec.storage_bytes, detail,
+            "entry", rec.cache, shape, dtype, device, None, None, None,
         )))
         self.counts[kind] += 1
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from kvguardian._errors import UsageError
 from kvguardian.ledger.events import EVENT_KINDS, Event, EventBuffer
 from kvguardian.ledger.fields import cache_event, site_of
-from kvguardian.ledger.records import NO_FILL, EntryOrigin, EntrySite, EntryState, Record, RequestInfo, Update
+from kvguardian.ledger.records import NO_FILL, EntrySite, EntryState, EntryView, Record, RequestInfo, Update
 from kvguardian.ledger.releases import ReleaseQueue
 from kvguardian.ledger.snapshot import LedgerSnapshot
 from kvguardian.ledger.table import EntryTable
@@ -62,7 +62,8 @@ class Ledger:
         self._clock = clock
         self._events = EventBuffer(event_capacity)
         self._releases = ReleaseQueue(clock)
-        self._table = EntryTable(events=self._events, releases=self._releases, request_history=request_history)
+        self._table = EntryTable(events=self._events, releases=self._releases, request_history=request_history,
+                                 clock=clock)
         self._tensors = TensorEntries(self._table)
         self._observe_tensor = self._tensors.observe  # bound once: observe_kv runs per layer per decode step
         self._series: deque[tuple[float, str, int]] = deque(maxlen=series_capacity)
@@ -223,22 +224,12 @@ class Ledger:
             table.drain()
             if key in table.by_key:
                 raise UsageError(f"entry key {key!r} is already live; fix: release it before adding it again")
-            now = self._clock()
-            eid = table.new_id()
-            rec = Record(
-                origin=EntryOrigin(entry_id=eid, site=site, generation=table.generation,
-                                   dtype=fields.get("dtype", ""), device=fields.get("device", ""), created=now,
-                                   capacity_tokens=update.capacity_tokens),
-                key=key,
-                request_id=request.request_id if request is not None else None,
-                tenant=request.tenant if request is not None else None,
-                shape=fields.get("shape", ()), logical_bytes=nbytes, storage_bytes=nbytes, last_access=now,
-                filled_tokens=update.filled_tokens,
-            )
+            view = EntryView(shape=fields.get("shape", ()), dtype=fields.get("dtype", ""),
+                             device=fields.get("device", ""), logical_bytes=nbytes, storage_bytes=nbytes)
+            rec = table.create(key, site, request, view, update)
             watch = fields.get("watch")
             if watch is not None:
-                rec.wref = self._releases.watch(watch, eid)
-            table.insert(rec, request, now)
+                rec.wref = self._releases.watch(watch, rec.entry_id)
             return rec
 
     def touch_entry(self, key: Hashable, request: RequestInfo | None, *, filled_tokens: int | None = None) -> None:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Hashable, Iterable
 from kvguardian import _faults
 from kvguardian._errors import InternalError, UsageError
 from kvguardian.ledger.events import EventBuffer
-from kvguardian.ledger.records import EntryState, Record, RequestInfo
+from kvguardian.ledger.records import EntrySite, EntryState, EntryView, Record, RequestInfo, Update
 from kvguardian.ledger.releases import ReleaseQueue
 from kvguardian.ledger.totals import StateTotals
 
@@ -24,7 +24,9 @@ __all__ = ["EntryTable"]
 class EntryTable:
     """The index of live entries, the requests that own them, and every entry state change (lock held)."""
 
-    def __init__(self, *, events: EventBuffer, releases: ReleaseQueue, request_history: int) -> None:
+    def __init__(self, *, events: EventBuffer, releases: ReleaseQueue, request_history: int,
+                 clock: Callable[[], float]) -> None:
+        self.clock = clock
         self.events = events
         self.releases = releases
         self.totals = StateTotals()
@@ -56,16 +58,33 @@ class EntryTable:
         return rec
 
     # ------------------------------------------------------------------ transitions
+    def create(self, key: Hashable, site: EntrySite, request: RequestInfo | None, view: EntryView,
+               update: Update) -> Record:
+        """A new entry at ``site`` for ``request``, indexed (its first event: init, or append when it takes over a
+        slot). The caller sets its ``wref`` when something's death must release it."""
+        now = self.clock()
+        rec = Record(
+            entry_id=self.new_id(), key=key, kind=site.kind, layer=site.layer,
+            request_id=request.request_id if request is not None else None,
+            tenant=request.tenant if request is not None else None,
+            generation=self.generation, source=site.source, shape=view.shape, dtype=view.dtype,
+            device=view.device, logical_bytes=view.logical_bytes, storage_bytes=view.storage_bytes, created=now,
+            last_access=now, slot=site.slot, filled_tokens=update.filled_tokens,
+            capacity_tokens=update.capacity_tokens, grad=view.grad, role=site.role, cache=site.cache,
+        )
+        self.insert(rec, request, now)
+        return rec
+
     def insert(self, rec: Record, request: RequestInfo | None, now: float) -> None:
         """Index a new entry; its first event is init, or append when it takes over a slot."""
         self.by_key[rec.key] = rec
-        self.by_id[rec.origin.entry_id] = rec
+        self.by_id[rec.entry_id] = rec
         self.totals.add(rec)
         if request is not None:
-            request.entry_ids.add(rec.origin.entry_id)
+            request.entry_ids.add(rec.entry_id)
             if request.ended is not None:  # an entry created for an ended request (late hook): ended at birth
                 self.end_owner(rec)
-        slot = rec.origin.site.slot
+        slot = rec.slot
         events = self.events
         if slot is None:
             events.entry_event(now, "init", rec, None)
@@ -97,14 +116,14 @@ class EntryTable:
         previous = rec.request_id
         old = self.requests.get(previous) if previous is not None else None
         if old is not None:
-            old.entry_ids.discard(rec.origin.entry_id)
+            old.entry_ids.discard(rec.entry_id)
             if old.ended is not None:
                 self.totals.ended_bytes -= rec.storage_bytes
         rec.request_id = request.request_id
         rec.tenant = request.tenant
         self.totals.move(rec, EntryState.LIVE)
         rec.appends = 0
-        request.entry_ids.add(rec.origin.entry_id)
+        request.entry_ids.add(rec.entry_id)
         if request.ended is not None:
             self.end_owner(rec)
         self.events.entry_event(now, "hit", rec, previous)
@@ -116,7 +135,7 @@ class EntryTable:
 
     def release(self, rec: Record, ts: float, detail: str | None) -> None:
         """``rec``'s storage (or entry) is gone: it leaves the index; its release event may wait (vacated)."""
-        eid = rec.origin.entry_id
+        eid = rec.entry_id
         del self.by_id[eid]
         self.totals.remove(rec)
         if self.by_key.get(rec.key) is rec:
@@ -129,7 +148,7 @@ class EntryTable:
                 info.entry_ids.discard(eid)
         rec.state = EntryState.RELEASED
         rec.released_at = ts
-        slot = rec.origin.site.slot
+        slot = rec.slot
         if slot is not None and self.slots.get(slot) is rec:
             # Wait: if a new storage fills this slot before the ledger is read, this was a replacement
             # (DynamicLayer's cat), not a release. flush_vacated emits the release otherwise.
@@ -236,9 +255,9 @@ class EntryTable:
     # ------------------------------------------------------------------ invariants
     def check(self) -> None:
         """Raise `InternalError` if the indexes, the owners' entry lists or the totals disagree."""
-        if set(self.by_id) != {r.origin.entry_id for r in self.by_key.values()}:
+        if set(self.by_id) != {r.entry_id for r in self.by_key.values()}:
             raise InternalError("ledger bug: the indexes by id and by key disagree")
-        if any(rec.origin.entry_id != eid for eid, rec in self.by_id.items()):
+        if any(rec.entry_id != eid for eid, rec in self.by_id.items()):
             raise InternalError("ledger bug: an entry is indexed under another entry's id")
         ended = 0
         for rec in self.by_id.values():
@@ -254,7 +273,7 @@ class EntryTable:
         if rec.request_id is None:
             return 0
         info = self.requests.get(rec.request_id)
-        if info is None or rec.origin.entry_id not in info.entry_ids:
+        if info is None or rec.entry_id not in info.entry_ids:
             raise InternalError(f"ledger bug: {rec!r} owner {rec.request_id!r} does not list it")
         if info.active:
             return 0

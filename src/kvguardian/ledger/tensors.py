@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvguardian.ledger.records import EntryOrigin, EntrySite, EntryState, Record, RequestInfo, Update
+from kvguardian.ledger.records import EntrySite, EntryState, EntryView, Record, RequestInfo, Update
 from kvguardian.ledger.releases import StorageRef
 from kvguardian.ledger.table import EntryTable
 
@@ -44,7 +44,7 @@ class TensorEntries:
         if rec is None or not self._continue(rec, tensor, storage, ptr, update):
             rec = self._existing(tensor, storage, ptr, site, update)
             if rec is None:
-                return self._create(tensor, site, request, update, now)
+                return self._create(tensor, site, request, update)
         rec.last_access = now
         if rec.appends and (request is None or rec.request_id == request.request_id):
             rec.appends += 1  # EntryTable.touch's per-step case, inlined: an append by the owner, only counted
@@ -65,7 +65,7 @@ class TensorEntries:
             rec.shape = tensor.shape  # a torch.Size (a tuple); copies convert it
             nb = rec.logical_bytes = tensor.nbytes
             if nb < rec.storage_bytes:
-                self._totals.partial[rec.origin.entry_id] = rec
+                self._totals.partial[rec.entry_id] = rec
             filled = update.filled_tokens
             if filled is not None:
                 rec.filled_tokens = filled
@@ -87,7 +87,7 @@ class TensorEntries:
         rec = table.by_key.get(ptr)
         if rec is not None and rec.wref is not None and rec.wref() is None:
             # the entry's storage was freed and this new storage got its address (release not applied yet)
-            if site.slot is not None and rec.origin.site.slot == site.slot:
+            if site.slot is not None and rec.slot == site.slot:
                 self._recycle(rec, tensor, storage, ptr, True)
                 return rec
             table.drain()
@@ -96,7 +96,7 @@ class TensorEntries:
             rec.shape = tuple(tensor.shape)
             nb = rec.logical_bytes = tensor.nbytes
             if nb < rec.storage_bytes:
-                table.totals.partial[rec.origin.entry_id] = rec
+                table.totals.partial[rec.entry_id] = rec
             if update.filled_tokens is not None:
                 rec.filled_tokens = update.filled_tokens
             if tensor.requires_grad:
@@ -121,7 +121,7 @@ class TensorEntries:
         change, so the table's index and totals are updated here, inline (once per tensor per decode step).
         """
         totals = self._totals
-        eid = rec.origin.entry_id
+        eid = rec.entry_id
         old_bytes = rec.storage_bytes
         totals.released_entries += 1
         totals.released_bytes += old_bytes
@@ -149,24 +149,13 @@ class TensorEntries:
         rec.superseded = False
         rec.grad = check_grad and tensor.requires_grad
 
-    def _create(self, tensor: Any, site: EntrySite, request: RequestInfo | None, update: Update,
-                now: float) -> Record:
+    def _create(self, tensor: Any, site: EntrySite, request: RequestInfo | None, update: Update) -> Record:
         """A new entry for ``tensor``'s storage."""
-        table = self.table
         storage = tensor.untyped_storage()
-        eid = table.new_id()
-        rec = Record(
-            origin=EntryOrigin(entry_id=eid, site=site, generation=table.generation, dtype=self._name(tensor.dtype),
-                               device=self._name(tensor.device), created=now,
-                               capacity_tokens=update.capacity_tokens),
-            key=storage.data_ptr(),
-            request_id=request.request_id if request is not None else None,
-            tenant=request.tenant if request is not None else None,
-            shape=tuple(tensor.shape), logical_bytes=tensor.nbytes, storage_bytes=storage.nbytes(),
-            last_access=now, filled_tokens=update.filled_tokens, grad=bool(tensor.requires_grad),
-        )
-        rec.wref = self._watch(storage, eid)
-        table.insert(rec, request, now)
+        view = EntryView(shape=tuple(tensor.shape), dtype=self._name(tensor.dtype), device=self._name(tensor.device),
+                         logical_bytes=tensor.nbytes, storage_bytes=storage.nbytes(), grad=bool(tensor.requires_grad))
+        rec = self.table.create(storage.data_ptr(), site, request, view, update)
+        rec.wref = self._watch(storage, rec.entry_id)
         return rec
 
     def _name(self, obj: Any) -> str:

@@ -39,7 +39,7 @@ def unused_bytes(records: Iterable[Record]) -> int:
     for rec in records:
         size = rec.storage_bytes
         filled = rec.filled_tokens
-        cap = rec.origin.capacity_tokens
+        cap = rec.capacity_tokens
         if filled is not None and cap:
             used = size * (filled if filled < cap else cap) // cap
             if size > used:
@@ -67,14 +67,14 @@ class StateTotals:
         """``rec`` is indexed."""
         self.bytes[rec.state] += rec.storage_bytes
         self.count[rec.state] += 1
-        if rec.origin.capacity_tokens or rec.logical_bytes < rec.storage_bytes:
-            self.partial[rec.origin.entry_id] = rec
+        if rec.capacity_tokens or rec.logical_bytes < rec.storage_bytes:
+            self.partial[rec.entry_id] = rec
 
     def remove(self, rec: Record) -> None:
         """``rec`` leaves the index (released): its storage's bytes are counted as released."""
         self.bytes[rec.state] -= rec.storage_bytes
         self.count[rec.state] -= 1
-        self.partial.pop(rec.origin.entry_id, None)
+        self.partial.pop(rec.entry_id, None)
         self.released_entries += 1
         self.released_bytes += rec.storage_bytes
 

@@ -1,15 +1,14 @@
 """Detectors are pure functions of a snapshot: feed them hand-built snapshots."""
 
 from kvguardian.detectors import DetectContext, grad_tracked, orphaned, run_all
-from kvguardian.ledger import EntryOrigin, EntrySite, EntryState, LedgerSnapshot, Record, RequestInfo
+from kvguardian.ledger import EntryState, LedgerSnapshot, Record, RequestInfo
 from kvguardian.tensors.holders import HolderChain
 
 
 def rec(eid, rid, state, layer=0, nbytes=100, kind="k"):
-    origin = EntryOrigin(entry_id=eid, site=EntrySite(kind, layer, "DynamicLayer"), generation=0,
-                         dtype="torch.float32", device="cpu", created=0.0, capacity_tokens=None)
-    return Record(origin=origin, key=1000 + eid, request_id=rid, tenant="t", shape=(1, 2, 4, 8), logical_bytes=nbytes,
-                  storage_bytes=nbytes, last_access=0.0, state=state)
+    return Record(entry_id=eid, key=1000 + eid, kind=kind, layer=layer, request_id=rid, tenant="t", generation=0,
+                  source="DynamicLayer", shape=(1, 2, 4, 8), dtype="torch.float32", device="cpu", logical_bytes=nbytes,
+                  storage_bytes=nbytes, created=0.0, last_access=0.0, state=state)
 
 
 def snap(records=(), grad=(), series=()):
