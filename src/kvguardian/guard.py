@@ -73,17 +73,19 @@ class Guard:
                 f"reuse_window={reuse_window} and reuse_seconds={reuse_seconds} must be positive; "
                 "fix: e.g. Guard(reuse_window=100, reuse_seconds=60)"
             )
+        self._id = next(_guard_ids)
         self.ledger = Ledger(event_capacity=event_capacity)
         self.strict = strict
-        self.redact = redact
+        self.scope = RequestScope(self.ledger, strict=strict)  # what every source talks to
+        self.scope.add_internal(self)
+        # what check() runs with (`kvguardian.check.CheckOptions`)
         self.holder_search_seconds = holder_search_seconds
+        self.redact = redact
         self.growth_alpha = growth_alpha
+        # the cross-request reuse windows, sampled by the transformers source at each request end
+        self._reuse = ReuseWindow(clock=self.ledger.clock)
         self.reuse_window = reuse_window
         self.reuse_seconds = reuse_seconds
-        self._id = next(_guard_ids)
-        self.scope = RequestScope(self.ledger, strict=strict)
-        self.scope.add_internal(self)
-        self._reuse = ReuseWindow(clock=self.ledger.clock)  # sampled by the transformers source
         self.retention = RetentionMonitor(self.scope, sampling=retention_sampling)
         self.scope.add_listener(self.retention.after_request_end, owner=self.retention)
         self._hf: HFTracker | None = None  # the transformers source, created on first use
