@@ -221,11 +221,12 @@ class Ledger:
         site, update = site_of(fields)
         with self._lock:
             table = self._table
-            table.drain()
+            if self._releases.freed:
+                table.drain()
             if key in table.by_key:
                 raise UsageError(f"entry key {key!r} is already live; fix: release it before adding it again")
-            view = EntryView(shape=fields.get("shape", ()), dtype=fields.get("dtype", ""),
-                             device=fields.get("device", ""), logical_bytes=nbytes, storage_bytes=nbytes)
+            # EntryView(shape, dtype, device, logical_bytes, storage_bytes)
+            view = EntryView(fields.get("shape", ()), fields.get("dtype", ""), fields.get("device", ""), nbytes, nbytes)
             rec = table.create(key, site, request, view, update)
             watch = fields.get("watch")
             if watch is not None:

@@ -44,14 +44,10 @@ class EntryTable:
         self.on_release_error: Callable[[str, BaseException], None] | None = None
         self._next_id = 1
 
-    def new_id(self) -> int:
-        eid = self._next_id
-        self._next_id += 1
-        return eid
-
     def live(self, key: Hashable, fix: str) -> Record:
         """The live entry of ``key`` (releases applied first). Raises `UsageError` naming ``fix`` if none."""
-        self.drain()
+        if self.releases.freed:
+            self.drain()
         rec = self.by_key.get(key)
         if rec is None:
             raise UsageError(f"no live entry with key {key!r}; fix: {fix}")
@@ -60,11 +56,13 @@ class EntryTable:
     # ------------------------------------------------------------------ transitions
     def create(self, key: Hashable, site: EntrySite, request: RequestInfo | None, view: EntryView,
                update: Update) -> Record:
-        """A new entry at ``site`` for ``request``, indexed (its first event: init, or append when it takes over a
-        slot). The caller sets its ``wref`` when something's death must release it."""
+        """A new entry at ``site`` for ``request``, indexed; its first event is init, or append when it takes over
+        a slot. The caller sets its ``wref`` when something's death must release it."""
         now = self.clock()
+        eid = self._next_id
+        self._next_id += 1
         rec = Record(
-            entry_id=self.new_id(), key=key, kind=site.kind, layer=site.layer,
+            entry_id=eid, key=key, kind=site.kind, layer=site.layer,
             request_id=request.request_id if request is not None else None,
             tenant=request.tenant if request is not None else None,
             generation=self.generation, source=site.source, shape=view.shape, dtype=view.dtype,
@@ -72,33 +70,25 @@ class EntryTable:
             last_access=now, slot=site.slot, filled_tokens=update.filled_tokens,
             capacity_tokens=update.capacity_tokens, grad=view.grad, role=site.role, cache=site.cache,
         )
-        self.insert(rec, request, now)
-        return rec
-
-    def insert(self, rec: Record, request: RequestInfo | None, now: float) -> None:
-        """Index a new entry; its first event is init, or append when it takes over a slot."""
         self.by_key[rec.key] = rec
-        self.by_id[rec.entry_id] = rec
+        self.by_id[eid] = rec
         self.totals.add(rec)
         if request is not None:
-            request.entry_ids.add(rec.entry_id)
+            request.entry_ids.add(eid)
             if request.ended is not None:  # an entry created for an ended request (late hook): ended at birth
                 self.end_owner(rec)
         slot = rec.slot
-        events = self.events
-        if slot is None:
-            events.entry_event(now, "init", rec, None)
-            return
-        prev = self.slots.get(slot)
-        self.slots[slot] = rec
-        if prev is None and self.vacated.pop(slot, None) is not None:
-            # the slot's previous storage was freed just before this one arrived: growth by replacement
-            events.entry_event(now, "append", rec, None)
-        elif prev is not None and prev is not rec:
-            prev.superseded = True  # still alive: something besides the cache holds the old storage
-            events.entry_event(now, "append", rec, None)
-        else:
-            events.entry_event(now, "init", rec, None)
+        kind = "init"
+        if slot is not None:
+            prev = self.slots.get(slot)
+            self.slots[slot] = rec
+            if prev is None and self.vacated.pop(slot, None) is not None:
+                kind = "append"  # the slot's previous storage was freed just before: growth by replacement
+            elif prev is not None and prev is not rec:
+                prev.superseded = True  # still alive: something besides the cache holds the old storage
+                kind = "append"
+        self.events.entry_event(now, kind, rec, None)
+        return rec
 
     def touch(self, rec: Record, request: RequestInfo | None, now: float) -> None:
         """``rec`` was used by ``request``: an append by its owner, or a hit that moves ownership."""
@@ -196,7 +186,8 @@ class EntryTable:
     def retain(self, keys: Iterable[Hashable] | None, reason: str | None) -> int:
         """Mark the live entries of ``keys`` (None: every entry) retained for ``reason``, or clear the mark
         (``reason`` None); ended entries move between retained and orphaned. Returns how many were marked."""
-        self.drain()
+        if self.releases.freed:
+            self.drain()
         by_key = self.by_key
         recs = list(by_key.values()) if keys is None else [by_key[k] for k in keys if k in by_key]
         for rec in recs:

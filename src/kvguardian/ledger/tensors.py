@@ -27,7 +27,6 @@ class TensorEntries:
         self._by_key = table.by_key
         self._totals = table.totals
         self._events = table.events
-        self._watch = table.releases.watch
         self._on_freed = table.releases.on_freed
         self._names: dict[Any, str] = {}  # torch dtype/device -> its name (str() is slow on the hot path)
 
@@ -152,10 +151,15 @@ class TensorEntries:
     def _create(self, tensor: Any, site: EntrySite, request: RequestInfo | None, update: Update) -> Record:
         """A new entry for ``tensor``'s storage."""
         storage = tensor.untyped_storage()
-        view = EntryView(shape=tuple(tensor.shape), dtype=self._name(tensor.dtype), device=self._name(tensor.device),
-                         logical_bytes=tensor.nbytes, storage_bytes=storage.nbytes(), grad=bool(tensor.requires_grad))
+        names = self._names
+        dtype, device = tensor.dtype, tensor.device
+        # EntryView(shape, dtype, device, logical_bytes, storage_bytes, grad)
+        view = EntryView(tuple(tensor.shape), names.get(dtype) or self._name(dtype),
+                         names.get(device) or self._name(device), tensor.nbytes, storage.nbytes(),
+                         bool(tensor.requires_grad))
         rec = self.table.create(storage.data_ptr(), site, request, view, update)
-        rec.wref = self._watch(storage, rec.entry_id)
+        wref = rec.wref = StorageRef(storage, self._on_freed)
+        wref.eid = rec.entry_id
         return rec
 
     def _name(self, obj: Any) -> str:
