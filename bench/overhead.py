@@ -70,13 +70,13 @@ def _hook_share(model: Any, ids: Any, cache: str, tokens: int) -> dict[str, floa
     inner = tracker.on_update
     spent = [0.0, 0]
 
-    def timed(*a: Any) -> None:
+    def timed(u: Any) -> None:
         t = time.perf_counter()
-        inner(*a)
+        inner(u)
         spent[0] += time.perf_counter() - t
         spent[1] += 1
 
-    guard._on_cache_update = timed  # type: ignore[method-assign]
+    tracker.on_update = timed  # type: ignore[method-assign]  # HFTracker.on_updates calls self.on_update
     try:
         _, wall = _decode(model, ids, cache, tokens)
     finally:
@@ -162,7 +162,7 @@ def bench_steps(config: str, cache: str, tokens: int, rounds: int) -> dict[str, 
     ids = torch.randint(0, spec.vocab, (1, 8), generator=torch.Generator().manual_seed(0))
     guard = Guard()
     guard.attach(model)
-    attachment = guard._attached[-1]
+    attachment = guard.attachments[-1]
     ratios: list[float] = []
     hooked: list[float] = []
     plain: list[float] = []

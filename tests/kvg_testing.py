@@ -96,3 +96,17 @@ def wait_for_scans(url: str, n: int = 3, timeout: float = 30.0) -> None:
             time.sleep(0.05)
     finally:
         client.close()
+
+
+def grow_kv(keys: list, values: list, key_states, value_states, layer_idx: int):  # type: ignore[no-untyped-def]
+    """A 4.x-style cache's update: per layer a keys and a values tensor, grown by ``torch.cat`` along the sequence
+    dimension. Returns the layer's (keys, values)."""
+    import torch
+
+    if layer_idx == len(keys):
+        keys.append(key_states)
+        values.append(value_states)
+    else:
+        keys[layer_idx] = torch.cat([keys[layer_idx], key_states], -2)
+        values[layer_idx] = torch.cat([values[layer_idx], value_states], -2)
+    return keys[layer_idx], values[layer_idx]

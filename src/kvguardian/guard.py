@@ -1,4 +1,4 @@
-"""The Guard: the public entry point that ties sources, the ledger and the detectors together.
+"""The Guard: the public entry point, a facade over the ledger, the sources and the check pipeline.
 
     guard = Guard()
     guard.attach(model)                        # Hugging Face: instruments its caches
@@ -7,27 +7,32 @@
     guard.retain(prefix_cache, reason="system prompt")
     report = guard.check()
 
-Importing this module imports neither torch nor transformers; `attach` and `track` import them when called.
+What is where: the ledger (`kvguardian.ledger`) records every KV entry; the request scope
+(`kvguardian.sources.scope`) is what every source talks to - the current request, fail-open, grad evidence;
+the transformers source is `kvguardian.hf` and custom torch models `kvguardian.sources.custom`; ``check()``
+runs `kvguardian.check`. Importing this module imports neither torch nor transformers; `attach` and `track`
+import them when called.
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-import gc
 import itertools
-import sys
-import threading
-import weakref
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any
 
-from kvguardian import _faults
 from kvguardian._errors import UsageError
-from kvguardian.detectors import DetectContext, run_all
-from kvguardian.detectors.stale_generation import stale_records
-from kvguardian.findings import Finding, Report, Severity
-from kvguardian.ledger import EntryState, Event, Ledger, LedgerSnapshot, RequestInfo
+from kvguardian.check import CheckOptions, run_check
+from kvguardian.findings import Report
+from kvguardian.ledger import Event, Ledger, LedgerSnapshot, RequestInfo
+from kvguardian.retention import RetentionMonitor
+from kvguardian.reuse import ReuseWindow
+from kvguardian.sources.scope import RequestScope
+
+if TYPE_CHECKING:
+    from kvguardian.hf.instrument import Attachment
+    from kvguardian.hf.tracker import HFTracker
+    from kvguardian.sources.custom import ModuleTracker
 
 __all__ = ["Guard"]
 
@@ -68,107 +73,43 @@ class Guard:
                 f"reuse_window={reuse_window} and reuse_seconds={reuse_seconds} must be positive; "
                 "fix: e.g. Guard(reuse_window=100, reuse_seconds=60)"
             )
+        self._id = next(_guard_ids)
         self.ledger = Ledger(event_capacity=event_capacity)
         self.strict = strict
-        self.redact = redact
+        self.scope = RequestScope(self.ledger, strict=strict)  # what every source talks to
+        self.scope.add_internal(self)
+        # what check() runs with (`kvguardian.check.CheckOptions`)
         self.holder_search_seconds = holder_search_seconds
+        self.redact = redact
         self.growth_alpha = growth_alpha
-        self._failopen = _faults.FailOpen(self.ledger.note_error, strict=strict)
-        self._id = next(_guard_ids)
-        self._current: contextvars.ContextVar[RequestInfo | None] = contextvars.ContextVar(
-            f"kvguardian_request_{self._id}", default=None
-        )
-        self._implicit = itertools.count(1)
-        self._attached: list[Any] = []  # hf.Attachment objects (hold weak refs to models)
-        self._retained: list[tuple[Any, str]] = []  # (weakref to holder object, reason)
-        self._grad_obs: dict[str | None, dict[str, Any]] = {}  # request -> live evidence (bounded)
-        self._lock = threading.RLock()
-        self.ledger._on_release_error = self._fail  # the weakref callback fails open too
+        # the cross-request reuse windows, sampled by the transformers source at each request end
+        self._reuse = ReuseWindow(clock=self.ledger.clock)
         self.reuse_window = reuse_window
         self.reuse_seconds = reuse_seconds
-        self._hf: Any = None  # hf.tracker.HFTracker, created on first use
-        self._modules: list[Any] = []  # custom.ModuleTracker objects (guard.track_module)
-        self._retained_keys: dict[int, set[Any]] = {}  # id(weakref of a retain() target) -> keys it retained
-        self.on_kv_growth: Any = None  # called (no arguments) at each HF cache's first update of a request
-        from kvguardian.retention import RetentionMonitor
-
-        self.retention = RetentionMonitor(self, sampling=retention_sampling)
+        self.retention = RetentionMonitor(self.scope, sampling=retention_sampling)
+        self.scope.add_listener(self.retention.after_request_end, owner=self.retention)
+        self._hf: HFTracker | None = None  # the transformers source, created on first use
+        self._attached: list[Attachment] = []
+        self._modules: list[ModuleTracker] = []
 
     def __repr__(self) -> str:
         return f"<Guard #{self._id} entries={len(self.ledger)} strict={self.strict}>"
 
     # ------------------------------------------------------------------ requests
-    @contextlib.contextmanager
-    def request(self, request_id: str, tenant: str | None = None) -> Iterator[RequestInfo]:
+    def request(self, request_id: str, tenant: str | None = None) -> AbstractContextManager[RequestInfo]:
         """Everything KV-related inside the block belongs to request ``request_id`` (and ``tenant``).
 
         Raises:
             UsageError: when already inside a request of this guard, or the id is active elsewhere.
         """
-        if not isinstance(request_id, str) or not request_id:
-            raise UsageError(f"request id must be a non-empty string, got {request_id!r}")
-        outer = self._current.get()
-        if outer is not None:
-            raise UsageError(
-                f"guard.request({request_id!r}) inside request {outer.request_id!r}; fix: end the outer "
-                "request first (requests do not nest)"
-            )
-        self._request_starting()
-        info = self.ledger.begin_request(request_id, tenant)
-        token = self._current.set(info)
-        try:
-            self._safe_site("request.enter")
-            yield info
-        finally:
-            self._current.reset(token)
-            try:
-                _faults.maybe_fail("request.exit")
-                self.ledger.end_request(request_id)
-            except UsageError:
-                raise
-            except Exception as exc:
-                self._fail("request.exit", exc)
-            else:
-                self._after_request_end(info)
+        return self.scope.request(request_id, tenant)
 
     def current_request(self) -> RequestInfo | None:
-        return self._current.get()
-
-    def _begin_implicit(self, prefix: str) -> tuple[RequestInfo, contextvars.Token[RequestInfo | None]]:
-        self._request_starting()
-        info = self.ledger.begin_request(f"{prefix}-{next(self._implicit)}", None, implicit=True)
-        return info, self._current.set(info)
-
-    def _end_implicit(self, info: RequestInfo, token: contextvars.Token[RequestInfo | None]) -> None:
-        self._current.reset(token)
-        self.ledger.end_request(info.request_id)
-        self._after_request_end(info)
-
-    def _request_starting(self) -> None:
-        """A request begins: requests of manually driven caches (and custom models) still open end here."""
-        try:
-            if self._hf is not None:
-                self._hf.end_manual()
-            for mt in self._modules:
-                mt.end_manual()
-        except Exception as exc:
-            self._fail("request.enter", exc)
-
-    def _after_request_end(self, info: RequestInfo) -> None:
-        """After the ledger ended ``info``: lifecycle events, the reuse sample, retention sampling."""
-        try:
-            if self._hf is not None:
-                self._hf.request_ended(info)
-            self.retention.after_request_end(info)
-        except Exception as exc:
-            self._fail("request.exit", exc)
+        return self.scope.current_request()
 
     def end_implicit_requests(self) -> None:
         """End every open request of a manually driven cache or custom model (the program is done with them)."""
-        if self._hf is not None:
-            self._hf.end_manual()
-        for mt in self._modules:
-            mt.end_manual()
+        self.scope.end_implicit_requests()
 
     def new_generation(self) -> int:
         """Declare a model reload: KV created from now on belongs to the next generation."""
@@ -181,21 +122,24 @@ class Guard:
         Raises:
             UsageError: not a transformers model (use `track` for custom models), or already attached.
         """
-        from kvguardian.hf.instrument import attach_model
+        from kvguardian.hf.instrument import attach_model, check_attachable
 
-        self._attached.append(attach_model(self, model))
-        self.hf_tracker()
+        check_attachable(model)
+        self._attached.append(attach_model(self.hf_tracker(), model))
         return self
 
-    def hf_tracker(self) -> Any:
+    def hf_tracker(self) -> HFTracker:
         """The transformers source of this guard (`hf.tracker.HFTracker`), created on first use."""
         if self._hf is None:
             from kvguardian.hf.tracker import HFTracker
 
-            self._hf = HFTracker(self)
-            # the Cache.update wrapper calls the tracker directly: one Python frame less per layer per step
-            self._on_cache_update = self._hf.on_update  # type: ignore[method-assign]
+            self._hf = HFTracker(self.scope, reuse=self._reuse)
         return self._hf
+
+    @property
+    def attachments(self) -> tuple[Attachment, ...]:
+        """The hooks `attach` installed, one `hf.instrument.Attachment` per model (``.enabled``, ``.remove()``)."""
+        return tuple(self._attached)
 
     def audit_process(self, *, generate: bool = True) -> Guard:
         """See every transformers cache of this process, attached model or not (what ``kv-guardian run`` and
@@ -205,29 +149,29 @@ class Guard:
         Raises:
             UsageError: transformers is missing or older than 5.0.
         """
-        from kvguardian.hf.instrument import process_guard, set_process_guard
+        from kvguardian.hf.instrument import process_tracker, set_process_tracker
 
-        if process_guard() is self:
+        current = process_tracker()
+        if current is not None and current is self._hf:
             return self
-        if process_guard() is not None:
+        if current is not None:
             raise UsageError("another guard already audits this process; fix: stop_auditing_process() on it first")
-        self.hf_tracker()
-        set_process_guard(self, generate=generate)
+        set_process_tracker(self.hf_tracker(), generate=generate)
         return self
 
     def stop_auditing_process(self) -> None:
-        from kvguardian.hf.instrument import process_guard, set_process_guard
+        from kvguardian.hf.instrument import process_tracker, set_process_tracker
 
-        if process_guard() is self:
-            set_process_guard(None)
+        if self._hf is not None and process_tracker() is self._hf:
+            set_process_tracker(None)
 
-    def track_module(self, model: Any, **kwargs: Any) -> Any:
+    def track_module(self, model: Any, **kwargs: Any) -> ModuleTracker:
         """Audit a custom torch model that keeps preallocated KV buffers on its modules (gpt-fast style): the
         buffers are found once through ``model.modules()`` and observed after every forward (O(layers)).
-        Keyword arguments go to `kvguardian.custom.ModuleTracker`. Returns the tracker (``.remove()``)."""
-        from kvguardian.custom import ModuleTracker
+        Keyword arguments go to `kvguardian.sources.custom.ModuleTracker`. Returns the tracker (``.remove()``)."""
+        from kvguardian.sources.custom import ModuleTracker
 
-        mt = ModuleTracker(self, model, **kwargs)
+        mt = ModuleTracker(self.scope, model, **kwargs)
         self._modules.append(mt)
         return mt
 
@@ -245,20 +189,9 @@ class Guard:
         Call it after each cache write (a new tensor per step, or the same preallocated buffer): views of
         one storage are one entry. Never raises into the model (fails open) unless ``strict``.
         """
-        try:
-            _faults.maybe_fail("track")
-            req = self._current.get()
-            owner = req.request_id if req is not None else None
-            for kind, t in (("k", keys), ("v", values)):
-                if t is None:
-                    continue
-                self.ledger.observe_tensor(
-                    t, kind=kind, layer=layer, request=req, source=source, slot=(owner, layer, kind)
-                )
-                if t.requires_grad:
-                    self._note_grad(t, layer)
-        except Exception as exc:
-            self._fail("track", exc)
+        from kvguardian.sources.custom import track_tensors
+
+        track_tensors(self.scope, (keys, values), layer=layer, source=source)
 
     def retain(self, obj: Any, *, reason: str, evict: Any = None) -> int:
         """Declare that the KV reachable from ``obj`` is kept on purpose (a prefix cache, a session store).
@@ -268,206 +201,47 @@ class Guard:
         ``evict(nbytes) -> bytes freed`` makes the retention evictable by the pre-OOM guard
         (`kvguardian.oom`). Returns the number of KV entries marked retained now.
         """
-        if not reason:
-            raise UsageError("guard.retain(obj, reason=...) needs a reason, e.g. reason='system prompt cache'")
+        marked = self.scope.retain(obj, reason=reason)  # raises UsageError without a reason
         if evict is not None:
             from kvguardian.oom.evictors import registry_of
 
             registry_of(self).add(obj, reason, evict)
-        try:
-            ref: Any = weakref.ref(obj)
-        except TypeError:
-            ref = None
-        if ref is not None:
-            with self._lock:
-                self._retained.append((ref, reason))
-        return self._apply_retention(obj, reason, ref)
+        return marked
 
-    def _apply_retention(self, obj: Any, reason: str, ref: Any = None) -> int:
-        """Mark what ``obj`` holds now; what it held before and no longer holds is not retained any more."""
-        from kvguardian.tensors.storage import reachable_tensors
+    @property
+    def on_kv_growth(self) -> Callable[[], None] | None:
+        """Called (no arguments) at each cache's first update by a request: the pre-OOM guard samples memory there."""
+        return self.scope.on_kv_growth
 
-        keys = {t.untyped_storage().data_ptr() for t in reachable_tensors(obj)}
-        if ref is not None:
-            before = self._retained_keys.get(id(ref), set())
-            stale = before - keys
-            if stale:
-                self.ledger.clear_retention(stale)
-            self._retained_keys[id(ref)] = keys
-        return self.ledger.retain_keys(keys, reason)
-
-    # ------------------------------------------------------------------ hooks (called by sources)
-    def _on_cache_update(self, cache: Any, layer_idx: int, key_states: Any = None, args: tuple[Any, ...] = (),
-                         kwargs: dict[str, Any] | None = None, out: Any = None) -> None:
-        """After `Cache.update(k, v, layer_idx, ...)`: observe the layer's stored K/V storages (O(1) per layer)."""
-        if _faults.FAULTS:
-            _faults.maybe_fail("cache.update")
-        self.hf_tracker().on_update(cache, layer_idx, key_states, args, kwargs or {}, out)
-
-    def _on_cache_updates(self, updates: list[tuple[Any, ...]], started: float | None) -> None:
-        """The cache updates of one forward of an attached model, observed when it returned, in order.
-        ``started`` (the forward's start) stands for the time of each update when a request's first-token
-        latency is measured."""
-        tracker = self.hf_tracker()
-        tracker._event_time = started
-        try:
-            with self.ledger.observe_batch():
-                for update in updates:
-                    try:
-                        self._on_cache_update(*update)
-                    except Exception as exc:
-                        self._fail("cache.update", exc)
-        finally:
-            tracker._event_time = None
-
-    def _on_cache_evict(self, cache: Any, detail: str) -> None:
-        if self._hf is not None:
-            self._hf.on_evict(cache, detail)
-
-    def _note_grad(self, tensor: Any, layer: int | None) -> None:
-        """A grad-tracked KV tensor was stored. The first one of a request is walked (bounded) for evidence;
-        every later one only checks, in O(1), whether the stored tensor's graph reaches the previous step's
-        stored KV (``grad_fn.next_functions[0]``: the cat/index_copy input that was already cached). That is
-        the leak: each step's graph chained to the last. A cache detached between steps never chains."""
-        req = self._current.get()
-        rid = req.request_id if req is not None else None
-        fn = tensor.grad_fn
-        nxt: Any = fn.next_functions if fn is not None else ()
-        chained = bool(nxt) and nxt[0][0] is not None
-        obs = self._grad_obs.get(rid)
-        if obs is None:
-            from kvguardian.tensors.autograd import walk_graph
-
-            stats = walk_graph(tensor, max_nodes=5_000, max_seconds=0.2)
-            obs = {
-                "request_id": rid,
-                "layers": [layer],
-                "seq_len_at_detection": int(tensor.shape[-2]) if tensor.dim() >= 2 else None,
-                "requires_grad": bool(tensor.requires_grad),
-                "grad_fn": type(fn).__name__ if fn is not None else None,
-                "kv_tensor_bytes": tensor.untyped_storage().nbytes(),
-                "layer_updates": {},
-                "chained_updates": 0,
-                **stats.to_evidence(),
-            }
-            self._grad_obs[rid] = obs
-            if len(self._grad_obs) > 1_024:  # bounded: forget the oldest
-                self._grad_obs.pop(next(iter(self._grad_obs)))
-            self.ledger.note_grad(obs)
-        elif layer not in obs["layers"]:
-            obs["layers"].append(layer)
-        lu = obs["layer_updates"]
-        lu[layer] = lu.get(layer, 0) + 1
-        if chained:
-            obs["chained_updates"] += 1
-
-    def _fail(self, site: str, exc: BaseException) -> None:
-        self._failopen.handle(site, exc)
-
-    def _safe_site(self, site: str) -> None:
-        try:
-            _faults.maybe_fail(site)
-        except Exception as exc:
-            self._fail(site, exc)
+    @on_kv_growth.setter
+    def on_kv_growth(self, hook: Callable[[], None] | None) -> None:
+        self.scope.on_kv_growth = hook
 
     # ------------------------------------------------------------------ reading
     def snapshot(self) -> LedgerSnapshot:
-        self._refresh_sources()
-        return self.ledger.snapshot()
-
-    def _refresh_sources(self) -> None:
-        if self._hf is not None:
-            try:
-                self._hf.refresh()
-            except Exception as exc:
-                self._fail("cache.update", exc)
+        return self.scope.snapshot()
 
     def events(self) -> list[Event]:
-        self._refresh_sources()
-        return self.ledger.events()
+        return self.scope.events()
 
     def take_events(self) -> list[Event]:
-        self._refresh_sources()
-        return self.ledger.take_events()
+        return self.scope.take_events()
 
     def settle(self) -> None:
         """Let freed memory be freed: a full GC pass (and a CUDA sync when CUDA is in use)."""
-        gc.collect()
-        torch = sys.modules.get("torch")
-        if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
-            torch.cuda.synchronize()
+        self.scope.settle()
 
     def check(self, *, holder_chains: bool = True, end_implicit: bool = False) -> Report:
-        """Settle, then run every detector over the ledger and return a `Report`.
+        """Settle, then run every detector over the ledger and return a `Report` (`kvguardian.check`).
 
         Holder chains are searched for orphaned entries and for KV of retired model generations (bounded by
         ``holder_search_seconds``); they also decide whether retained KV is bounded (`kvguardian.retention`).
         ``end_implicit`` first ends the open requests of manually driven caches (what ``kv-guardian run`` does
         when the program is done).
         """
-        if end_implicit:
-            self.end_implicit_requests()
-        self.settle()
-        with self._lock:
-            live = []
-            obj = None
-            for ref, reason in self._retained:
-                obj = ref()
-                if obj is not None:
-                    self._apply_retention(obj, reason, ref)
-                    live.append((ref, reason))
-                else:
-                    self._retained_keys.pop(id(ref), None)
-            self._retained = live
-            del obj
-        self._refresh_sources()
-        snap = self.ledger.snapshot()
-        chains = {}
-        orphan_keys = [r.key for r in snap.records if r.state is EntryState.ORPHANED]
-        orphan_keys += [r.key for r in stale_records(snap) if r.state is not EntryState.ORPHANED]
-        if holder_chains and orphan_keys and "torch" in sys.modules:
-            from kvguardian.tensors.holders import find_holder_chains
-
-            seeds, suffixes = self._hf.chain_seeds(snap.records) if self._hf is not None else ({}, {})
-            chains = find_holder_chains(
-                [k for k in orphan_keys if isinstance(k, int) and k not in seeds],
-                seeds=seeds,
-                exclude=(self, self.ledger, self.retention, self._hf),
-                max_seconds=self.holder_search_seconds,
-                redact=self.redact,
-                collect=False,
-            )
-            seeds.clear()
-            for key, suffix in suffixes.items():
-                ch = chains.get(key)
-                if ch is not None and ch.steps:
-                    ch.steps[-1:] = suffix
-        verdicts = self.retention.classify(snap, chains) if chains else {}
-        ctx = DetectContext(holder_chains=chains, growth_alpha=self.growth_alpha,
-                            options={"retention": verdicts})
-        findings: list[Finding] = run_all(snap, ctx)
-        errors = sum(snap.instrumentation_errors.values())
-        if errors:
-            findings.append(
-                Finding(
-                    id="KVG100",
-                    severity=Severity.WARNING,
-                    message=(
-                        f"{errors} instrumentation error(s) were contained (fail-open) at "
-                        f"{sorted(snap.instrumentation_errors)}; the ledger may be incomplete"
-                    ),
-                    evidence={"errors_by_site": dict(snap.instrumentation_errors)},
-                )
-            )
-        if self._hf is not None:
-            for cls, why in sorted(self._hf.unknown.items()):
-                findings.append(Finding(
-                    id="KVG107", severity=Severity.WARNING,
-                    message=f"cache class {cls} is not one kv-guardian knows; audited through the generic path "
-                            f"({why})",
-                    evidence={"class": cls, "reason": why},
-                ))
-        return Report(findings=findings, summary=self.summary(snap))
+        options = CheckOptions(holder_chains=holder_chains, holder_search_seconds=self.holder_search_seconds,
+                               redact=self.redact, growth_alpha=self.growth_alpha, end_implicit=end_implicit)
+        return run_check(self.scope, self.retention, options, self.summary)
 
     def summary(self, snap: LedgerSnapshot | None = None) -> dict[str, Any]:
         """The ledger summary plus accounting, lifecycle, reuse rates and the sources' notes (JSON-ready)."""
@@ -487,10 +261,7 @@ class Guard:
     def reuse_rate(self, *, last: int | None = None, seconds: float | None = None) -> dict[str, Any]:
         """Cross-request KV reuse over the last ``last`` requests or ``seconds`` (exactly one of them):
         requests, hits, hit_rate, reused_tokens, token_reuse_rate."""
-        from kvguardian.reuse import ReuseWindow
-
-        window: ReuseWindow = self.hf_tracker().reuse
-        return window.rate(last=last, seconds=seconds)
+        return self._reuse.rate(last=last, seconds=seconds)
 
     def reuse_rates(self) -> dict[str, Any]:
         """Both windows (count- and time-based) as configured on the guard."""

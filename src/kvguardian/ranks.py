@@ -20,11 +20,14 @@ Importing this module does not import torch; `check_ranks` does.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvguardian._errors import UsageError
 from kvguardian.detectors.rank_divergence import compare, sequence_summary
 from kvguardian.findings import Report
+
+if TYPE_CHECKING:
+    from kvguardian.sources.host import Auditable
 
 __all__ = ["check_ranks", "gather_summaries"]
 
@@ -40,7 +43,7 @@ def _dist() -> Any:
     return dist
 
 
-def gather_summaries(guard: Any, *, group: Any = None, settle: bool = True) -> list[dict[str, Any]]:
+def gather_summaries(guard: Auditable, *, group: Any = None, settle: bool = True) -> list[dict[str, Any]]:
     """Every rank's summary, in rank order (a collective over ``group``)."""
     dist = _dist()
     if settle:
@@ -53,11 +56,11 @@ def gather_summaries(guard: Any, *, group: Any = None, settle: bool = True) -> l
     return sorted(gathered, key=lambda s: s["rank"])
 
 
-def check_ranks(guard: Any, *, group: Any = None, exact_bytes: bool = False, settle: bool = True) -> Report:
+def check_ranks(guard: Auditable, *, group: Any = None, exact_bytes: bool = False, settle: bool = True) -> Report:
     """Gather and compare; the same `Report` on every rank (KVG106 findings, one per divergent sequence).
 
     Args:
-        guard: this rank's `Guard`.
+        guard: this rank's `Guard` (anything `Auditable`: ``settle()`` and ``snapshot()``).
         group: the process group (default: the world).
         exact_bytes: ranks are replicas, so each sequence's KV bytes must match exactly, not only its
             presence (with tensor-parallel shards of unequal size leave it False).

@@ -1,6 +1,7 @@
 """Is KV that outlived its request a leak, or retention that stays bounded? Decided from evidence.
 
-`Guard.check` finds, for every orphaned entry (owner ended, not declared retained), its holder chain. The
+The check pipeline (`kvguardian.check`) finds, for every orphaned entry (owner ended, not declared retained),
+its holder chain. The
 *collections* on a chain are the containers on it (dict, list, set, deque, ``functools.lru_cache``, a
 ``Mapping``...) and the heads of linked structures (a run of same-type objects through one attribute: chat
 turns with a ``parent`` pointer, a tree's ``children``). A collection that holds the KV of two or more ended
@@ -40,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 from kvguardian.ledger import EntryState, LedgerSnapshot, Record
 
 if TYPE_CHECKING:
-    from kvguardian.guard import Guard
+    from kvguardian.sources.host import SourceHost
     from kvguardian.tensors.holders import HolderChain
 
 __all__ = ["RetentionMonitor", "Verdict", "group_owners", "representative_chains"]
@@ -163,10 +164,11 @@ class _Judgement:
 
 
 class RetentionMonitor:
-    """Judges orphaned KV bounded or not; optionally samples holder chains at request ends."""
+    """Judges orphaned KV bounded or not; optionally samples holder chains at request ends (it reaches the
+    ledger and the sources' caches through ``host``)."""
 
-    def __init__(self, guard: Guard, *, sampling: bool = False, max_owners: int = _SAMPLE_SEEDS) -> None:
-        self._guard = weakref.ref(guard)
+    def __init__(self, host: SourceHost, *, sampling: bool = False, max_owners: int = _SAMPLE_SEEDS) -> None:
+        self._host = weakref.ref(host)
         self.sampling = sampling
         self.max_owners = max_owners
         self._ended = 0  # requests ended so far
@@ -181,8 +183,8 @@ class RetentionMonitor:
         self._ended += 1
         if not self.sampling:
             return
-        guard = self._guard()
-        if guard is None:
+        host = self._host()
+        if host is None:
             return
         self.note_evictions()
         if self._ended < self._next_threshold:
@@ -190,16 +192,16 @@ class RetentionMonitor:
         self._next_threshold = self._ended * 2
         t0, c0 = time.monotonic(), time.process_time()
         try:
-            self._sample(guard)
+            self._sample(host)
         finally:
             self.samples += 1
             self.sample_seconds += time.monotonic() - t0
             self.sample_cpu_seconds += time.process_time() - c0
 
-    def _orphan_seeds(self, guard: Guard) -> tuple[dict[Any, Any], dict[Any, str], dict[str, Any]]:
+    def _orphan_seeds(self, host: SourceHost) -> tuple[dict[Any, Any], dict[Any, str], dict[str, Any]]:
         """Search starts for the orphaned requests: storage key -> its cache (or None for KV without a known
         cache), key -> owner, owner -> weak ref to its cache."""
-        snap = guard.ledger.snapshot()
+        snap = host.ledger.snapshot()
         first: dict[str, Record] = {}
         for rec in snap.records:
             rid = rec.request_id
@@ -210,24 +212,26 @@ class RetentionMonitor:
             older, recent = chosen[: -self.max_owners * 2 // 3], chosen[-self.max_owners * 2 // 3:]
             step = max(1, len(older) // (self.max_owners - len(recent)))
             chosen = older[::step][: self.max_owners - len(recent)] + recent
-        hf = guard.hf_tracker() if "transformers" in sys.modules else None
-        caches, _ = hf.chain_seeds(chosen) if hf is not None else ({}, {})
+        caches: dict[Any, Any] = {}
+        for source in host.sources():  # the live caches the sources know (the transformers source's)
+            found, _ = source.chain_seeds(chosen)
+            caches.update(found)
         seeds = {r.key: caches.get(r.key) for r in chosen}
         refs = {r.request_id: _weak(caches.get(r.key)) for r in chosen if r.request_id is not None}
         return seeds, {r.key: str(r.request_id) for r in chosen}, refs
 
-    def _sample(self, guard: Guard) -> None:
+    def _sample(self, host: SourceHost) -> None:
         if "torch" not in sys.modules:
             return
         from kvguardian.tensors.holders import find_holder_chains
 
-        seeds, owner_of, refs = self._orphan_seeds(guard)
+        seeds, owner_of, refs = self._orphan_seeds(host)
         if len(seeds) < 2:
             return
         cached = {k: o for k, o in seeds.items() if o is not None}
         loose = [k for k, o in seeds.items() if o is None]
         seeds.clear()
-        chains = find_holder_chains(loose, seeds=cached, exclude=(guard, guard.ledger, self), collect=False,
+        chains = find_holder_chains(loose, seeds=cached, exclude=host.auditor_objects(), collect=False,
                                     all_threads=False, light=True, max_objects=_SAMPLE_OBJECTS, redact=True)
         cached.clear()
         by_owner = {owner_of[k]: ch for k, ch in chains.items() if k in owner_of}
@@ -251,15 +255,15 @@ class RetentionMonitor:
 
     def note_evictions(self) -> None:
         """Members sampled into a collection whose KV has since been freed: the collection evicts."""
-        guard = self._guard()
-        if guard is None:
+        host = self._host()
+        if host is None:
             return
         for h in self._history.values():
             for rid, ref in list(h.members.items()):
                 if ref is not None:
                     gone = ref() is None
                 else:
-                    info = guard.ledger.request(rid)
+                    info = host.ledger.request(rid)
                     gone = info is None or not info.entry_ids
                 if gone:
                     del h.members[rid]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvguardian.detectors import DetectContext
+from kvguardian.detectors.context import DetectContext
 from kvguardian.findings import Finding, Severity
 from kvguardian.ledger import LedgerSnapshot
 

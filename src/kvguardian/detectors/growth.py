@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvguardian.detectors import DetectContext
+from kvguardian.detectors.context import DetectContext
 from kvguardian.findings import Finding, Severity
 from kvguardian.ledger import LedgerSnapshot
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from kvguardian.detectors import DetectContext, best_chain, chain_evidence
+from kvguardian.detectors.context import DetectContext, best_chain, chain_evidence
 from kvguardian.findings import Finding, Severity
 from kvguardian.ledger import EntryState, LedgerSnapshot, Record
 

@@ -8,9 +8,11 @@ the layer, so the model's result is never changed; with no guard interested it c
 Inside an attached model's forward it only queues the update, and the forward hook observes the queue when
 the forward returns (see `Attachment`); elsewhere (the process guard) each update is observed at once.
 
-Which guard sees an update: the guard whose attached model is running a forward (forward hooks on each
-attached model, so two guards on two models never see each other's caches), else the *process guard* (set by
-``kv-guardian run`` and the pytest plugin, which audit every cache of the process).
+Which tracker sees an update: the `HFTracker` (one per guard) whose attached model is running a forward
+(forward hooks on each attached model, so two guards on two models never see each other's caches), else the
+*process tracker* (set by ``kv-guardian run`` and the pytest plugin, which audit every cache of the process).
+The wrappers call the tracker directly (`HFTracker.on_update`, `on_updates`, `on_evict`); everything else goes
+through the tracker's `SourceHost`.
 
 Also wrapped: ``Cache.crop``/``Cache.reset`` (evict events) and ``EncoderDecoderCache.__init__`` (so the
 self- and cross-attention sub-caches are attributed), and - for the process guard only -
@@ -21,17 +23,19 @@ from __future__ import annotations
 
 import contextvars
 import functools
-import itertools
 import threading
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from kvguardian import _faults
 from kvguardian._errors import UsageError
 from kvguardian.hf.compat import MIN_TRANSFORMERS, check_transformers_version
+from kvguardian.hf.observers import CacheUpdate
+from kvguardian.hf.roles import cache_role, note_roles
 
 if TYPE_CHECKING:
-    from kvguardian.guard import Guard
+    from kvguardian.hf.tracker import HFTracker
+    from kvguardian.sources.host import SourceHost
 
 __all__ = [
     "ACTIVE",
@@ -41,73 +45,69 @@ __all__ = [
     "KeyInfo",
     "attach_model",
     "cache_role",
+    "check_attachable",
     "check_transformers_version",
     "install_cache_patch",
     "install_generate_patch",
-    "process_guard",
-    "set_process_guard",
+    "process_tracker",
+    "set_process_tracker",
     "uninstall_cache_patch",
 ]
 
-#: The guard whose attached model is running a forward in this context.
-ACTIVE: contextvars.ContextVar[Guard | None] = contextvars.ContextVar("kvguardian_active_guard", default=None)
+#: The tracker whose attached model is running a forward in this context.
+ACTIVE: contextvars.ContextVar[HFTracker | None] = contextvars.ContextVar("kvguardian_active_tracker",
+                                                                         default=None)
 #: The cache updates of the attached model's running forward, observed when it returns (see `Attachment`).
-PENDING: contextvars.ContextVar[list[tuple[Any, ...]] | None] = contextvars.ContextVar(
+PENDING: contextvars.ContextVar[list[CacheUpdate] | None] = contextvars.ContextVar(
     "kvguardian_pending_updates", default=None)
 
 
-class KeyInfo:
+class KeyInfo(NamedTuple):
     """What a deferred update keeps of its ``key_states`` (the new tokens' keys): shape, dtype and device, not
     the tensor - holding each layer's new keys until the forward returns would raise the model's peak memory."""
 
-    __slots__ = ("device", "dtype", "shape")
-
-    def __init__(self, shape: Any, dtype: Any, device: Any) -> None:
-        self.shape = shape
-        self.dtype = dtype
-        self.device = device
+    shape: Any  # torch.Size
+    dtype: Any
+    device: Any
 
     def dim(self) -> int:
         return len(self.shape)
 
-_PROCESS: list[Guard | None] = [None]  # the process guard (kv-guardian run, pytest plugin), or None
+
+# The positional construction of KeyInfo and CacheUpdate, once per layer per step: tuple.__new__ takes 152 ns here
+# where CacheUpdate(...) takes 273 ns and by keyword 932 ns (python 3.11 on this machine); the order is the
+# field order.
+_new_tuple = tuple.__new__
+
+_PROCESS: list[HFTracker | None] = [None]  # the process tracker (kv-guardian run, pytest plugin), or None
 _patch_lock = threading.RLock()
 _patch_users = 0
 _originals: dict[tuple[type, str], Any] = {}  # (class, attribute) -> original, for uninstall
 _observed = [0]  # updates observed by the base wrapper: lets an overriding subclass's wrapper skip doubles
-_ROLES: weakref.WeakKeyDictionary[Any, tuple[str, str]] = weakref.WeakKeyDictionary()
-_edc_ids = itertools.count(1)
 
 
-def process_guard() -> Guard | None:
+def process_tracker() -> HFTracker | None:
+    """The tracker that sees every cache update of the process not claimed by an attached model, or None."""
     return _PROCESS[0]
 
 
-def set_process_guard(guard: Guard | None, *, generate: bool = True) -> Guard | None:
-    """Make ``guard`` see every cache update of the process not claimed by an attached model (None: stop).
+def set_process_tracker(tracker: HFTracker | None, *, generate: bool = True) -> HFTracker | None:
+    """Make ``tracker`` see every cache update of the process not claimed by an attached model (None: stop).
     Installs the cache patch (and, with ``generate``, the class-level generate patch, which imports
-    ``transformers.generation.utils``). Returns the previous process guard."""
+    ``transformers.generation.utils``). Returns the previous process tracker."""
     previous = _PROCESS[0]
-    if guard is not None and previous is None:
+    if tracker is not None and previous is None:
         check_transformers_version()
         install_cache_patch(generate=generate)
-    _PROCESS[0] = guard
-    if guard is None and previous is not None:
+    _PROCESS[0] = tracker
+    if tracker is None and previous is not None:
         uninstall_cache_patch()
     return previous
 
 
-def _target_guard() -> Guard | None:
-    g = ACTIVE.get()
-    return g if g is not None else _PROCESS[0]
-
-
-def cache_role(cache: Any) -> tuple[str, str] | None:
-    """("self" | "cross", parent label) for a sub-cache of an EncoderDecoderCache, else None."""
-    try:
-        return _ROLES.get(cache)
-    except TypeError:
-        return None
+def _target_tracker() -> HFTracker | None:
+    t = ACTIVE.get()
+    return t if t is not None else _PROCESS[0]
 
 
 def _wrap_update(original: Any, *, base: bool) -> Any:
@@ -120,10 +120,10 @@ def _wrap_update(original: Any, *, base: bool) -> Any:
             out = original(self, key_states, value_states, layer_idx, *args, **kwargs)
             if _observed[0] != before:
                 return out
-        guard = ACTIVE.get()
-        if guard is None:
-            guard = _PROCESS[0]
-            if guard is None:
+        tracker = ACTIVE.get()
+        if tracker is None:
+            tracker = _PROCESS[0]
+            if tracker is None:
                 return out
         else:
             pending = PENDING.get()
@@ -132,17 +132,17 @@ def _wrap_update(original: Any, *, base: bool) -> Any:
                 # the returned tensors only matter for a cache with no `layers` list (the generic path); a
                 # quantized cache returns fresh dequantized copies, which must not be kept alive meanwhile
                 ret = out if type(getattr(self, "layers", None)) is not list else None
-                try:
-                    pending.append((self, layer_idx, KeyInfo(key_states.shape, key_states.dtype,
-                                                             key_states.device), args, kwargs, ret))
+                try:  # keep the new keys' shape, dtype and device, not the tensor
+                    key: Any = _new_tuple(KeyInfo, (key_states.shape, key_states.dtype, key_states.device))
                 except Exception:  # not a tensor: keep the object itself
-                    pending.append((self, layer_idx, key_states, args, kwargs, ret))
+                    key = key_states
+                pending.append(_new_tuple(CacheUpdate, (self, layer_idx, key, args, kwargs, ret)))
                 return out
         _observed[0] += 1
         try:
-            guard._on_cache_update(self, layer_idx, key_states, args, kwargs, out)
+            tracker.on_update(_new_tuple(CacheUpdate, (self, layer_idx, key_states, args, kwargs, out)))
         except Exception as exc:
-            guard._fail("cache.update", exc)
+            tracker.host.fail("cache.update", exc)
         return out
 
     update.__kvguardian_original__ = original  # type: ignore[attr-defined]
@@ -153,16 +153,16 @@ def _wrap_evict(original: Any, name: str) -> Any:
     @functools.wraps(original)
     def evict(self: Any, *args: Any, **kwargs: Any) -> Any:
         out = original(self, *args, **kwargs)
-        guard = _target_guard()
-        if guard is not None:
+        tracker = _target_tracker()
+        if tracker is not None:
             pending = PENDING.get()
             if pending:  # keep the order: the forward's earlier updates first
-                guard._on_cache_updates(pending[:], None)
+                tracker.on_updates(pending[:], None)
                 pending.clear()
             try:
-                guard._on_cache_evict(self, f"{name}({', '.join(map(str, args))})")
+                tracker.on_evict(self, f"{name}({', '.join(map(str, args))})")
             except Exception as exc:
-                guard._fail("cache.update", exc)
+                tracker.host.fail("cache.update", exc)
         return out
 
     evict.__kvguardian_original__ = original  # type: ignore[attr-defined]
@@ -174,9 +174,7 @@ def _wrap_edc_init(original: Any) -> Any:
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
         try:
-            parent = f"{type(self).__name__}#{next(_edc_ids)}"
-            _ROLES[self.self_attention_cache] = ("self", parent)
-            _ROLES[self.cross_attention_cache] = ("cross", parent)
+            note_roles(self)
         except Exception:  # never break the model
             pass
 
@@ -273,38 +271,38 @@ def uninstall_cache_patch() -> None:
 def _wrap_class_generate(original: Any) -> Any:
     @functools.wraps(original)
     def generate(self: Any, *args: Any, **kwargs: Any) -> Any:
-        g = _PROCESS[0]
-        if g is None or g.current_request() is not None:
+        tracker = _PROCESS[0]
+        if tracker is None or tracker.host.current_request() is not None:
             return original(self, *args, **kwargs)
-        return _generate_as_request(g, original, (self, *args), kwargs)
+        return _generate_as_request(tracker.host, original, (self, *args), kwargs)
 
     generate.__kvguardian_original__ = original  # type: ignore[attr-defined]
     return generate
 
 
-def _generate_as_request(g: Guard, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """Run ``fn`` (a generate call) as one implicit request of ``g``."""
+def _generate_as_request(host: SourceHost, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Run ``fn`` (a generate call) as one implicit request of ``host``."""
     opened = None
     try:
         _faults.maybe_fail("generate.enter")
-        opened = g._begin_implicit("generate")
+        opened = host.begin_implicit("generate")
     except Exception as exc:
-        g._fail("generate.enter", exc)
+        host.fail("generate.enter", exc)
     try:
         return fn(*args, **kwargs)
     finally:
         if opened is not None:
             try:
                 _faults.maybe_fail("generate.exit")
-                g._end_implicit(*opened)
+                host.end_implicit(opened)
             except Exception as exc:
-                g._fail("generate.exit", exc)
+                host.fail("generate.exit", exc)
 
 
 class Attachment:
-    """The hooks one guard installed on one model; `remove` undoes all of them.
+    """The hooks one tracker installed on one model; `remove` undoes all of them.
 
-    The forward pre-hook makes the guard the context's active guard and opens a list of pending updates; the
+    The forward pre-hook makes the tracker the context's active one and opens a list of pending updates; the
     ``Cache.update`` wrapper appends to it (O(1), nothing read but the new keys' shape, dtype and device); the
     forward hook observes the whole list when the forward returns, or raises. Observing every layer of a
     step back to back, rather than one at a time between the model's own kernels, costs a fraction as much
@@ -313,29 +311,29 @@ class Attachment:
     observed too. ``enabled = False`` switches the hooks off without removing them (the overhead benchmark).
     """
 
-    def __init__(self, guard: Guard, model: Any) -> None:
+    def __init__(self, tracker: HFTracker, model: Any) -> None:
         self._model = weakref.ref(model)
         self._handles: list[Any] = []
         self._tls = threading.local()
         self.enabled = True
-        guard_ref = weakref.ref(guard)
-        clock = guard.ledger._clock
+        tracker_ref = weakref.ref(tracker)
+        clock = tracker.host.ledger.clock
 
         def pre(module: Any, args: Any) -> None:
-            g = guard_ref()
-            if g is None or not self.enabled:
+            t = tracker_ref()
+            if t is None or not self.enabled:
                 return
             try:
                 _faults.maybe_fail("forward.pre")
                 stack = getattr(self._tls, "tokens", None)
                 if stack is None:
                     stack = self._tls.tokens = []
-                stack.append((ACTIVE.set(g), PENDING.set([]), clock()))
+                stack.append((ACTIVE.set(t), PENDING.set([]), clock()))
             except Exception as exc:
-                g._fail("forward.pre", exc)
+                t.host.fail("forward.pre", exc)
 
         def post(module: Any, args: Any, output: Any) -> None:
-            g = guard_ref()
+            t = tracker_ref()
             stack = getattr(self._tls, "tokens", None)
             if not stack:
                 return
@@ -344,12 +342,12 @@ class Attachment:
                 updates = PENDING.get()
                 ACTIVE.reset(active)
                 PENDING.reset(pending)
-                if updates and g is not None:
-                    g._on_cache_updates(updates, started)
+                if updates and t is not None:
+                    t.on_updates(updates, started)
                 _faults.maybe_fail("forward.post")
             except Exception as exc:
-                if g is not None:
-                    g._fail("forward.post", exc)
+                if t is not None:
+                    t.host.fail("forward.post", exc)
 
         self._handles.append(model.register_forward_pre_hook(pre))
         self._handles.append(model.register_forward_hook(post, always_call=True))
@@ -358,10 +356,10 @@ class Attachment:
 
         @functools.wraps(original_generate)
         def generate(*args: Any, **kwargs: Any) -> Any:
-            g = guard_ref()
-            if g is None or g.current_request() is not None:
+            t = tracker_ref()
+            if t is None or t.host.current_request() is not None:
                 return original_generate(*args, **kwargs)
-            return _generate_as_request(g, original_generate, args, kwargs)
+            return _generate_as_request(t.host, original_generate, args, kwargs)
 
         generate.__kvguardian_wrapper__ = True  # type: ignore[attr-defined]
         # an instance attribute: nothing in state_dict, removed by `remove`
@@ -377,13 +375,9 @@ class Attachment:
         uninstall_cache_patch()
 
 
-def attach_model(guard: Guard, model: Any) -> Attachment:
-    """Instrument ``model`` (a transformers ``PreTrainedModel``) for ``guard``.
-
-    Raises:
-        UsageError: ``model`` is not a transformers model, transformers is too old, or the model is
-            already attached to a guard.
-    """
+def check_attachable(model: Any) -> None:
+    """Raise `UsageError` unless ``model`` can be attached: a transformers ``PreTrainedModel`` (transformers
+    5.x installed) that no guard has attached yet."""
     try:
         import torch
         import transformers
@@ -408,9 +402,18 @@ def attach_model(guard: Guard, model: Any) -> Attachment:
         raise UsageError(
             f"{type(model).__name__} is already attached to a guard; fix: detach() it first"
         )
+
+
+def attach_model(tracker: HFTracker, model: Any) -> Attachment:
+    """Instrument ``model`` (a transformers ``PreTrainedModel``) for ``tracker``.
+
+    Raises:
+        UsageError: see `check_attachable`.
+    """
+    check_attachable(model)
     install_cache_patch()
     try:
-        return Attachment(guard, model)
+        return Attachment(tracker, model)
     except Exception:
         uninstall_cache_patch()
         raise

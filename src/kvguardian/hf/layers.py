@@ -22,7 +22,7 @@ generic             every tensor attribute of an unknown layer class (audited, w
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,7 +71,6 @@ class LayerPlan:
     skip_reason: str | None = None  # set for layers that hold no per-token KV
     note: str | None = None
     cls: type | None = None  # the layer class itself (the tracker's per-update check is `type(layer) is cls`)
-    path: str = ""  # the tracker's observer: "kv", "static", "fp8", "quantized", "generic" or "" (nothing)
 
     @property
     def static(self) -> bool:
@@ -94,18 +93,11 @@ def _classify(cls: type) -> LayerPlan:
     for base in cls.__mro__:
         kind = KNOWN_LAYERS.get(base.__name__)
         if kind is not None and base.__module__.startswith("transformers."):
-            return LayerPlan(kind, cls.__name__, True, SKIP_REASONS.get(kind), NOTES.get(kind), cls, _PATHS[kind])
-    return LayerPlan("generic", cls.__name__, False, None,
-                     f"unknown cache layer class {cls.__module__}.{cls.__qualname__}: every tensor attribute "
-                     "is audited", cls, "generic")
-
-
-#: kind -> the tracker's observer for it
-_PATHS = {
-    "dynamic": "kv", "sliding": "kv", "hybrid": "kv",
-    "static": "static", "static_sliding": "static", "hybrid_static": "static",
-    "fp8": "fp8", "quantized": "quantized", "generic": "generic", "linear": "", "dummy": "",
-}
+            return LayerPlan(kind=kind, cls_name=cls.__name__, known=True, skip_reason=SKIP_REASONS.get(kind),
+                             note=NOTES.get(kind), cls=cls)
+    return LayerPlan(kind="generic", cls_name=cls.__name__, known=False,
+                     note=f"unknown cache layer class {cls.__module__}.{cls.__qualname__}: every tensor attribute "
+                          "is audited", cls=cls)
 
 
 def static_filled(layer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
@@ -170,5 +162,3 @@ def generic_tensors(layer: Any) -> list[tuple[str, Any]]:
             out.extend((f"{name}[{i}]", v) for i, v in enumerate(value) if isinstance(v, torch.Tensor))
     return out
 
-
-Observer = Callable[..., None]

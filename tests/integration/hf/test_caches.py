@@ -6,8 +6,9 @@ import gc
 import pytest
 import torch
 import transformers
-from transformers import DynamicCache, EncoderDecoderCache, QuantizedCache, StaticCache
+from transformers import DynamicCache, EncoderDecoderCache, QuantizedCache
 
+from kvg_testing import grow_kv
 from kvguardian._errors import UsageError
 from kvguardian.guard import Guard
 from kvguardian.hf import layers as hf_layers
@@ -258,13 +259,7 @@ def test_unknown_cache_class_is_audited_through_the_generic_path_with_a_warning(
             self.k, self.v = [], []
 
         def update(self, key_states, value_states, layer_idx, *args, **kwargs):
-            if layer_idx == len(self.k):
-                self.k.append(key_states)
-                self.v.append(value_states)
-            else:
-                self.k[layer_idx] = torch.cat([self.k[layer_idx], key_states], -2)
-                self.v[layer_idx] = torch.cat([self.v[layer_idx], value_states], -2)
-            return self.k[layer_idx], self.v[layer_idx]
+            return grow_kv(self.k, self.v, key_states, value_states, layer_idx)
 
     g = Guard().audit_process()
     try:
@@ -278,7 +273,8 @@ def test_unknown_cache_class_is_audited_through_the_generic_path_with_a_warning(
         report = g.check()
         warn = report.by_id("KVG107")
         assert len(warn) == 1 and warn[0].severity.value == "warning" and "ListCache" in warn[0].message
-        assert report.by_id("KVG102"), "the generic path still proves the orphaned KV"
+        [orphaned] = report.by_id("KVG102")  # the generic path still proves the orphaned KV
+        assert orphaned.evidence["sources"] == ["ListCache"]  # the cache's class (it has no layer classes)
     finally:
         g.stop_auditing_process()
 
@@ -300,16 +296,44 @@ def test_versions_and_bad_input(tiny_model):
     assert cache_kwarg() == ("cache" if TF >= (5, 24) else "past_key_values")
 
 
-def test_hooks_do_not_change_results_and_cost_o1_per_layer(tiny_model):
-    ids = ids_of(9)
-    plain = gen(tiny_model, ids, max_new_tokens=6).sequences
-    g = Guard().attach(tiny_model)
-    try:
-        guarded = gen(tiny_model, ids, max_new_tokens=6).sequences
-        tracker = g.hf_tracker()
+def counting_guard():
+    """A guard whose ledger counts the observations the tracker's observers make, and the tensors in them."""
+    g = Guard()
+    calls = {"observe_kv": 0, "observe": 0, "tensors": 0}
+    observe_kv, observe = g.ledger.observe_kv, g.ledger.observe
+
+    def counted_kv(keys, values, *args):
+        calls["observe_kv"] += 1
+        calls["tensors"] += 1 + (values is not None)
+        return observe_kv(keys, values, *args)
+
+    def counted(tensor, *args):
+        calls["observe"] += 1
+        calls["tensors"] += 1
+        return observe(tensor, *args)
+
+    g.ledger.observe_kv, g.ledger.observe = counted_kv, counted  # the instance's: what the observers call
+    return g, calls
+
+
+@pytest.mark.parametrize("impl", ["dynamic", "static"])
+def test_hooks_do_not_change_results_and_cost_o1_per_layer(tiny_model, impl):
+    """One tracker call per layer per forward, and per call one paired ledger observation of two tensors, however
+    long the sequence is: nothing walks the cache."""
+    layers = tiny_model.config.num_hidden_layers
+    kw = {"cache_implementation": "static"} if impl == "static" else {}
+    per_update = {}
+    for new_tokens in (4, 40):
+        ids = ids_of(9)
+        plain = gen(tiny_model, ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, **kw).sequences
+        g, calls = counting_guard()
+        g.attach(tiny_model)
+        try:
+            guarded = gen(tiny_model, ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, **kw).sequences
+            updates = g.hf_tracker().updates
+        finally:
+            g.detach()
         assert torch.equal(plain, guarded)
-        # one tracker call per layer per forward: 2 layers x (1 prefill + 5 decode steps)
-        assert tracker.updates == 2 * 6
-    finally:
-        g.detach()
-    assert isinstance(StaticCache, type)
+        assert updates == layers * new_tokens  # 1 prefill + (new_tokens - 1) decode forwards, every layer
+        per_update[new_tokens] = {k: v / updates for k, v in calls.items()}
+    assert per_update[4] == per_update[40] == {"observe_kv": 1.0, "observe": 0.0, "tensors": 2.0}

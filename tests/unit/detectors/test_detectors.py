@@ -6,13 +6,17 @@ from kvguardian.tensors.holders import HolderChain
 
 
 def rec(eid, rid, state, layer=0, nbytes=100, kind="k"):
-    return Record(eid, 1000 + eid, kind, layer, rid, "t", 0, "DynamicLayer", (1, 2, 4, 8), "torch.float32", "cpu",
-                  nbytes, nbytes, 0.0, 0.0, state)
+    return Record(entry_id=eid, key=1000 + eid, kind=kind, layer=layer, request_id=rid, tenant="t", generation=0,
+                  source="DynamicLayer", shape=(1, 2, 4, 8), dtype="torch.float32", device="cpu", logical_bytes=nbytes,
+                  storage_bytes=nbytes, created=0.0, last_access=0.0, state=state)
 
 
 def snap(records=(), grad=(), series=()):
-    reqs = {r: RequestInfo(r, "t", 0, 0.0, ended=1.0) for r in {x.request_id for x in records if x.request_id}}
-    return LedgerSnapshot(10.0, 0, tuple(records), reqs, tuple(series), tuple(grad), {}, 0, {}, 0, 0)
+    reqs = {r: RequestInfo(request_id=r, tenant="t", generation=0, started=0.0, ended=1.0)
+            for r in {x.request_id for x in records if x.request_id}}
+    return LedgerSnapshot(taken=10.0, generation=0, records=tuple(records), requests=reqs,
+                          retained_series=tuple(series), grad_observations=tuple(grad), event_counts={},
+                          events_dropped=0, instrumentation_errors={}, released_entries=0, released_bytes=0)
 
 
 def test_orphaned_groups_by_request_and_uses_the_complete_chain():
@@ -48,3 +52,21 @@ def test_growth_detector_reads_the_series():
     [f] = [x for x in run_all(snap(series=series), DetectContext()) if x.id == "KVG103"]
     assert f.evidence["slope_bytes_per_request"] == 1000.0 and f.evidence["confidence"] > 0.99999
     assert run_all(snap(series=[(float(i), "r", 5) for i in range(40)]), DetectContext()) == []
+
+
+def test_degraded_and_unknown_layout_come_from_the_snapshot():
+    from kvguardian.detectors import degraded, unknown_layout
+
+    base = snap()
+    assert degraded.detect(base, DetectContext()) == [] and unknown_layout.detect(base, DetectContext()) == []
+    noted = LedgerSnapshot(
+        taken=1.0, generation=0, records=(), requests={}, retained_series=(), grad_observations=(), event_counts={},
+        events_dropped=0, instrumentation_errors={"cache.update": 2, "track": 1}, released_entries=0,
+        released_bytes=0, unknown_classes={"app.MyCache": "no `layers` list", "MyLayer": "unknown layer class"},
+    )
+    [kvg100] = degraded.detect(noted, DetectContext())
+    assert kvg100.id == "KVG100" and kvg100.evidence == {"errors_by_site": {"cache.update": 2, "track": 1}}
+    assert "3 instrumentation error(s)" in kvg100.message
+    kvg107 = unknown_layout.detect(noted, DetectContext())
+    assert [f.evidence["class"] for f in kvg107] == ["MyLayer", "app.MyCache"]  # sorted
+    assert [f.id for f in run_all(noted, DetectContext())] == ["KVG100", "KVG107", "KVG107"]

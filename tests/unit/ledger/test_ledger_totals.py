@@ -7,7 +7,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvguardian.ledger import EntryState, Ledger
+from kvguardian.ledger import EntrySite, EntryState, Ledger
 
 OPS = st.lists(
     st.one_of(
@@ -106,7 +106,7 @@ def test_totals_visit_only_entries_that_may_have_unused_bytes():
         led.add_entry(("b", i), kind="block", nbytes=256, request=req, source="t")
     led.add_entry(("b", "static"), kind="block", nbytes=256, request=req, source="t", filled_tokens=4,
                   capacity_tokens=16)
-    assert len(led._partial) == 1
+    assert led.partial_entries() == 1
     t = led.totals()
     assert t.entries_by_state["live"] == 1001
     assert t.fragmentation_ratio == 192 / (1001 * 256)
@@ -150,9 +150,9 @@ def test_unused_bytes_followed_on_every_observation_path():
     check()
     # the same through _observe (recycling found by storage address rather than by the slot's fast path)
     e = torch.zeros(8, 8)
-    led.observe_pair(e, None, layer=3, request=req, source="t", slots=("s3", "s3v"))
+    led.observe_kv(e, None, (EntrySite("k", 3, "t", "s3"), EntrySite("v", 3, "t", "s3v")), req)
     del e
     gc.collect()
     f = torch.zeros(32, 8)
-    led.observe_pair(f[:1], None, layer=3, request=req, source="t", slots=("s3", "s3v"))
+    led.observe_kv(f[:1], None, (EntrySite("k", 3, "t", "s3"), EntrySite("v", 3, "t", "s3v")), req)
     assert check() > 0

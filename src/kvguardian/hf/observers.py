@@ -1,0 +1,174 @@
+"""One small observer per cache-layer layout, and the table that picks it by layer kind (`hf.layers`).
+
+After each ``Cache.update`` the tracker calls the observer of the updated layer's kind, once per layer per step:
+each reads the few attributes its layout stores the KV in and hands the storages to the ledger, in O(1) (no
+scan of the cache). An observer returns a stored tensor that requires grad, if it saw one, for the KVG101
+evidence.
+
+==================  ===========================================================================================
+observer            layer kinds
+==================  ===========================================================================================
+`observe_kv`        dynamic, sliding, hybrid: ``keys``/``values``
+`observe_static`    static, static_sliding, hybrid_static: ``keys``/``values`` and the filled tokens
+`observe_fp8`       fp8: ``_quantized_keys``/``_quantized_values`` (``(fp8 tensor, scale)``)
+`observe_quantized` quantized: the residual ``keys``/``values``, and the quantized states when they change
+`observe_generic`   generic (an unknown layer class): every tensor attribute
+`observe_nothing`   linear, dummy: no per-token KV
+==================  ===========================================================================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from kvguardian.hf.layers import LayerPlan, generic_tensors, iter_plain_tensors, static_filled
+from kvguardian.ledger import NO_FILL, NO_GRAD, EntrySite, Ledger, RequestInfo, Update
+
+__all__ = ["OBSERVERS", "CacheUpdate", "LayerState", "ObserveEnv", "Observer"]
+
+
+class CacheUpdate(NamedTuple):
+    """One ``cache.update(key_states, value_states, layer_idx, *args, **kwargs)`` that returned ``out``."""
+
+    cache: Any
+    layer_idx: int
+    key_states: Any  # the new tokens' keys, or a `KeyInfo` (their shape, dtype, device) for a deferred update
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    out: Any  # what update() returned; kept only for caches without a `layers` list (the generic path)
+
+
+class ObserveEnv(NamedTuple):
+    """What every observer uses, bound once per tracker (attribute chains cost as much as the calls here)."""
+
+    observe_kv: Callable[[Any, Any, tuple[EntrySite, EntrySite], RequestInfo | None, Update], bool]  # Ledger's
+    observe: Callable[[Any, EntrySite, RequestInfo | None], Any]  # Ledger.observe
+    grad_enabled: Callable[[], bool]  # torch.is_grad_enabled, or a constant False without torch
+
+    @classmethod
+    def of(cls, ledger: Ledger, grad_enabled: Callable[[], bool]) -> ObserveEnv:
+        return cls(ledger.observe_kv, ledger.observe, grad_enabled)
+
+
+class LayerState:
+    """What the tracker knows about one layer of one cache: its plan, its observer, where its entries go."""
+
+    __slots__ = ("cls", "extra", "index", "marker", "observe", "plan", "sites")
+
+    def __init__(self, plan: LayerPlan, index: int, sites: tuple[EntrySite, EntrySite]) -> None:
+        self.plan = plan
+        self.cls = plan.cls  # the layer class it was planned for: another class is planned again
+        self.index = index
+        self.observe: Observer = OBSERVERS[plan.kind]
+        self.sites = sites  # keys' and values' sites: slot (cache id, layer, "k"/"v"), source = the layer class
+        self.extra: dict[Any, EntrySite] = {}  # sites of the layer's other tensors (quantized states, generic)
+        self.marker: int | None = None  # identity of the quantized states last observed
+
+    def site(self, kind: str, slot_tail: Any) -> EntrySite:
+        """The site of another tensor of this layer: ``kind``, slot (cache id, layer, ``slot_tail``...)."""
+        site = self.extra.get(slot_tail)
+        if site is None:
+            k = self.sites[0]
+            cid = k.slot[0] if isinstance(k.slot, tuple) else None
+            tail = slot_tail if isinstance(slot_tail, tuple) else (slot_tail,)
+            site = self.extra[slot_tail] = EntrySite(kind, self.index, k.source, (cid, self.index, *tail), k.role,
+                                                     k.cache)
+        return site
+
+
+#: (env, layer state, the layer object, the request, the update) -> a stored tensor that requires grad, or None
+Observer = Callable[[ObserveEnv, LayerState, Any, RequestInfo, CacheUpdate], Any]
+
+
+def _grad_tensor(keys: Any, values: Any) -> Any:
+    """The one of ``keys``/``values`` that requires grad (keys first)."""
+    if keys is not None and keys.requires_grad:
+        return keys
+    if values is not None and values.requires_grad:
+        return values
+    return None
+
+
+def observe_kv(env: ObserveEnv, ls: LayerState, layer: Any, req: RequestInfo, u: CacheUpdate) -> Any:
+    """DynamicLayer and friends: a new ``torch.cat`` storage every step in ``keys``/``values``."""
+    keys = layer.keys
+    if keys is None:
+        return None
+    values = layer.values
+    grad = env.observe_kv(keys, values, ls.sites, req, NO_FILL if env.grad_enabled() else NO_GRAD)
+    return _grad_tensor(keys, values) if grad else None
+
+
+def observe_static(env: ObserveEnv, ls: LayerState, layer: Any, req: RequestInfo, u: CacheUpdate) -> Any:
+    """StaticLayer and friends: preallocated ``keys``/``values`` written in place, filled tokens counted."""
+    keys = layer.keys
+    if keys is None:
+        return None
+    values = layer.values
+    # filled tokens only where it is free (a Python int counter); tensor counters are read at sync
+    n = getattr(layer, "cumulative_length_int", None)
+    if n is None and ls.plan.kind != "static_sliding" and not hasattr(layer, "cumulative_length"):
+        n = static_filled(layer, u.args, u.kwargs)  # 5.0–5.4: from cache_position
+    elif n is None:
+        c = layer.cumulative_length
+        n = c if type(c) is int else None
+    cap = layer.max_cache_len
+    update = Update(min(n, cap) if n is not None else None, cap, env.grad_enabled())
+    grad = env.observe_kv(keys, values, ls.sites, req, update)
+    return _grad_tensor(keys, values) if grad else None
+
+
+def observe_fp8(env: ObserveEnv, ls: LayerState, layer: Any, req: RequestInfo, u: CacheUpdate) -> Any:
+    """Fp8QuantizedLayer: ``(fp8 tensor, scale)`` pairs, a new storage every step."""
+    qk = getattr(layer, "_quantized_keys", None)
+    qv = getattr(layer, "_quantized_values", None)
+    if qk is None:
+        return None
+    keys = qk[0]
+    values = qv[0] if qv is not None else None
+    grad = env.observe_kv(keys, values, ls.sites, req, NO_FILL if env.grad_enabled() else NO_GRAD)
+    return _grad_tensor(keys, values) if grad else None
+
+
+def observe_quantized(env: ObserveEnv, ls: LayerState, layer: Any, req: RequestInfo, u: CacheUpdate) -> Any:
+    """Quanto/HQQ/QuantizedLayer: the original-precision residual every step, and the backend's quantized
+    states (a QTensor's inner tensors, hqq's ``(tensor, meta)``) only when they change (every
+    ``residual_length`` tokens)."""
+    keys = getattr(layer, "keys", None)
+    values = getattr(layer, "values", None)
+    if keys is not None and keys.numel():
+        env.observe_kv(keys, values, ls.sites, req, NO_FILL)
+    qk = getattr(layer, "_quantized_keys", None)
+    qv = getattr(layer, "_quantized_values", None)
+    marker = id(qk) ^ (id(qv) << 1)
+    if qk is not None and ls.marker != marker:  # re-quantized: new storages
+        ls.marker = marker
+        for kind, state in (("qk", qk), ("qv", qv)):
+            for j, t in enumerate(iter_plain_tensors(state)):
+                env.observe(t, ls.site(kind, (kind, j)), req)
+    return keys if keys is not None and keys.requires_grad else None
+
+
+def observe_generic(env: ObserveEnv, ls: LayerState, layer: Any, req: RequestInfo, u: CacheUpdate) -> Any:
+    """An unknown layer class: every tensor attribute (audited, with a KVG107 warning)."""
+    first = None
+    for name, t in generic_tensors(layer):
+        env.observe(t, ls.site(name, name), req)
+        if first is None:
+            first = t
+    return first if first is not None and first.requires_grad else None
+
+
+def observe_nothing(env: ObserveEnv, ls: LayerState, layer: Any, req: RequestInfo, u: CacheUpdate) -> Any:
+    """Linear-attention and dummy layers: a fixed-size state or nothing, no per-token KV."""
+    return None
+
+
+#: layer kind (`hf.layers.KNOWN_LAYERS`) -> its observer
+OBSERVERS: dict[str, Observer] = {
+    "dynamic": observe_kv, "sliding": observe_kv, "hybrid": observe_kv,
+    "static": observe_static, "static_sliding": observe_static, "hybrid_static": observe_static,
+    "fp8": observe_fp8, "quantized": observe_quantized, "generic": observe_generic,
+    "linear": observe_nothing, "dummy": observe_nothing,
+}

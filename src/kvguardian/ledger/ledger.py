@@ -1,0 +1,382 @@
+"""The `Ledger`: the one record of KV entries and their lifecycle events, behind one lock.
+
+A *KV entry* is one unit of KV memory kv-guardian knows about: the storage behind a layer's keys or values
+(HF caches, custom models), a block of the paged pool, or anything a source reports with `add_entry`. Tensor
+entries are keyed by their storage's data pointer, so views of one storage are one entry and its bytes are
+counted once. The ledger never holds a strong reference to a tensor or storage (`kvguardian.ledger.releases`).
+
+Only sources write to the ledger; detectors read `snapshot()`; sinks read snapshots, `totals()` and events.
+The parts: `records` (what an entry and a request are), `table` (the index and every state change),
+`tensors` (the per-step tensor path), `events` (the bounded buffer), `releases` (storage deaths),
+`totals` and `snapshot` (what readers get).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Hashable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from kvguardian._errors import UsageError
+from kvguardian.ledger.events import EVENT_KINDS, Event, EventBuffer
+from kvguardian.ledger.fields import cache_event, site_of
+from kvguardian.ledger.records import NO_FILL, EntrySite, EntryState, EntryView, Record, RequestInfo, Update
+from kvguardian.ledger.releases import ReleaseQueue
+from kvguardian.ledger.snapshot import LedgerSnapshot
+from kvguardian.ledger.table import EntryTable
+from kvguardian.ledger.tensors import TensorEntries
+from kvguardian.ledger.totals import LedgerTotals
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from kvguardian.ledger.fields import BlockFields, CacheEventFields, EntryFields
+
+__all__ = ["Ledger"]
+
+
+class Ledger:
+    """One record per KV entry, lifecycle events in a bounded buffer, and no strong reference to any tensor.
+
+    Args:
+        event_capacity: events kept before the oldest are dropped (and counted as dropped).
+        request_history: ended requests remembered after their last entry was released.
+        series_capacity: request-end samples kept for the growth trend test.
+        clock: monotonic clock, injectable for tests.
+    """
+
+    def __init__(
+        self,
+        *,
+        event_capacity: int = 65_536,
+        request_history: int = 4_096,
+        series_capacity: int = 4_096,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if event_capacity < 1 or request_history < 1 or series_capacity < 1:
+            raise UsageError("Ledger capacities must be >= 1; fix: pass positive event_capacity/request_history")
+        self._lock = threading.RLock()
+        self._clock = clock
+        self._events = EventBuffer(event_capacity)
+        self._releases = ReleaseQueue(clock)
+        self._table = EntryTable(events=self._events, releases=self._releases, request_history=request_history,
+                                 clock=clock)
+        self._tensors = TensorEntries(self._table)
+        self._observe_tensor = self._tensors.observe  # bound once: observe_kv runs per layer per decode step
+        self._series: deque[tuple[float, str, int]] = deque(maxlen=series_capacity)
+        self._grad_obs: deque[dict[str, Any]] = deque(maxlen=256)
+        self.instrumentation_errors: Counter[str] = Counter()
+        self._unknown: dict[str, str] = {}  # class a source audits through a generic path -> why (bounded)
+
+    # ------------------------------------------------------------------ public state
+    @property
+    def clock(self) -> Callable[[], float]:
+        """The ledger's monotonic clock: sources time what they report with it."""
+        return self._clock
+
+    @property
+    def generation(self) -> int:
+        """The model generation new entries belong to (`bump_generation`)."""
+        return self._table.generation
+
+    @property
+    def events_dropped(self) -> int:
+        return self._events.dropped
+
+    @property
+    def released_entries(self) -> int:
+        return self._table.totals.released_entries
+
+    @property
+    def released_bytes(self) -> int:
+        return self._table.totals.released_bytes
+
+    def set_release_error_handler(self, handler: Callable[[str, BaseException], None] | None) -> None:
+        """Who is told when applying a storage's release fails (fail-open: the guard counts and logs it)."""
+        self._table.on_release_error = handler
+
+    # ------------------------------------------------------------------ requests
+    def begin_request(self, request_id: str, tenant: str | None = None, *, implicit: bool = False) -> RequestInfo:
+        """Start a request. Raises `UsageError` if a request with this id is still active."""
+        with self._lock:
+            return self._table.begin_request(request_id, tenant, implicit, self._clock())
+
+    def end_request(self, request_id: str) -> RequestInfo:
+        """End a request: its live entries become retained (declared) or orphaned; sample ended bytes."""
+        with self._lock:
+            now = self._clock()
+            info = self._table.end_request(request_id, now)
+            self._series.append((now, request_id, self._table.totals.ended_bytes))
+            return info
+
+    def request(self, request_id: str) -> RequestInfo | None:
+        return self._table.requests.get(request_id)
+
+    def active_requests(self) -> list[RequestInfo]:
+        with self._lock:
+            return [r for r in self._table.requests.values() if r.active]
+
+    def ended_owners(self) -> int:
+        """Ended requests that still own entries (settled)."""
+        with self._lock:
+            self._table.settle()
+            return sum(1 for r in self._table.requests.values() if r.ended is not None and r.entry_ids)
+
+    def bump_generation(self) -> int:
+        """A model reload: entries created from now on belong to the next generation."""
+        with self._lock:
+            self._table.generation += 1
+            return self._table.generation
+
+    # ------------------------------------------------------------------ tensor entries
+    def observe(self, tensor: Any, site: EntrySite, request: RequestInfo | None,
+                update: Update = NO_FILL) -> Record | None:
+        """Record that ``tensor`` (a KV tensor or a view of one), stored at ``site``, is in use by ``request``.
+
+        Returns the entry, or None for an empty tensor (no storage to track).
+        """
+        with self._lock:
+            rec = self._tensors.observe(tensor, site, request, update, self._clock())
+            table = self._table
+            if self._releases.freed and not table.batch:
+                table.drain()
+            return rec
+
+    def observe_tensor(self, tensor: Any, *, request: RequestInfo | None,
+                       **fields: Unpack[EntryFields]) -> Record | None:
+        """`observe` with the site and fill by keyword: ``kind``, ``layer``, ``source``, ``slot``, ``role``,
+        ``cache``, ``filled_tokens``, ``capacity_tokens``."""
+        site, update = site_of(fields)
+        return self.observe(tensor, site, request, update)
+
+    def observe_kv(self, keys: Any, values: Any, sites: tuple[EntrySite, EntrySite], request: RequestInfo | None,
+                   update: Update = NO_FILL) -> bool:
+        """`observe` for one layer's keys and values (``values`` may be None) under one lock: the per-layer,
+        per-decode-step hot path of cache instrumentation. Returns whether either entry has seen a tensor that
+        requires grad."""
+        lock = self._lock
+        lock.acquire()  # not `with`: the context-manager protocol costs as much as the rest of a fast path
+        try:
+            now = self._clock()
+            observe = self._observe_tensor
+            # releases are applied after, not before: a slot whose storage was just freed (DynamicLayer's cat)
+            # then continues with the new storage instead of a release plus a new record
+            rec = observe(keys, sites[0], request, update, now)
+            grad = rec is not None and rec.grad
+            if values is not None:
+                rec = observe(values, sites[1], request, update, now)
+                grad = (rec is not None and rec.grad) or grad
+            if self._releases.freed and not self._table.batch:
+                self._table.drain()
+        finally:
+            lock.release()
+        return grad
+
+    @contextlib.contextmanager
+    def observe_batch(self) -> Iterator[None]:
+        """Observe several slots' updates (one forward's layers) before applying the releases that happened
+        meanwhile. A forward replaces every layer's storage before its updates are observed; applying the
+        old storages' releases at the first observation would close the other layers' entries and open new
+        ones, where observing first lets each entry continue with its new storage."""
+        table = self._table
+        with self._lock:
+            table.batch += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                table.batch -= 1
+                if not table.batch and self._releases.freed:
+                    table.drain()
+
+    def set_filled(self, slots: Iterable[Hashable], filled_tokens: int) -> None:
+        """The entries filling ``slots`` hold ``filled_tokens`` tokens now (a source read its counters)."""
+        with self._lock:
+            by_slot = self._table.slots
+            for slot in slots:
+                rec = by_slot.get(slot)
+                if rec is not None:
+                    rec.filled_tokens = filled_tokens
+
+    def slot_bytes(self, slots: Iterable[Hashable]) -> int:
+        """Storage bytes of the entries filling ``slots`` now."""
+        with self._lock:
+            by_slot = self._table.slots
+            total = 0
+            for slot in slots:
+                rec = by_slot.get(slot)
+                if rec is not None:
+                    total += rec.storage_bytes
+            return total
+
+    # ------------------------------------------------------------------ other entries
+    def add_entry(self, key: Hashable, *, nbytes: int, request: RequestInfo | None,
+                  **fields: Unpack[BlockFields]) -> Record:
+        """Record a non-tensor entry (a pool block, a key) by keyword (``kind``, ``source``, ``layer``, ``shape``,
+        ``dtype``, ``device``, ``slot``, ``filled_tokens``, ``capacity_tokens``). Release it with
+        `release_entry`, or pass ``watch`` (a weak-referenceable object) to release it when that object dies."""
+        site, update = site_of(fields)
+        with self._lock:
+            table = self._table
+            if self._releases.freed:
+                table.drain()
+            if key in table.by_key:
+                raise UsageError(f"entry key {key!r} is already live; fix: release it before adding it again")
+            # EntryView(shape, dtype, device, logical_bytes, storage_bytes)
+            view = EntryView(fields.get("shape", ()), fields.get("dtype", ""), fields.get("device", ""), nbytes, nbytes)
+            rec = table.create(key, site, request, view, update)
+            watch = fields.get("watch")
+            if watch is not None:
+                rec.wref = self._releases.watch(watch, rec.entry_id)
+            return rec
+
+    def touch_entry(self, key: Hashable, request: RequestInfo | None, *, filled_tokens: int | None = None) -> None:
+        """A non-tensor entry was used (appended to, read) by ``request``."""
+        with self._lock:
+            rec = self._table.live(key, "add_entry() it first")
+            now = self._clock()
+            rec.last_access = now
+            if filled_tokens is not None:
+                rec.filled_tokens = filled_tokens
+            self._table.touch(rec, request, now)
+
+    def release_entry(self, key: Hashable, *, detail: str | None = None) -> None:
+        """A non-tensor entry was released by its source (a freed block, an expired key)."""
+        with self._lock:
+            rec = self._table.live(key, "release each entry once")
+            self._table.release(rec, self._clock(), detail)
+
+    # ------------------------------------------------------------------ retention marks
+    def retain_keys(self, keys: Iterable[Hashable], reason: str) -> int:
+        """Declare entries legitimately retained. Returns how many live entries were marked."""
+        if not reason:
+            raise UsageError("a retention needs a reason; fix: guard.retain(obj, reason='system prompt cache')")
+        with self._lock:
+            return self._table.retain(keys, reason)
+
+    def clear_retention(self, keys: Iterable[Hashable] | None = None) -> None:
+        """Undo declared retention (all of it, or for ``keys``); ended entries become orphaned again."""
+        with self._lock:
+            self._table.retain(keys, None)
+
+    # ------------------------------------------------------------------ notes from sources
+    def note_grad(self, observation: dict[str, Any]) -> None:
+        """Keep the evidence of a grad-tracked KV observation (bounded)."""
+        with self._lock:
+            self._grad_obs.append(observation)
+
+    def note_error(self, site: str) -> int:
+        """Count an instrumentation error at ``site``; returns the count so far for that site."""
+        self.instrumentation_errors[site] += 1
+        return self.instrumentation_errors[site]
+
+    def note_unknown(self, cls: str, why: str) -> None:
+        """A source met a class it does not know (a cache or layer class) and audits it through a generic path,
+        because ``why`` (the first reason is kept; at most 256 classes)."""
+        with self._lock:
+            if cls not in self._unknown and len(self._unknown) < 256:
+                self._unknown[cls] = why
+
+    def unknown_classes(self) -> dict[str, str]:
+        """Class -> why, for every class audited through a generic path (`note_unknown`)."""
+        with self._lock:
+            return dict(self._unknown)
+
+    def emit_cache_event(self, kind: str, *, cache: str, request: RequestInfo | None,
+                         **fields: Unpack[CacheEventFields]) -> None:
+        """A lifecycle event about a whole cache object (scope "cache"), reported by a source: init on its
+        first prefill, hit when a later request reuses it, evict on crop/reset, release when it is freed.
+        ``fields`` are `Event` fields by keyword (``nbytes``, ``layer``, ``detail``, ``shape``, ...) and ``ts``
+        (default: now)."""
+        if kind not in EVENT_KINDS:
+            raise UsageError(f"unknown event kind {kind!r}; use one of {', '.join(EVENT_KINDS)}")
+        event = cache_event(kind, cache, request, fields, self._clock)
+        with self._lock:
+            self._events.cache_event(event)
+
+    # ------------------------------------------------------------------ reading
+    def live_keys(self) -> set[Hashable]:
+        with self._lock:
+            self._table.settle()
+            return set(self._table.by_key)
+
+    def records(self, state: EntryState | None = None) -> list[Record]:
+        """Copies of the indexed entries (settled), of one state or all."""
+        with self._lock:
+            self._table.settle()
+            return [r.copy() for r in self._table.by_id.values() if state is None or r.state is state]
+
+    def snapshot(self) -> LedgerSnapshot:
+        with self._lock:
+            table = self._table
+            table.settle()
+            return LedgerSnapshot(
+                taken=self._clock(),
+                generation=table.generation,
+                records=tuple(r.copy() for r in table.by_id.values()),
+                requests={k: v.copy() for k, v in table.requests.items()},
+                retained_series=tuple(self._series),
+                grad_observations=tuple(
+                    {**o, "layers": list(o.get("layers", ())), "layer_updates": dict(o.get("layer_updates", {}))}
+                    for o in self._grad_obs
+                ),
+                event_counts=self._events.all_counts(),
+                events_dropped=self._events.dropped,
+                instrumentation_errors=dict(self.instrumentation_errors),
+                released_entries=table.totals.released_entries,
+                released_bytes=table.totals.released_bytes,
+                unknown_classes=dict(self._unknown),
+            )
+
+    def totals(self) -> LedgerTotals:
+        """Bytes and entries by state, the two ratios and the counters, without a pass over the entries: the
+        totals by state are kept as entries change, and only entries that may have unused bytes (a capacity,
+        or a view smaller than its storage) are visited for the fragmentation ratio."""
+        with self._lock:
+            table = self._table
+            table.settle()
+            by_bytes, by_n, residency, fragmentation = table.totals.as_totals()
+            return LedgerTotals(
+                bytes_by_state=by_bytes,
+                entries_by_state=by_n,
+                residency_ratio=residency,
+                fragmentation_ratio=fragmentation,
+                requests_active=sum(1 for r in table.requests.values() if r.active),
+                generation=table.generation,
+                event_counts=self._events.entry_counts(),
+                events_dropped=self._events.dropped,
+                instrumentation_errors=dict(self.instrumentation_errors),
+                released_entries=table.totals.released_entries,
+                released_bytes=table.totals.released_bytes,
+            )
+
+    def events(self) -> list[Event]:
+        """A copy of the buffered events, oldest first."""
+        with self._lock:
+            self._table.settle()
+            return list(self._events.buffer)
+
+    def take_events(self) -> list[Event]:
+        """Pop every buffered event (swap the buffer), so a consumer never keeps them twice."""
+        with self._lock:
+            self._table.settle()
+            return self._events.take()
+
+    def __len__(self) -> int:
+        with self._lock:
+            self._table.settle()
+            return len(self._table.by_id)
+
+    def partial_entries(self) -> int:
+        """How many entries may hold unused bytes (the ones `totals` visits for the fragmentation ratio)."""
+        with self._lock:
+            return len(self._table.totals.partial)
+
+    def check_invariants(self) -> None:
+        """Raise `InternalError` if the ledger's indexes disagree (tests and the auditor call this)."""
+        with self._lock:
+            self._table.settle()
+            self._table.check()

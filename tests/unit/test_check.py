@@ -1,0 +1,70 @@
+"""The check pipeline over a request scope and its sources, without a guard: settle and snapshot, holder chains
+(seeded by the sources), retention verdicts, detectors, report."""
+
+import torch
+
+from kvguardian.check import CheckOptions, run_check
+from kvguardian.ledger import EntrySite, Ledger
+from kvguardian.retention import RetentionMonitor
+from kvguardian.sources.scope import RequestScope
+
+KEPT = []  # a module global that keeps request KV: the holder-chain root
+
+
+class SeedingSource:
+    """A source that knows which object holds its entries, and says so through chain_seeds."""
+
+    def __init__(self, holder, log):
+        self.holder = holder
+        self.log = log
+
+    def end_manual(self):
+        self.log.append("end_manual")
+
+    def request_ended(self, info):
+        pass
+
+    def sync(self):
+        self.log.append("sync")
+
+    def cache_ref(self, rec):
+        return None
+
+    def chain_seeds(self, records):
+        self.log.append("seeds")
+        return {r.key: self.holder for r in records}, {r.key: ["Holder.kv", "Tensor"] for r in records}
+
+
+def test_pipeline_order_chains_and_findings():
+    scope = RequestScope(Ledger())
+    log = []
+    holder = type("Holder", (), {})()
+    holder.kv = torch.zeros(2, 8)
+    scope.add_source(SeedingSource(holder, log))
+    retention = RetentionMonitor(scope)
+    with scope.request("r1", tenant="t"):
+        scope.ledger.observe(holder.kv, EntrySite("k", 0, "test"), scope.current_request())
+    KEPT.append(holder)
+    del holder
+    log.clear()
+    try:
+        report = run_check(scope, retention, CheckOptions(end_implicit=True),
+                           lambda snap: {"entries": len(snap.records)})
+    finally:
+        KEPT.clear()
+    assert log == ["end_manual", "sync", "seeds"]
+    assert report.summary == {"entries": 1}
+    [f] = report.findings
+    assert f.id == "KVG102" and f.evidence["request_id"] == "r1"
+    assert f.holder_chain[0] == "module test_check: KEPT" and f.holder_chain[-2:] == ["Holder.kv", "Tensor"]
+    assert f.severity.value == "info"  # one owner, held by a single reference: bounded
+
+
+def test_no_holder_chains_when_not_asked():
+    scope = RequestScope(Ledger())
+    t = torch.zeros(4)
+    with scope.request("r"):
+        scope.ledger.observe(t, EntrySite("k", 0, "test"), scope.current_request())
+    report = run_check(scope, RetentionMonitor(scope), CheckOptions(holder_chains=False), lambda snap: {})
+    [f] = report.findings
+    assert f.id == "KVG102" and f.holder_chain is None and f.severity.value == "error"
