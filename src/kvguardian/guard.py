@@ -203,7 +203,7 @@ class Guard:
         """
         marked = self.scope.retain(obj, reason=reason)  # raises UsageError without a reason
         if evict is not None:
-            from kvguardian.oom.evictors import registry_of
+            from kvguardian.sources.evictable import registry_of
 
             registry_of(self).add(obj, reason, evict)
         return marked

@@ -177,3 +177,45 @@ def test_the_sources_do_not_know_the_guard():
     sources += ["kvguardian.custom", "kvguardian.retention", "kvguardian.ranks"]
     offenders = sorted(m for m in sources if "kvguardian.guard" in GRAPH[m])
     assert not offenders, f"sources importing kvguardian.guard: {offenders}"
+
+
+# The layers of ARCHITECTURE.md, bottom up: a module may import its own layer and those below, never above.
+# A name is a top-level module or package of kvguardian, or a dotted subpackage/module placed above its package.
+LAYERS: dict[int, tuple[str, ...]] = {
+    0: ("_errors", "_faults", "findings"),
+    1: ("ledger", "tensors", "reuse"),
+    2: ("sources", "hf", "paged", "custom"),
+    3: ("detectors", "retention", "accounting", "ranks", "report"),
+    4: ("guard", "check", "kvguardian"),
+    5: ("engines", "keyspace", "oom", "k8s", "lint", "triton", "audit", "sweep", "exporters", "autorun"),
+    6: ("cli", "repro", "pytest_plugin", "__main__", "paged.openai", "oom.demo_server"),
+}
+
+
+def layer_of(module: str) -> int:
+    """The layer of a dotted module name of the package (``kvguardian.x.y``): its longest listed prefix."""
+    where = {name: n for n, names in LAYERS.items() for name in names}
+    parts = module.split(".")[1:] or ["kvguardian"]
+    for n in range(len(parts), 0, -1):
+        name = ".".join(parts[:n])
+        if name in where:
+            return where[name]
+    raise AssertionError(f"{module} is in no layer: add its package to LAYERS and to ARCHITECTURE.md")
+
+
+def test_imports_point_down_the_layers():
+    graph = import_graph(PACKAGE)
+    upward = sorted(
+        f"{m} (layer {layer_of(m)}) imports {t} (layer {layer_of(t)})"
+        for m, targets in graph.items()
+        for t in targets
+        if layer_of(t) > layer_of(m)
+    )
+    assert not upward, "imports that point up:\n" + "\n".join(upward)
+
+
+def test_architecture_md_lists_every_package():
+    text = (ROOT / "ARCHITECTURE.md").read_text()
+    missing = [p.name for p in sorted(PACKAGE.iterdir())
+               if p.is_dir() and (p / "__init__.py").exists() and f"`{p.name}/`" not in text]
+    assert not missing, f"packages ARCHITECTURE.md does not describe: {missing}"

@@ -23,7 +23,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
-from kvguardian.oom.evictors import EvictorRegistry
+from kvguardian.sources.evictable import EvictorRegistry
 
 __all__ = ["CallbackAction", "Evicted", "PoolPrefixEviction", "RetainedEviction", "release_memory"]
 

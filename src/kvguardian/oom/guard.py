@@ -31,9 +31,9 @@ from typing import Any
 
 from kvguardian._errors import KVGuardianError
 from kvguardian.oom.actions import CallbackAction, Evicted, PoolPrefixEviction, RetainedEviction, release_memory
-from kvguardian.oom.evictors import EvictCallback, EvictorRegistry, registry_of
 from kvguardian.oom.policy import PolicyState, Watermarks, decide
 from kvguardian.oom.signals.base import Reading, Signal
+from kvguardian.sources.evictable import EvictCallback, EvictorRegistry, registry_of
 
 __all__ = ["Action", "OOMGuard", "Overloaded", "Reservation"]
 

@@ -8,6 +8,7 @@ module         what it owns
 `scope`        `RequestScope`, the host a guard builds: the current request, implicit requests, fail-open
 `grad`         evidence of grad-tracked KV (KVG101)
 `retained`     declared retention (``guard.retain``)
+`evictable`    retained caches the pre-OOM guard may evict (``guard.retain(..., evict=...)``)
 `custom`       custom torch models with preallocated KV buffers (``guard.track_module``)
 =============  ==============================================================================================
 

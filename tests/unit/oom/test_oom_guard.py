@@ -10,10 +10,10 @@ import pytest
 from kvg_oom import Knob
 from kvguardian.exporters.catalog import names
 from kvguardian.guard import Guard
-from kvguardian.oom.evictors import registry_of
 from kvguardian.oom.guard import OOMGuard, Overloaded
 from kvguardian.oom.policy import Watermarks
 from kvguardian.paged import PagedKVPool
+from kvguardian.sources.evictable import registry_of
 
 
 class Store:
