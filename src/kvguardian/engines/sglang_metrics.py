@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from kvguardian._errors import UsageError
 from kvguardian.engines.board import FindingBoard
@@ -63,6 +64,15 @@ class _Series:
     over_count_streak: int = 0
     idle_since: float | None = None
     unaccounted: float = 0.0
+
+
+class _Point(NamedTuple):
+    """One series' numbers in one scrape."""
+
+    key: SeriesKey
+    numbers: dict[str, float | None]
+    rank: str  # the series' labels, for messages
+    now: float
 
 
 class SglangConservationCheck:
@@ -104,11 +114,12 @@ class SglangConservationCheck:
                        "used_tokens": used, "session_held_tokens": vals[SESSION_HELD],
                        "running_requests": vals[RUNNING], "queued_requests": vals[QUEUED]}
             rank = ",".join(f"{k}={v}" for k, v in key) or "(no labels)"
-            self._over_count(key, st, counted - total, numbers, rank, now)
-            self._idle(key, st, vals[RUNNING] == 0 and vals[QUEUED] == 0, used, numbers, rank, now)
+            point = _Point(key, numbers, rank, now)
+            self._over_count(point, st, counted - total)
+            self._idle(point, st, vals[RUNNING] == 0 and vals[QUEUED] == 0, used)
 
-    def _over_count(self, key: SeriesKey, st: _Series, excess: float, numbers: dict[str, float | None],
-                    rank: str, now: float) -> None:
+    def _over_count(self, point: _Point, st: _Series, excess: float) -> None:
+        key, numbers, rank, now = point
         fkey = ("KVG206", "over-count", key)
         st.over_count_streak = st.over_count_streak + 1 if excess > self.tolerance else 0
         if st.over_count_streak < self.confirm:
@@ -125,8 +136,8 @@ class SglangConservationCheck:
                       "consecutive_scrapes": st.over_count_streak},
         ), now)
 
-    def _idle(self, key: SeriesKey, st: _Series, idle: bool, used: float, numbers: dict[str, float | None],
-              rank: str, now: float) -> None:
+    def _idle(self, point: _Point, st: _Series, idle: bool, used: float) -> None:
+        key, numbers, rank, now = point
         fkey = ("KVG206", "idle", key)
         leaking = idle and (used > self.tolerance or st.unaccounted > self.tolerance)
         if not leaking:

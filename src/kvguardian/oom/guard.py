@@ -84,7 +84,7 @@ class Reservation:
         """The memory is taken: it shows in the signals from now on."""
         if self._pending:
             self._pending = False
-            self._guard._settle_reservation(self.nbytes)
+            self._guard.settle_reservation(self.nbytes)
 
     def close(self) -> None:
         self.allocated()
@@ -337,7 +337,9 @@ class OOMGuard:
             self._pending += nbytes
         return Reservation(self, nbytes)
 
-    def _settle_reservation(self, nbytes: int) -> None:
+    def settle_reservation(self, nbytes: int) -> None:
+        """A reservation of ``nbytes`` was allocated (or given up): it leaves the pending sum, and the next
+        admission samples the signals again (they show the memory from now on)."""
         with self._admit_lock:
             self._pending -= nbytes
             self._stale = True

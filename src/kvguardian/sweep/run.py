@@ -24,6 +24,7 @@ import gc
 import itertools
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -190,9 +191,7 @@ def run_sweep(
         shape = (config.batch, config.heads, n, config.head_dim)
         return [torch.randn(shape, generator=gen, dtype=torch.float32).to(device=device, dtype=dtype) for _ in range(3)]
 
-    def read() -> tuple[int | None, dict[str, int] | None]:
-        return malloc.read(), cuda.read()
-
+    bench = _Bench(config, guard, make, malloc, cuda, elem, device)
     gc.collect()  # unrelated garbage collected now, not in the middle of a measurement
     gc_was_enabled = gc.isenabled()
     for target in targets:
@@ -201,7 +200,7 @@ def run_sweep(
         for n in lengths:
             gc.disable()  # no automatic collection of unrelated garbage between baseline and readings (timeit does so)
             try:
-                rows.append(_measure_length(target, n, config, guard, make, read, malloc, cuda, elem, device))
+                rows.append(_measure_length(bench, target, n))
             except Exception as exc:  # a failing kernel is what a sweep is for: this length is an ERROR row
                 rows.append(_error_row(target, n, config, elem, exc))
             finally:
@@ -244,10 +243,28 @@ def _check_output(out: Any, q: Any) -> None:
         raise BadOutput(f"the callable returned shape {tuple(out.shape)}, expected {tuple(q.shape)} (as q)")
 
 
-def _measure_length(target: Target, n: int, config: SweepConfig, guard: Any, make: Any, read: Any,
-                    malloc: MallocProbe, cuda: CudaProbe, elem: int, device: Any) -> Row:
+@dataclass(frozen=True)
+class _Bench:
+    """What every length of one sweep measures with: the settings, the guard, the inputs' maker, the probes."""
+
+    config: SweepConfig
+    guard: Any
+    make: Callable[[int], list[Any]]  # n -> [q, k, v]
+    malloc: MallocProbe
+    cuda: CudaProbe
+    elem: int  # bytes per element of the swept dtype
+    device: Any
+
+    def read(self) -> tuple[int | None, dict[str, int] | None]:
+        return self.malloc.read(), self.cuda.read()
+
+
+def _measure_length(bench: _Bench, target: Target, n: int) -> Row:
     """Warm up, read the baseline, run ``config.repeats`` calls and read after each; judge the row."""
     import torch
+
+    config, guard, make, read, cuda, elem, device = (bench.config, bench.guard, bench.make, bench.read,
+                                                     bench.cuda, bench.elem, bench.device)
 
     q, k, v = make(n)
     out, received = target(q, k, v)  # warm-up; its output is the one checked against the reference, so the
@@ -294,7 +311,7 @@ def _measure_length(target: Target, n: int, config: SweepConfig, guard: Any, mak
         cuda_peak_bytes=cuda.peak(),
         max_abs_err=err,
     )
-    _judge(row, config, guard, tracked, malloc, cuda, base_m, base_c)
+    _judge(row, bench, tracked, base_m, base_c)
     return row
 
 
@@ -321,9 +338,10 @@ def _growing(series: list[int] | None, tol: int) -> bool:
     )
 
 
-def _judge(row: Row, config: SweepConfig, guard: Any, tracked: dict[int, int], malloc: MallocProbe,
-           cuda: CudaProbe, base_m: int | None, base_c: dict[str, int] | None) -> None:
+def _judge(row: Row, bench: _Bench, tracked: dict[int, int], base_m: int | None,
+           base_c: dict[str, int] | None) -> None:
     """Set the row's verdict and reasons; re-read after collecting the calls' garbage before calling a leak."""
+    config, guard, malloc, cuda = bench.config, bench.guard, bench.malloc, bench.cuda
     tol = config.tolerance
     on_cuda = row.cuda_allocated_delta is not None
     series = row.cuda_allocated_delta if on_cuda else row.malloc_delta

@@ -69,7 +69,7 @@ def _register() -> None:
     from vllm.config.scheduler import SchedulerConfig
 
     orig = SchedulerConfig.get_scheduler_cls
-    if getattr(orig, "_kvg_wrapped", False):
+    if getattr(orig, "__kvguardian_wrapped__", False):
         return
 
     def get_scheduler_cls(self: Any) -> Any:
@@ -80,7 +80,7 @@ def _register() -> None:
             _refuse(f"could not hook the scheduler class {getattr(cls, '__name__', cls)!r} ({exc})")
         return cls
 
-    get_scheduler_cls._kvg_wrapped = True  # type: ignore[attr-defined]
+    get_scheduler_cls.__kvguardian_wrapped__ = True  # type: ignore[attr-defined]
     SchedulerConfig.get_scheduler_cls = get_scheduler_cls  # type: ignore[method-assign]
     _state["patched"] = True
 

@@ -151,7 +151,7 @@ class VllmPoolAudit:
         ns = namespace_of(request)
         table = self._ns_by_block
         for b in blocks[start:stop]:
-            h = b._block_hash  # KVCacheBlock.block_hash is a property over this field; this runs per cached block
+            h = b._block_hash  # noqa: SLF001 - vLLM's field under its block_hash property; read per cached block
             if h is not None:  # the null block never gets one
                 table[b.block_id] = (h, ns)
 
