@@ -8,7 +8,7 @@
 
 "Exported" is read from the code: kv-guardian's metric catalog (``kvguardian.exporters.catalog``), the vLLM
 and SGLang metrics its watchers read (``kvguardian.engines.*_metrics.METRICS_READ``) and the recording rules
-in ``deploy/prometheus/*.yml``. The test suite runs ``--check`` (tests/integration/test_grafana_dashboard.py).
+in ``deploy/prometheus/*.yml``. The test suite runs ``--check`` (tests/integration/exporters/test_grafana_dashboard.py).
 """
 
 from __future__ import annotations

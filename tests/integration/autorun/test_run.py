@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-PROGRAMS = Path(__file__).parent / "programs"
+PROGRAMS = Path(__file__).parents[1] / "programs"
 pytestmark = pytest.mark.slow
 
 
@@ -117,7 +117,7 @@ def _in_pty(argv, env):
         fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
     proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, preexec_fn=controlling_tty, env=env,
-                            cwd=str(Path(__file__).resolve().parents[2]))
+                            cwd=str(Path(__file__).resolve().parents[3]))
     os.close(slave)
     return proc, master
 

@@ -10,7 +10,7 @@ import torch
 from kvguardian._errors import UsageError
 from kvguardian.guard import Guard
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "gpt_fast_audit.py"
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "gpt_fast_audit.py"
 
 
 @pytest.fixture(scope="module")

@@ -39,7 +39,7 @@ class Case:
 
 @pytest.fixture(scope="module")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    sys.path.insert(0, str(Path(__file__).parent / "keyspace"))
+    sys.path.insert(0, str(Path(__file__).parents[1] / "keyspace"))
     from kvg_redis import RedisProc
 
     proc = RedisProc(tmp_path_factory.mktemp("signals-redis"))

@@ -15,7 +15,7 @@ from kvguardian.engines.prefix_audit import PrefixIndexAudit
 from kvguardian.engines.promtext import parse
 from kvguardian.engines.vllm_metrics import VllmMetricsCheck
 
-CAPTURE = json.loads((Path(__file__).parents[1] / "fixtures" / "vllm-0.32-cpu" / "frames.json").read_text())
+CAPTURE = json.loads((Path(__file__).parents[2] / "fixtures" / "vllm-0.32-cpu" / "frames.json").read_text())
 LIVE = [[bytes.fromhex(x) for x in m["frames_hex"]] for m in CAPTURE["live"]]
 REPLIES = [[bytes.fromhex(x) for x in r] for r in CAPTURE["replay_replies_hex"]]
 

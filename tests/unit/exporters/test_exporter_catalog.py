@@ -7,7 +7,7 @@ import pytest
 
 from kvguardian.exporters.catalog import FORBIDDEN_LABELS, METRICS, by_name, markdown_table, names
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.mark.parametrize("spec", METRICS, ids=lambda m: m.name)
