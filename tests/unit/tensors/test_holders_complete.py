@@ -249,3 +249,17 @@ def test_naming_attributes_runs_no_property_cached_property_or_getattr(app):
     chains = find_holder_chains(keys)
     assert all(chains[k].steps[2] == "Lazy.cache" for k in keys)
     assert Lazy.calls == 0
+
+
+def test_numpy_arrays_on_kv_memory_are_holders_though_the_gc_does_not_track_them(app):
+    # tensor.numpy() shares the tensor's memory and keeps a tensor alive as its .base; numpy arrays are not
+    # tracked by the garbage collector, so gc.get_referrers never returns them (the chain used to end at
+    # "held from outside Python (C), nearest Python object: Tensor")
+    app.KEPT = [kv().numpy() for _ in range(2)]
+    app.VIEWS = {"v": kv().numpy()[0, :1]}  # a view keeps its base array, which keeps the tensor
+    keys = [key(a.base) for a in app.KEPT] + [key(app.VIEWS["v"].base.base)]
+    chains = find_holder_chains(keys)
+    for k, head in zip(keys, ["module complete_app: KEPT", "module complete_app: KEPT", "module complete_app: VIEWS"]):
+        c = chains[k]
+        assert c.complete and c.steps[0] == head, c.render()
+        assert "ndarray.base" in c.steps, c.render()

@@ -126,6 +126,8 @@ def _frame_step(parent: Any, child: Any) -> str | None:
 
 
 def _special_step(parent: Any, child: Any) -> str | None:
+    if type(parent).__module__ == "numpy" and getattr(parent, "base", None) is child:
+        return "ndarray.base"  # a numpy array on the tensor's memory (``tensor.numpy()``, or a view of one)
     if type(parent).__name__ == "_local" and type(parent).__module__ == "_thread":
         return "threading.local (this thread's attributes)"
     if is_a(parent, types.CellType):

@@ -38,14 +38,18 @@ class Roots:
     namespaces: dict[int, str] = field(default_factory=dict)  # id(module or class dict) -> "module m" / "class C"
     held: dict[int, tuple[str, str]] = field(default_factory=dict)  # id(obj) -> (root kind, label)
     virtual: dict[int, list[Any]] = field(default_factory=dict)  # id(child) -> referrers gc cannot report
+    # id(child) -> holders the garbage collector does not track at all (filled by `untracked_holders`)
+    untracked: dict[int, list[Any]] = field(default_factory=dict)
     keep: list[Any] = field(default_factory=list)  # strong references, only while the search runs
 
     def internal_ids(self) -> set[int]:
-        return {id(self.namespaces), id(self.held), id(self.virtual), id(self.keep), *map(id, self.virtual.values())}
+        return {id(self.namespaces), id(self.held), id(self.virtual), id(self.untracked), id(self.keep),
+                *map(id, self.virtual.values()), *map(id, self.untracked.values())}
 
     def clear(self) -> None:
         self.keep.clear()
         self.virtual.clear()
+        self.untracked.clear()
         self.held.clear()
 
 
@@ -60,6 +64,68 @@ def collect_roots(*, all_threads: bool, own_dir: str) -> Roots:
     _contextvars(roots)
     _asyncio(roots)
     return roots
+
+
+def untracked_holders(roots: Roots) -> int:
+    """Find, in one pass over the heap, the holders that ``gc.get_referrers`` can never return because the
+    garbage collector does not track them: numpy arrays (``tensor.numpy()`` shares the tensor's memory and
+    keeps a tensor alive as its ``.base``; a view keeps its base array), and the dicts and tuples the collector
+    stops tracking because they hold only untracked objects (``{"v": array}``). Each is recorded in
+    ``roots.untracked`` under the object it holds. Returns how many edges were found."""
+    np = sys.modules.get("numpy")
+    if np is None:  # no numpy array can exist
+        return 0
+    walk = _UntrackedWalk(roots, np.ndarray)
+    for obj in gc.get_objects():
+        for c in gc.get_referents(obj):
+            if not gc.is_tracked(c):
+                walk.holds_array(c, 0)
+    return walk.edges
+
+
+class _UntrackedWalk:
+    _MAX_DEPTH = 8  # untracked containers nested deeper than this are not followed
+
+    def __init__(self, roots: Roots, ndarray: type) -> None:
+        self.roots = roots
+        self.ndarray = ndarray
+        self.seen: dict[int, bool] = {}  # id -> whether an array is under it
+        self.edges = 0
+
+    def holds_array(self, obj: Any, depth: int) -> bool:
+        """Whether ``obj`` (untracked) is or holds a numpy array; records the edges down to each one."""
+        t = type(obj)
+        if t is not dict and t is not tuple and not issubclass(t, self.ndarray):
+            return False
+        done = self.seen.get(id(obj))
+        if done is not None:
+            return done
+        self.seen[id(obj)] = False
+        found = self._array(obj) if issubclass(t, self.ndarray) else (
+            depth < self._MAX_DEPTH and self._container(obj, depth))
+        self.seen[id(obj)] = found
+        return found
+
+    def _container(self, obj: Any, depth: int) -> bool:
+        found = False
+        for c in gc.get_referents(obj):
+            if not gc.is_tracked(c) and self.holds_array(c, depth + 1):
+                self._edge(obj, c)
+                found = True
+        return found
+
+    def _array(self, arr: Any) -> bool:
+        base = arr.base
+        if base is not None:
+            self._edge(arr, base)
+            if issubclass(type(base), self.ndarray):
+                self.holds_array(base, 0)
+        return True
+
+    def _edge(self, holder: Any, child: Any) -> None:
+        self.roots.untracked.setdefault(id(child), []).append(holder)
+        self.roots.keep.append(holder)
+        self.edges += 1
 
 
 def _namespaces(roots: Roots) -> None:

@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvguardian.tensors.holders.roots import Roots, class_namespace, global_label
+from kvguardian.tensors.holders.roots import Roots, class_namespace, global_label, untracked_holders
 
 __all__ = ["Budget", "Fence", "Graph", "nearest_top", "root_distances", "search", "walk"]
 
@@ -90,6 +90,10 @@ class _Level:
     # the search's own containers stay alive until it ends, so that no object another thread allocates
     # meanwhile can reuse one's id and be skipped as "internal"
     keep: list[Any] = field(default_factory=list)
+    unexpanded: dict[int, Any] = field(default_factory=dict)  # found, referrers not asked for yet
+    budget: Budget = field(default_factory=Budget)
+    deadline: float = 0.0
+    starts: dict[int, Any] = field(default_factory=dict)
 
     def own(self, container: Any) -> None:
         self.internal.add(id(container))
@@ -100,24 +104,43 @@ def search(starts: dict[int, Any], roots: Roots, budget: Budget, fence: Fence) -
     """Search backwards from ``starts`` (id -> object) until each start's shortest chain is known."""
     graph = Graph()
     graph.objs.update(starts)
-    deadline = time.monotonic() + budget.max_seconds
-    unexpanded: dict[int, Any] = dict(starts)  # found, referrers not asked for yet
     frontier = list(starts.values())
-    lv = _Level(frontier, set(), {id(graph.objs), id(starts), id(unexpanded), *roots.internal_ids(),
-                                  *fence.internal}, {id(o) for o in fence.exclude}, fence.own_dir)
-    lv.internal.add(id(lv))
+    lv = _Level(frontier, set(), {id(graph.objs), id(starts), *roots.internal_ids(), *fence.internal},
+                {id(o) for o in fence.exclude}, fence.own_dir, unexpanded=dict(starts), budget=budget,
+                deadline=time.monotonic() + budget.max_seconds, starts=starts)
+    unexpanded = lv.unexpanded
+    lv.internal.update((id(lv), id(unexpanded)))
     lv.own(lv.keep)
     for o in frontier:
         _label_if_rooted(o, graph, roots)
     depth = 0
+    for second_pass in (False, True):
+        depth = _levels(frontier, lv, graph, roots, depth)
+        if second_pass or graph.stopped_at is not None or not _unfinished(graph, starts, depth):
+            break
+        # some starts reached no root: look once for holders the garbage collector does not track (a numpy
+        # array on a tensor's memory holds it through ``.base``), and go on from the objects they hold
+        if not untracked_holders(roots):
+            break
+        lv.internal.update(map(id, roots.untracked.values()))
+        frontier = [o for i, o in graph.objs.items() if i in roots.untracked]
+        unexpanded.update((id(o), o) for o in frontier)
+    unexpanded.clear()
+    lv.keep.clear()
+    return graph
+
+
+def _levels(frontier: list[Any], lv: _Level, graph: Graph, roots: Roots, depth: int) -> int:
+    """Expand level by level from ``frontier`` until every start is proven or the budget ends; the depth."""
+    budget, unexpanded, starts = lv.budget, lv.unexpanded, lv.starts
     while frontier:
-        if len(graph.objs) >= budget.max_objects or time.monotonic() > deadline:
+        if len(graph.objs) >= budget.max_objects or time.monotonic() > lv.deadline:
             graph.stopped_at = len(graph.objs)
             graph.stop_reason = (f"search stopped after {len(graph.objs)} objects" if len(graph.objs) >=
                                  budget.max_objects else f"search stopped at its {budget.max_seconds:g} s safety net")
             break
         for o in frontier:
-            del unexpanded[id(o)]
+            unexpanded.pop(id(o), None)
         lv.frontier = frontier
         lv.ids = {id(o) for o in frontier}
         lv.own(frontier)
@@ -129,9 +152,7 @@ def search(starts: dict[int, Any], roots: Roots, budget: Budget, fence: Fence) -
             break
         wanted = _ancestors(graph, open_starts)
         frontier = [o for i, o in unexpanded.items() if i in wanted]
-    unexpanded.clear()
-    lv.keep.clear()
-    return graph
+    return depth
 
 
 def _label_if_rooted(obj: Any, graph: Graph, roots: Roots) -> None:
@@ -156,7 +177,23 @@ def _expand(lv: _Level, graph: Graph, roots: Roots) -> list[Any]:
     for o in lv.frontier:
         for task in roots.virtual.get(id(o), ()):
             _consider(task, lv, graph, roots, new)
+        for holder in roots.untracked.get(id(o), ()):
+            if _link_untracked(holder, o, lv, graph, roots):
+                new.append(holder)
     return new
+
+
+def _link_untracked(holder: Any, child: Any, lv: _Level, graph: Graph, roots: Roots) -> bool:
+    """``holder`` refers to ``child`` in a way ``gc.get_referents`` does not report: link it; whether it is new."""
+    hid = id(holder)
+    if hid in lv.internal or hid in lv.exclude:
+        return False
+    fresh = hid not in graph.objs
+    if fresh:
+        graph.objs[hid] = holder
+        _label_if_rooted(holder, graph, roots)
+    graph.link(hid, id(child))
+    return fresh
 
 
 def _consider(r: Any, lv: _Level, graph: Graph, roots: Roots, new: list[Any]) -> None:
