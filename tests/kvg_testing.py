@@ -4,9 +4,13 @@ folders have a conftest.py and the name would resolve to whichever was imported 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
+import sys
+import types
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -110,3 +114,14 @@ def grow_kv(keys: list, values: list, key_states, value_states, layer_idx: int):
         keys[layer_idx] = torch.cat([keys[layer_idx], key_states], -2)
         values[layer_idx] = torch.cat([values[layer_idx], value_states], -2)
     return keys[layer_idx], values[layer_idx]
+
+
+@contextlib.contextmanager
+def fake_module(name: str) -> Iterator[types.ModuleType]:
+    """A module registered in ``sys.modules`` for the block: its globals are roots, as an application's are."""
+    mod = types.ModuleType(name)
+    sys.modules[name] = mod
+    try:
+        yield mod
+    finally:
+        sys.modules.pop(name, None)

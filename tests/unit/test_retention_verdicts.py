@@ -2,21 +2,18 @@
 kept by the shapes under test; sampling on, as under `kv-guardian run`."""
 
 import collections
-import sys
-import types
 
 import pytest
 import torch
 
+from kvg_testing import fake_module
 from kvguardian.guard import Guard
 
 
 @pytest.fixture
 def app():
-    mod = types.ModuleType("retention_app")
-    sys.modules["retention_app"] = mod
-    yield mod
-    del sys.modules["retention_app"]
+    with fake_module("retention_app") as mod:
+        yield mod
 
 
 def serve(guard, i, keep):

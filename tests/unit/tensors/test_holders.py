@@ -4,22 +4,19 @@ generators, autograd graphs. Each scenario is built inside a function that retur
 
 import functools
 import re
-import sys
-import types
 import typing
 
 import pytest
 import torch
 
+from kvg_testing import fake_module
 from kvguardian.tensors.holders import find_holder_chains
 
 
 @pytest.fixture
 def app():
-    mod = types.ModuleType("leaky_app")
-    sys.modules["leaky_app"] = mod
-    yield mod
-    del sys.modules["leaky_app"]
+    with fake_module("leaky_app") as mod:
+        yield mod
 
 
 def key(t):

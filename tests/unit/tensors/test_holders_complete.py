@@ -7,7 +7,6 @@ import atexit
 import contextvars
 import functools
 import gc
-import sys
 import threading
 import types
 import weakref
@@ -15,16 +14,15 @@ import weakref
 import pytest
 import torch
 
+from kvg_testing import fake_module
 from kvguardian.tensors.holders import find_holder_chains
 from kvguardian.tensors.holders.access import frame_locals, instance_attrs, safe_attr
 
 
 @pytest.fixture
 def app():
-    mod = types.ModuleType("complete_app")
-    sys.modules["complete_app"] = mod
-    yield mod
-    del sys.modules["complete_app"]
+    with fake_module("complete_app") as mod:
+        yield mod
 
 
 def key(t):
