@@ -155,6 +155,7 @@ class AuditSink:
             s = report.summary
             text = json.dumps({
                 "pid": os.getpid(), "argv": list(sys.argv), "status": "vllm-audit",
+                "final": self._stop.is_set(),  # False: streamed while running (the process may be killed)
                 "message": (f"vLLM engine core: {s['audits']} audit(s), {s['requests_finished']} request(s) "
                             f"freed, {len(s['lost_free_requests'])} with a lost free"),
                 "report": {**report.to_dict(), "summary": {}}, "vllm_audit": s,
