@@ -92,6 +92,9 @@ class AuditSink:
         self._thread = threading.Thread(target=self._loop, name="kvguardian-vllm-audit", daemon=True)
         self._thread.start()
         atexit.register(self.close)
+        mp_util = sys.modules.get("multiprocessing.util")
+        if mp_util is not None:  # the engine core is a multiprocessing child: it ends with os._exit, no atexit
+            mp_util.Finalize(None, self.close, exitpriority=-100)
 
     def _serve(self, host: str, port: int) -> None:
         try:
