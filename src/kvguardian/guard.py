@@ -73,9 +73,10 @@ class Guard:
         reuse_seconds: float = 60.0,
         retention_sampling: bool = False,
     ) -> None:
-        check_guard(strict=strict, event_capacity=event_capacity, holder_search_seconds=holder_search_seconds,
-                    redact=redact, growth_alpha=growth_alpha, reuse_window=reuse_window,
-                    reuse_seconds=reuse_seconds, retention_sampling=retention_sampling)
+        check_guard({"strict": strict, "event_capacity": event_capacity, "redact": redact,
+                     "holder_search_seconds": holder_search_seconds, "growth_alpha": growth_alpha,
+                     "reuse_window": reuse_window, "reuse_seconds": reuse_seconds,
+                     "retention_sampling": retention_sampling})
         self._id = next(_guard_ids)
         self.ledger = Ledger(event_capacity=event_capacity)
         self.strict = strict

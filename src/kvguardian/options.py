@@ -6,11 +6,12 @@ later deep inside a check (``holder_search_seconds=-1`` used to end every holder
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, NamedTuple
 
 from kvguardian._errors import UsageError
 
-__all__ = ["check_flag", "check_guard", "check_int", "check_real"]
+__all__ = ["Bounds", "check_flag", "check_guard", "check_int", "check_real"]
 
 
 def _refuse(owner: str, name: str, value: Any, must: str, example: str) -> UsageError:
@@ -27,18 +28,27 @@ def check_int(owner: str, name: str, value: Any, *, minimum: int, example: int) 
     return value
 
 
-def check_real(owner: str, name: str, value: Any, *, low: float, high: float = math.inf, example: float,
-               open_high: bool = False) -> float:
-    """``value`` as a float if it is a finite real number with ``low < value`` and ``value <= high``
-    (``value < high`` when ``open_high``), else `UsageError`."""
+class Bounds(NamedTuple):
+    """The range a real-valued option must lie in: ``low < value <= high`` (``< high`` when ``open_high``)."""
+
+    low: float
+    high: float = math.inf
+    open_high: bool = False
+
+    def holds(self, value: float) -> bool:
+        return self.low < value and (value < self.high if self.open_high else value <= self.high)
+
+    def describe(self) -> str:
+        if math.isfinite(self.high):
+            return f"a number in ({self.low:g}, {self.high:g}{')' if self.open_high else ']'}"
+        return f"a finite number > {self.low:g}"
+
+
+def check_real(owner: str, name: str, value: Any, bounds: Bounds, example: float) -> float:
+    """``value`` as a float if it is a finite real number within ``bounds``, else `UsageError`."""
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if ok:
-        ok = low < value and (value < high if open_high else value <= high)
-    if not ok:
-        must = f"a finite number > {low:g}"
-        if math.isfinite(high):
-            must = f"a number in ({low:g}, {high:g}{')' if open_high else ']'}"
-        raise _refuse(owner, name, value, must, f"{example:g}")
+    if not ok or not bounds.holds(value):
+        raise _refuse(owner, name, value, bounds.describe(), f"{example:g}")
     return float(value)
 
 
@@ -49,13 +59,13 @@ def check_flag(owner: str, name: str, value: Any) -> bool:
     return value
 
 
-def check_guard(*, strict: Any, event_capacity: Any, holder_search_seconds: Any, redact: Any, growth_alpha: Any,
-                reuse_window: Any, reuse_seconds: Any, retention_sampling: Any) -> None:
-    """Refuse a wrong `Guard` argument (`UsageError`, one line naming it and the fix)."""
-    for name, flag in (("strict", strict), ("redact", redact), ("retention_sampling", retention_sampling)):
-        check_flag("Guard", name, flag)
-    check_int("Guard", "event_capacity", event_capacity, minimum=1, example=65_536)
-    check_int("Guard", "reuse_window", reuse_window, minimum=1, example=100)
-    check_real("Guard", "holder_search_seconds", holder_search_seconds, low=0, example=120)
-    check_real("Guard", "reuse_seconds", reuse_seconds, low=0, example=60)
-    check_real("Guard", "growth_alpha", growth_alpha, low=0, high=1, open_high=True, example=1e-5)
+def check_guard(args: Mapping[str, Any]) -> None:
+    """Refuse a wrong `Guard` argument (`UsageError`, one line naming it and the fix); ``args`` maps each
+    argument's name to its value."""
+    for name in ("strict", "redact", "retention_sampling"):
+        check_flag("Guard", name, args[name])
+    check_int("Guard", "event_capacity", args["event_capacity"], minimum=1, example=65_536)
+    check_int("Guard", "reuse_window", args["reuse_window"], minimum=1, example=100)
+    check_real("Guard", "holder_search_seconds", args["holder_search_seconds"], Bounds(0), 120)
+    check_real("Guard", "reuse_seconds", args["reuse_seconds"], Bounds(0), 60)
+    check_real("Guard", "growth_alpha", args["growth_alpha"], Bounds(0, 1, open_high=True), 1e-5)
