@@ -25,12 +25,13 @@ from kvguardian._errors import UsageError
 from kvguardian.check import CheckOptions, run_check
 from kvguardian.findings import Report
 from kvguardian.ledger import Event, Ledger, LedgerSnapshot, RequestInfo
+from kvguardian.options import check_guard
 from kvguardian.retention import RetentionMonitor
 from kvguardian.reuse import ReuseWindow
 from kvguardian.sources.scope import RequestScope
 
 if TYPE_CHECKING:
-    from kvguardian.hf.instrument import Attachment
+    from kvguardian.hf.attach import Attachment
     from kvguardian.hf.tracker import HFTracker
     from kvguardian.sources.custom import ModuleTracker
 
@@ -54,6 +55,10 @@ class Guard:
         retention_sampling: at request ends, sample (bounded, rate-limited) which containers hold ended
             requests' KV, so that a container seen evicting (an LRU) is judged bounded; ``kv-guardian run``
             and the pytest plugin turn it on.
+
+    Raises:
+        UsageError: an argument of the wrong type or out of range (one line: the argument, what it must be,
+            an example), e.g. ``holder_search_seconds=-1``, ``growth_alpha=2``, ``event_capacity=0``.
     """
 
     def __init__(
@@ -68,11 +73,10 @@ class Guard:
         reuse_seconds: float = 60.0,
         retention_sampling: bool = False,
     ) -> None:
-        if reuse_window < 1 or reuse_seconds <= 0:
-            raise UsageError(
-                f"reuse_window={reuse_window} and reuse_seconds={reuse_seconds} must be positive; "
-                "fix: e.g. Guard(reuse_window=100, reuse_seconds=60)"
-            )
+        check_guard({"strict": strict, "event_capacity": event_capacity, "redact": redact,
+                     "holder_search_seconds": holder_search_seconds, "growth_alpha": growth_alpha,
+                     "reuse_window": reuse_window, "reuse_seconds": reuse_seconds,
+                     "retention_sampling": retention_sampling})
         self._id = next(_guard_ids)
         self.ledger = Ledger(event_capacity=event_capacity)
         self.strict = strict
@@ -119,10 +123,14 @@ class Guard:
     def attach(self, model: Any) -> Guard:
         """Instrument a Hugging Face transformers model's caches (every `Cache.update` it makes).
 
+        Nothing is stored on the model (see `hf.attach`): ``copy.deepcopy``, pickle and ``torch.save`` of an
+        attached model give an **unattached** copy that runs its own weights (attach it too to audit it); the
+        original stays attached, its outputs unchanged; `detach` works before or after copying.
+
         Raises:
             UsageError: not a transformers model (use `track` for custom models), or already attached.
         """
-        from kvguardian.hf.instrument import attach_model, check_attachable
+        from kvguardian.hf.attach import attach_model, check_attachable
 
         check_attachable(model)
         self._attached.append(attach_model(self.hf_tracker(), model))
@@ -138,7 +146,7 @@ class Guard:
 
     @property
     def attachments(self) -> tuple[Attachment, ...]:
-        """The hooks `attach` installed, one `hf.instrument.Attachment` per model (``.enabled``, ``.remove()``)."""
+        """The hooks `attach` installed, one `hf.attach.Attachment` per model (``.enabled``, ``.remove()``)."""
         return tuple(self._attached)
 
     def audit_process(self, *, generate: bool = True) -> Guard:

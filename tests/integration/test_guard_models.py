@@ -62,6 +62,15 @@ def test_request_attribution_and_orphan_with_holder_chain(guard, tiny_model):
 def test_attach_refuses_non_transformers_and_double_attach(guard, tiny_model):
     with pytest.raises(UsageError, match=r"got a Linear, not a transformers PreTrainedModel; fix: .*guard.track"):
         Guard().attach(torch.nn.Linear(2, 2))
+    with pytest.raises(UsageError) as bad:
+        Guard().attach(42)
+    text = str(bad.value)
+    assert "\n" not in text and "got an int (42)" in text and "custom torch model" not in text
+    assert "fix: pass the model object itself" in text
+    with pytest.raises(UsageError, match=r"class LlamaForCausalLM.*fix: attach an instance"):
+        Guard().attach(type(tiny_model))
+    with pytest.raises(UsageError, match=r"fix: a pipeline: guard.attach\(pipe.model\)"):
+        Guard().attach(type("Pipe", (), {"model": tiny_model})())
     with pytest.raises(UsageError, match="already attached"):
         Guard().attach(tiny_model)
 
@@ -69,12 +78,13 @@ def test_attach_refuses_non_transformers_and_double_attach(guard, tiny_model):
 def test_detach_restores_model(tiny_model):
     g = Guard()
     g.attach(tiny_model)
-    assert "generate" in vars(tiny_model)
+    generate(tiny_model, prompt())
+    assert len(g.snapshot().requests) == 1
     g.detach()
     assert "generate" not in vars(tiny_model)
     assert not tiny_model._forward_pre_hooks and not tiny_model._forward_hooks
     generate(tiny_model, prompt())
-    assert len(g.snapshot().requests) == 0
+    assert len(g.snapshot().requests) == 1  # nothing more recorded once detached
 
 
 def test_kvg101_at_first_step_and_cleared_when_detached(tiny_model):

@@ -52,3 +52,39 @@ def test_summary_and_check_import_neither_torch_nor_transformers():
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize(("kwargs", "named"), [
+    ({"holder_search_seconds": -1}, "holder_search_seconds"),
+    ({"holder_search_seconds": 0}, "holder_search_seconds"),
+    ({"holder_search_seconds": float("nan")}, "holder_search_seconds"),
+    ({"holder_search_seconds": float("inf")}, "holder_search_seconds"),
+    ({"holder_search_seconds": "3"}, "holder_search_seconds"),
+    ({"event_capacity": 0}, "event_capacity"),
+    ({"event_capacity": 2.5}, "event_capacity"),
+    ({"event_capacity": True}, "event_capacity"),
+    ({"growth_alpha": 0}, "growth_alpha"),
+    ({"growth_alpha": 1}, "growth_alpha"),
+    ({"growth_alpha": -0.1}, "growth_alpha"),
+    ({"reuse_window": 0}, "reuse_window"),
+    ({"reuse_seconds": -5}, "reuse_seconds"),
+    ({"strict": "false"}, "strict"),
+    ({"redact": 1}, "redact"),
+    ({"retention_sampling": None}, "retention_sampling"),
+])
+def test_wrong_arguments_are_one_line_naming_the_argument_and_the_fix(kwargs, named):
+    with pytest.raises(UsageError) as bad:
+        Guard(**kwargs)
+    text = str(bad.value)
+    assert "\n" not in text
+    assert text.startswith(f"Guard({named}=") and f"{named} must be" in text
+    assert f"fix: e.g. Guard({named}=" in text
+    fix = text.split("fix: e.g. ", 1)[1]
+    ok = eval(fix, {"Guard": Guard})  # the example given is accepted
+    assert isinstance(ok, Guard)
+
+
+def test_right_arguments_are_accepted():
+    g = Guard(strict=True, event_capacity=1, holder_search_seconds=0.5, redact=True, growth_alpha=0.5,
+              reuse_window=1, reuse_seconds=1e-3, retention_sampling=True)
+    assert g.holder_search_seconds == 0.5 and g.reuse_seconds == 1e-3

@@ -5,11 +5,16 @@
 ``transformers.generation.utils`` (then: each top-level ``generate()`` is a request). Nothing else is imported
 until the program imports transformers, so programs that never do pay almost nothing.
 
-At exit (an ``atexit`` handler registered first, so it runs after the program's own handlers) it ends the
-requests of manually driven caches, runs `Guard.check`, and writes ``report-<pid>.json`` into the folder named
-by ``KVG_RUN_DIR``. A marker ``started-<pid>`` written when transformers is first seen (and ``forked-<pid>`` in
-each child forked after that) lets the parent tell "never used transformers" from "exited without running exit
-handlers" (``os._exit``, a signal, a multiprocessing pool's workers), and say which process it was.
+At exit (an ``atexit`` handler registered first, so it runs after the program's own handlers; in a
+``multiprocessing`` child forked after transformers was seen, also a multiprocessing finalizer, because such a
+child ends with ``os._exit`` once its target returns) it ends the requests of manually driven caches, runs
+`Guard.check`, and writes ``report-<pid>.json`` into the folder named by ``KVG_RUN_DIR``.
+
+Markers let the parent tell what a process that wrote no report had: ``started-<pid>`` when transformers is
+first seen (and ``forked-<pid>`` in each child forked after that), ``kv-<pid>`` when the process first updates
+a transformers cache (the first KV it has; written once, from the guard's ``on_kv_growth`` hook). A process
+that imported transformers but never used a cache of it (vLLM's model worker: its KV is vLLM's own) has
+nothing to lose when it ends without exit handlers; one with KV that did is reported "not audited".
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ __all__ = ["activate", "finish"]
 
 _WATCH = ("transformers.cache_utils", "transformers.generation.utils")
 _state: dict[str, Any] = {"guard": None, "status": None, "message": None, "dir": None, "options": {},
-                          "started": time.time(), "done": False, "activated": False}
+                          "started": time.time(), "done": False, "activated": False, "kv": False}
 
 
 class _Finder(importlib.abc.MetaPathFinder):
@@ -127,6 +132,7 @@ def _start_guard() -> None:
         redact=bool(opts.get("redact", False)),
     )
     guard.audit_process(generate=False)  # generate is patched once generation.utils has finished loading
+    guard.on_kv_growth = _first_kv
     _state["guard"] = guard
     _state["status"] = "audited"
     if "transformers.generation.utils" in sys.modules:
@@ -135,10 +141,42 @@ def _start_guard() -> None:
         install_generate_patch()
 
 
+def _first_kv() -> None:
+    """The guard's ``on_kv_growth`` hook: at the first cache update of this process, the ``kv-<pid>`` marker;
+    then the hook is removed (it costs nothing afterwards)."""
+    guard = _state["guard"]
+    if guard is not None:
+        guard.on_kv_growth = None
+    _state["kv"] = True
+    _marker("kv")
+
+
 def _forked() -> None:
-    """In a child forked after transformers was seen: it inherits the guard and must report too."""
+    """In a child forked after transformers was seen: it inherits the guard (and the KV its parent had) and
+    must report too."""
     if _state["status"] is not None and not _state["done"]:
         _marker("forked")
+        guard = _state["guard"]
+        if guard is not None and not _state["kv"]:
+            guard.on_kv_growth = _first_kv  # the parent's hook may be gone: this child's own first KV
+        mp_util = sys.modules.get("multiprocessing.util")
+        if mp_util is not None:  # multiprocessing clears its finalizers after the fork, then runs these
+            mp_util.register_after_fork(_AFTER_FORK, _finish_in_worker)
+
+
+class _Token:
+    """What `multiprocessing.util.register_after_fork` keeps a weak reference to."""
+
+
+_AFTER_FORK = _Token()
+
+
+def _finish_in_worker(_: Any) -> None:
+    """In a forked multiprocessing child: audit when its target returns (it then ends with ``os._exit``,
+    which skips ``atexit``). Priority -100: after the program's own finalizers."""
+    import multiprocessing.util
+
+    multiprocessing.util.Finalize(None, finish, exitpriority=-100)
 
 
 def _marker(kind: str) -> None:
@@ -150,7 +188,7 @@ def _marker(kind: str) -> None:
     worker = "--multiprocessing-fork" in getattr(sys, "orig_argv", ())  # spawn/forkserver children
     try:
         with open(os.path.join(folder, f"{kind}-{os.getpid()}"), "w") as fh:
-            json.dump({"argv": list(sys.argv), "multiprocessing": worker}, fh)
+            json.dump({"argv": list(sys.argv), "multiprocessing": worker, "kv": _state["kv"]}, fh)
     except (OSError, ValueError, TypeError):
         pass
 

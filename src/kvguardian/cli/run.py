@@ -9,8 +9,11 @@ cache is a request. At exit each audited process writes a report; this command m
 * the program's own exit code when it is not 0 (128+N when killed by signal N), after one line saying so;
 * 1 when findings reach ``--fail-on`` (default ``error``);
 * 3 when nothing could be audited: transformers is unsupported, the interpreter ignores PYTHONPATH
-  (``python -E``/``-I``/``-S``), or every process that used transformers exited without running its exit
-  handlers (``os._exit``, a signal);
+  (``python -E``/``-I``/``-S``), or every process that used a transformers cache exited without running its
+  exit handlers (``os._exit``, a signal). A process that only imported transformers (vLLM's model worker) has
+  nothing to audit; a process whose audit is streamed while it runs (a vLLM engine core, see
+  `kvguardian.engines.vllm_plugin`) and that is killed keeps its last streamed report (``complete: false``,
+  with the reason);
 * 127/126 when the program cannot be found/executed, 2 for a usage error; 0 otherwise.
 
 Signals reach the program exactly as without kv-guardian (`kvguardian.autorun.relay`): Ctrl-C raises
@@ -183,14 +186,30 @@ class Audit:
 
     procs: list[dict[str, Any]] = field(default_factory=list)  # report-<pid>.json contents
     markers: dict[int, dict[str, Any]] = field(default_factory=dict)  # pid -> started/forked marker
+    with_kv: set[int] = field(default_factory=set)  # pids that used a transformers cache (kv-<pid> markers)
     blind: str | None = None  # why the interpreter could not load the hook
+
+    def had_kv(self, pid: int) -> bool:
+        """Whether process ``pid`` had KV: it updated a transformers cache, or was forked from one that had."""
+        return pid in self.with_kv or bool(self.markers.get(pid, {}).get("kv"))
+
+    def without_kv(self) -> list[int]:
+        """Processes that imported transformers, never used one of its caches and wrote no report (ended
+        without exit handlers, as vLLM's model worker does): nothing of theirs is missing from the audit."""
+        done = {p.get("pid") for p in self.procs}
+        return [pid for pid in sorted(self.markers) if pid not in done and not self.had_kv(pid)]
+
+    def streamed_only(self) -> list[int]:
+        """Processes whose report is the last one they streamed while running (a vLLM engine core's audit):
+        they ended without writing their final one."""
+        return [p["pid"] for p in self.procs if p.get("final") is False]
 
     def unaudited(self) -> list[dict[str, Any]]:
         """Processes that had KV to audit but wrote no report, each with why (as far as it can be told)."""
         done = {p.get("pid") for p in self.procs}
         out = []
         for pid, m in sorted(self.markers.items()):
-            if pid in done:
+            if pid in done or not self.had_kv(pid):
                 continue
             if m.get("kind") == "forked":
                 why = "a forked child that exited without running exit handlers (os._exit, as multiprocessing " \
@@ -212,6 +231,8 @@ def load_audit(folder: str) -> Audit:
                 audit.procs.append(json.loads(path.read_text()))
             except (OSError, ValueError) as exc:
                 audit.procs.append({"pid": -1, "status": "error", "message": f"unreadable report {path.name}: {exc}"})
+        elif kind == "kv" and pid_text.isdigit():
+            audit.with_kv.add(int(pid_text))
         elif kind in ("started", "forked") and pid_text.isdigit():
             try:
                 marker = json.loads(path.read_text() or "{}")
@@ -232,6 +253,10 @@ def merge(cmd: list[str], rc: int, audit: Audit, *, seconds: float, signals: dic
                 findings.append(f)
     unaudited = audit.unaudited()
     reasons = [f"{len(unaudited)} process(es) with KV were not audited"] if unaudited else []
+    streamed = audit.streamed_only()
+    if streamed:
+        reasons.append(f"process(es) {streamed} ended without their final report; the last one they streamed "
+                       "(at most a second old) is used")
     if rc < 0:
         reasons.insert(0, f"the program was killed by {_signal_name(-rc)}")
     if audit.blind:
@@ -246,6 +271,7 @@ def merge(cmd: list[str], rc: int, audit: Audit, *, seconds: float, signals: dic
                          "argv": shown_argv(list(p.get("argv") or []))} for p in audit.procs],
         "unaudited": unaudited,
         "unaudited_pids": [u["pid"] for u in unaudited],
+        "without_kv_pids": audit.without_kv(),
     }
     return Report(findings=findings, summary=summary)
 
@@ -259,6 +285,10 @@ def print_summary(report: Report, audit: Audit, out: ConsoleReporter) -> None:
             out.text(f"    layers without KV (skipped): {skipped}")
     for u in audit.unaudited():
         out.text(f"  pid {u['pid']}: NOT audited: {u['why']}", tone="warning")
+    for pid in audit.streamed_only():
+        out.text(f"  pid {pid}: ended without its final report; its last streamed one is used", tone="warning")
+    for pid in audit.without_kv():
+        out.text(f"  pid {pid}: imported transformers but used none of its caches: nothing to audit")
     if audit.procs:
         out.findings(report, per_group=2, more="--report")
     elif audit.markers:

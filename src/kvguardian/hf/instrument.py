@@ -1,22 +1,31 @@
-"""Instrument transformers' caches: one wrapper on ``Cache.update`` and per-model forward hooks.
+"""Instrument transformers at class level: ``Cache.update`` (and crop/reset), ``PreTrainedModel.__call__`` and
+``generate``. Nothing is ever stored on a model or cache instance.
 
 ``Cache.update`` is wrapped once, process-wide, with a ``(k, v, layer_idx, *args, **kwargs)`` signature so it
 works with every 5.x release (5.0–5.4 pass ``cache_kwargs``; 5.5+ pass ``*args, **kwargs``). A ``Cache``
 subclass that overrides ``update`` (a custom cache kv-guardian does not know) is wrapped too, when the patch
 is installed or when the class is defined later. The wrapper calls the original first and only then looks at
-the layer, so the model's result is never changed; with no guard interested it costs a context-variable read.
-Inside an attached model's forward it only queues the update, and the forward hook observes the queue when
-the forward returns (see `Attachment`); elsewhere (the process guard) each update is observed at once.
+the layer, so the model's result is never changed; with no guard interested it costs a function call and a
+context-variable read.
+Inside an attached model's forward it only queues the update, and the model-call wrapper observes the queue
+when the forward returns (see `hf.attach.Attachment`); elsewhere (the process guard) each update is observed
+at once.
 
-Which tracker sees an update: the `HFTracker` (one per guard) whose attached model is running a forward
-(forward hooks on each attached model, so two guards on two models never see each other's caches), else the
-*process tracker* (set by ``kv-guardian run`` and the pytest plugin, which audit every cache of the process).
-The wrappers call the tracker directly (`HFTracker.on_update`, `on_updates`, `on_evict`); everything else goes
+Which tracker sees an update: the `HFTracker` (one per guard) whose attached model is running a forward, else
+the *process tracker* (set by ``kv-guardian run`` and the pytest plugin, which audit every cache of the
+process). Attached models are found by identity in a registry (`attached`), from the class-level wrappers of
+``PreTrainedModel.__call__`` (the forward) and of ``generate`` (each top-level call is an implicit request):
+so a model's ``__dict__`` and hook dictionaries hold nothing of kv-guardian, and `copy.deepcopy`, pickle and
+``torch.save`` see the model as if kv-guardian were not there (a copy is another object: not attached). The
+wrappers call the tracker directly (`HFTracker.on_update`, `on_updates`, `on_evict`); everything else goes
 through the tracker's `SourceHost`.
 
-Also wrapped: ``Cache.crop``/``Cache.reset`` (evict events) and ``EncoderDecoderCache.__init__`` (so the
-self- and cross-attention sub-caches are attributed), and - for the process guard only -
-``GenerationMixin.generate`` at class level (each top-level call is an implicit request).
+Under ``torch.compile`` (dynamo tracing) every wrapper passes straight through to the original, so the
+compiled graph holds none of our code and ``fullgraph=True`` compiles as without us; what a compiled region
+updates is not observed step by step (a static cache's entries, created by the uncompiled prefill, stay
+tracked, and their filled tokens are read before each snapshot).
+
+Also wrapped: ``EncoderDecoderCache.__init__`` (so the self- and cross-attention sub-caches are attributed).
 """
 
 from __future__ import annotations
@@ -24,11 +33,10 @@ from __future__ import annotations
 import contextvars
 import functools
 import threading
-import weakref
-from typing import TYPE_CHECKING, Any, NamedTuple
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from kvguardian import _faults
-from kvguardian._errors import UsageError
 from kvguardian.hf.compat import MIN_TRANSFORMERS, check_transformers_version
 from kvguardian.hf.observers import CacheUpdate
 from kvguardian.hf.roles import cache_role, note_roles
@@ -41,15 +49,17 @@ __all__ = [
     "ACTIVE",
     "MIN_TRANSFORMERS",
     "PENDING",
-    "Attachment",
+    "Attached",
     "KeyInfo",
-    "attach_model",
+    "attached",
     "cache_role",
-    "check_attachable",
     "check_transformers_version",
+    "compiling",
     "install_cache_patch",
     "install_generate_patch",
+    "install_model_patch",
     "process_tracker",
+    "register_attached",
     "set_process_tracker",
     "uninstall_cache_patch",
 ]
@@ -80,10 +90,54 @@ class KeyInfo(NamedTuple):
 _new_tuple = tuple.__new__
 
 _PROCESS: list[HFTracker | None] = [None]  # the process tracker (kv-guardian run, pytest plugin), or None
+_PROCESS_GENERATE = [False]  # whether the process tracker makes each top-level generate() an implicit request
 _patch_lock = threading.RLock()
 _patch_users = 0
 _originals: dict[tuple[type, str], Any] = {}  # (class, attribute) -> original, for uninstall
 _observed = [0]  # updates observed by the base wrapper: lets an overriding subclass's wrapper skip doubles
+
+
+def _never() -> bool:
+    return False
+
+
+#: ``torch.compiler.is_dynamo_compiling`` once the patch is installed: True only while dynamo traces the caller
+#: (dynamo folds it to a constant), so under ``torch.compile`` every wrapper passes straight through
+_compiling: Callable[[], bool] = _never
+
+
+class Attached(Protocol):
+    """What the class-level wrappers need of an attached model's attachment (`hf.attach.Attachment`)."""
+
+    def model(self) -> Any: ...
+
+    def tracker(self) -> HFTracker | None: ...
+
+    def call(self, original: Any, model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any: ...
+
+
+#: id(model) -> its attachment; an entry leaves when the attachment is removed or the model dies
+_ATTACHED: dict[int, Attached] = {}
+
+
+def attached(model: Any) -> Attached | None:
+    """The attachment of ``model`` (this very object, not a copy of it), or None."""
+    att = _ATTACHED.get(id(model))
+    return att if att is not None and att.model() is model else None
+
+
+def register_attached(key: int, attachment: Attached, *, on: bool = True) -> None:
+    """Record the attachment of the model whose ``id()`` is ``key``, found by the class-level wrappers (``on``);
+    or forget it (``on=False``: only if it is still that attachment's entry)."""
+    if on:
+        _ATTACHED[key] = attachment
+    elif _ATTACHED.get(key) is attachment:
+        del _ATTACHED[key]
+
+
+def compiling() -> bool:
+    """Whether dynamo is tracing the caller (``torch.compile``): then kv-guardian's wrappers pass through."""
+    return _compiling()
 
 
 def process_tracker() -> HFTracker | None:
@@ -101,6 +155,7 @@ def set_process_tracker(tracker: HFTracker | None, *, generate: bool = True) -> 
         install_cache_patch(generate=generate)
     _PROCESS[0] = tracker
     if tracker is None and previous is not None:
+        _PROCESS_GENERATE[0] = False
         uninstall_cache_patch()
     return previous
 
@@ -120,6 +175,8 @@ def _wrap_update(original: Any, *, base: bool) -> Any:
             out = original(self, key_states, value_states, layer_idx, *args, **kwargs)
             if _observed[0] != before:
                 return out
+        if _compiling():  # first: dynamo cannot trace a context variable
+            return out
         tracker = ACTIVE.get()
         if tracker is None:
             tracker = _PROCESS[0]
@@ -153,7 +210,7 @@ def _wrap_evict(original: Any, name: str) -> Any:
     @functools.wraps(original)
     def evict(self: Any, *args: Any, **kwargs: Any) -> Any:
         out = original(self, *args, **kwargs)
-        tracker = _target_tracker()
+        tracker = None if _compiling() else _target_tracker()
         if tracker is not None:
             pending = PENDING.get()
             if pending:  # keep the order: the forward's earlier updates first
@@ -207,9 +264,12 @@ def _all_subclasses(cls: type) -> list[type]:
 def install_cache_patch(*, generate: bool = False) -> None:
     """Wrap the cache methods (idempotent, reference counted); ``generate`` also wraps
     ``GenerationMixin.generate`` at class level for the process guard."""
-    global _patch_users
+    global _patch_users, _compiling
     with _patch_lock:
+        import torch
         from transformers import cache_utils
+
+        _compiling = getattr(getattr(torch, "compiler", None), "is_dynamo_compiling", _never)
 
         cache_cls = cache_utils.Cache
         if (cache_cls, "update") not in _originals:
@@ -235,19 +295,41 @@ def install_cache_patch(*, generate: bool = False) -> None:
                     pass
 
             _set(cache_cls, "__init_subclass__", classmethod(__init_subclass__))
+        _patch_users += 1
         if generate:
             install_generate_patch()
-        _patch_users += 1
 
 
 def install_generate_patch() -> None:
-    """Wrap ``GenerationMixin.generate`` at class level (for the process guard; idempotent; undone with the
-    cache patch)."""
+    """Make each top-level ``generate()`` call an implicit request of the process tracker: wraps
+    ``GenerationMixin.generate`` at class level (idempotent; undone with the cache patch)."""
     with _patch_lock:
         from transformers.generation.utils import GenerationMixin
 
-        if (GenerationMixin, "generate") not in _originals:
-            _set(GenerationMixin, "generate", _wrap_class_generate(GenerationMixin.generate))
+        _wrap_generate_of(GenerationMixin)
+        _PROCESS_GENERATE[0] = True
+
+
+def install_model_patch(model_cls: type) -> None:
+    """The class-level wrappers an attached model of ``model_cls`` needs (idempotent; undone with the cache
+    patch): ``PreTrainedModel.__call__`` (its forward), and ``generate`` of `GenerationMixin` and of every class
+    of ``model_cls``'s hierarchy that overrides it."""
+    with _patch_lock:
+        from transformers import PreTrainedModel
+        from transformers.generation.utils import GenerationMixin
+
+        if (PreTrainedModel, "__call__") not in _originals:
+            _set(PreTrainedModel, "__call__", _wrap_model_call(PreTrainedModel.__call__))
+        _wrap_generate_of(GenerationMixin)
+        for cls in model_cls.__mro__:
+            if "generate" in cls.__dict__ and isinstance(cls.__dict__["generate"], type(_never)):
+                _wrap_generate_of(cls)
+
+
+def _wrap_generate_of(cls: type) -> None:
+    fn = cls.__dict__.get("generate")
+    if fn is not None and not hasattr(fn, "__kvguardian_original__"):
+        _set(cls, "generate", _wrap_generate(fn))
 
 
 def uninstall_cache_patch() -> None:
@@ -266,13 +348,36 @@ def uninstall_cache_patch() -> None:
             else:
                 setattr(cls, name, original)
         _originals.clear()
+        _PROCESS_GENERATE[0] = False
 
 
-def _wrap_class_generate(original: Any) -> Any:
+def _wrap_model_call(original: Any) -> Any:
+    @functools.wraps(original)
+    def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+        att = _ATTACHED.get(id(self))
+        if att is None:
+            return original(self, *args, **kwargs)
+        return att.call(original, self, args, kwargs)
+
+    __call__.__kvguardian_original__ = original  # type: ignore[attr-defined]
+    return __call__
+
+
+def _generate_tracker(model: Any) -> HFTracker | None:
+    """Whose implicit request a top-level ``model.generate()`` is: the guard ``model`` is attached to, else the
+    process guard (when it makes generate calls requests)."""
+    att = attached(model)
+    tracker = att.tracker() if att is not None else None
+    if tracker is None and _PROCESS_GENERATE[0]:
+        tracker = _PROCESS[0]
+    return tracker
+
+
+def _wrap_generate(original: Any) -> Any:
     @functools.wraps(original)
     def generate(self: Any, *args: Any, **kwargs: Any) -> Any:
-        tracker = _PROCESS[0]
-        if tracker is None or tracker.host.current_request() is not None:
+        tracker = _generate_tracker(self)
+        if tracker is None or tracker.host.current_request() is not None or _compiling():
             return original(self, *args, **kwargs)
         return _generate_as_request(tracker.host, original, (self, *args), kwargs)
 
@@ -297,123 +402,3 @@ def _generate_as_request(host: SourceHost, fn: Any, args: tuple[Any, ...], kwarg
                 host.end_implicit(opened)
             except Exception as exc:
                 host.fail("generate.exit", exc)
-
-
-class Attachment:
-    """The hooks one tracker installed on one model; `remove` undoes all of them.
-
-    The forward pre-hook makes the tracker the context's active one and opens a list of pending updates; the
-    ``Cache.update`` wrapper appends to it (O(1), nothing read but the new keys' shape, dtype and device); the
-    forward hook observes the whole list when the forward returns, or raises. Observing every layer of a
-    step back to back, rather than one at a time between the model's own kernels, costs a fraction as much
-    (the bookkeeping's code and data stay in the CPU caches: measured ~8 us per layer instead of ~50 us on
-    the small config here). Updates are observed in order, before any crop/reset; a forward that raises is
-    observed too. ``enabled = False`` switches the hooks off without removing them (the overhead benchmark).
-    """
-
-    def __init__(self, tracker: HFTracker, model: Any) -> None:
-        self._model = weakref.ref(model)
-        self._handles: list[Any] = []
-        self._tls = threading.local()
-        self.enabled = True
-        tracker_ref = weakref.ref(tracker)
-        clock = tracker.host.ledger.clock
-
-        def pre(module: Any, args: Any) -> None:
-            t = tracker_ref()
-            if t is None or not self.enabled:
-                return
-            try:
-                _faults.maybe_fail("forward.pre")
-                stack = getattr(self._tls, "tokens", None)
-                if stack is None:
-                    stack = self._tls.tokens = []
-                stack.append((ACTIVE.set(t), PENDING.set([]), clock()))
-            except Exception as exc:
-                t.host.fail("forward.pre", exc)
-
-        def post(module: Any, args: Any, output: Any) -> None:
-            t = tracker_ref()
-            stack = getattr(self._tls, "tokens", None)
-            if not stack:
-                return
-            try:
-                active, pending, started = stack.pop()
-                updates = PENDING.get()
-                ACTIVE.reset(active)
-                PENDING.reset(pending)
-                if updates and t is not None:
-                    t.on_updates(updates, started)
-                _faults.maybe_fail("forward.post")
-            except Exception as exc:
-                if t is not None:
-                    t.host.fail("forward.post", exc)
-
-        self._handles.append(model.register_forward_pre_hook(pre))
-        self._handles.append(model.register_forward_hook(post, always_call=True))
-
-        original_generate = model.generate
-
-        @functools.wraps(original_generate)
-        def generate(*args: Any, **kwargs: Any) -> Any:
-            t = tracker_ref()
-            if t is None or t.host.current_request() is not None:
-                return original_generate(*args, **kwargs)
-            return _generate_as_request(t.host, original_generate, args, kwargs)
-
-        generate.__kvguardian_wrapper__ = True  # type: ignore[attr-defined]
-        # an instance attribute: nothing in state_dict, removed by `remove`
-        model.generate = generate
-
-    def remove(self) -> None:
-        for h in self._handles:
-            h.remove()
-        self._handles.clear()
-        model = self._model()
-        if model is not None and getattr(vars(model).get("generate"), "__kvguardian_wrapper__", False):
-            del model.generate
-        uninstall_cache_patch()
-
-
-def check_attachable(model: Any) -> None:
-    """Raise `UsageError` unless ``model`` can be attached: a transformers ``PreTrainedModel`` (transformers
-    5.x installed) that no guard has attached yet."""
-    try:
-        import torch
-        import transformers
-    except ImportError as exc:
-        raise UsageError(
-            f"guard.attach() needs torch and transformers ({exc.name} is missing); "
-            "fix: pip install 'kv-guardian[hf]'",
-            exit_code=3,
-        ) from None
-    check_transformers_version()
-    if not isinstance(model, transformers.PreTrainedModel):
-        kind = type(model).__name__
-        hint = (
-            "guard.track_module(model) (preallocated KV buffers) or guard.track(keys, values, layer=i)"
-            if isinstance(model, torch.nn.Module) else "a transformers model"
-        )
-        raise UsageError(
-            f"guard.attach() got a {kind}, not a transformers PreTrainedModel; fix: for a custom torch model "
-            f"use {hint}"
-        )
-    if getattr(vars(model).get("generate"), "__kvguardian_wrapper__", False):
-        raise UsageError(
-            f"{type(model).__name__} is already attached to a guard; fix: detach() it first"
-        )
-
-
-def attach_model(tracker: HFTracker, model: Any) -> Attachment:
-    """Instrument ``model`` (a transformers ``PreTrainedModel``) for ``tracker``.
-
-    Raises:
-        UsageError: see `check_attachable`.
-    """
-    check_attachable(model)
-    install_cache_patch()
-    try:
-        return Attachment(tracker, model)
-    except Exception:
-        uninstall_cache_patch()
-        raise

@@ -260,18 +260,74 @@ if __name__ == "__main__":
 """
 
 
+POOL_KV = POOL.replace("    return x * x", """    import torch
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    cache.update(torch.zeros(1, 1, 2, 4), torch.zeros(1, 1, 2, 4), 0)  # this worker has KV
+    KEPT.append(cache)
+    return x * x""").replace("def square", "KEPT = []\n\n\ndef square")
+
+
 @pytest.mark.parametrize("method, why", [("spawn", "a multiprocessing worker ended by its pool"),
                                          ("fork", "a forked child that exited without running exit handlers")])
 def test_multiprocessing_pools_keep_the_exit_code_and_name_the_unaudited_workers(kv_cli, tmp_path, method, why):
     """Issue 13 item 10: a program exiting 0 after a spawn Pool returned 3; fork workers (os._exit) were
-    silently unaudited."""
+    silently unaudited. A worker that used a cache and was ended by its pool (terminate) is named."""
     program = tmp_path / "pool.py"
-    program.write_text(POOL)
+    program.write_text(POOL_KV)
     rc, out, err, data = run_cli(kv_cli, tmp_path, sys.executable, str(program), method)
     assert rc == 0 and out == "14\n", err
     (worker,) = data["summary"]["unaudited"]
     assert why in worker["why"] and data["summary"]["complete"] is False
     assert f"pid {worker['pid']}: NOT audited: {why}" in err
+
+
+@pytest.mark.parametrize("method", ["spawn", "fork"])
+def test_workers_that_only_imported_transformers_lose_nothing(kv_cli, tmp_path, method):
+    """A process that imported transformers but never used one of its caches (vLLM's model worker) and ended
+    without exit handlers has nothing to audit: the report stays complete, the process is listed as such."""
+    program = tmp_path / "pool.py"
+    program.write_text(POOL)
+    rc, out, err, data = run_cli(kv_cli, tmp_path, sys.executable, str(program), method)
+    assert rc == 0 and out == "14\n", err
+    assert data["summary"]["unaudited"] == [] and data["summary"]["complete"] is True, err
+    (worker,) = data["summary"]["without_kv_pids"]
+    assert f"pid {worker}: imported transformers but used none of its caches" in err
+
+
+FORKED_PROCESS = """
+import multiprocessing as mp
+import torch
+from transformers import DynamicCache
+
+KEPT = []
+
+
+def work():
+    cache = DynamicCache()
+    cache.update(torch.zeros(1, 1, 2, 4), torch.zeros(1, 1, 2, 4), 0)
+    KEPT.append(cache)  # alive when the child ends: its exit audit sees it
+
+
+if __name__ == "__main__":
+    p = mp.get_context("fork").Process(target=work)
+    p.start()
+    p.join()
+    print(p.exitcode, flush=True)
+"""
+
+
+def test_a_forked_multiprocessing_child_is_audited_when_its_target_returns(kv_cli, tmp_path):
+    """A fork-context child ends with os._exit (no atexit) after its target returns: its exit audit runs from a
+    multiprocessing finalizer, so its KV is in the report (on main it was "not audited")."""
+    program = tmp_path / "forked.py"
+    program.write_text(FORKED_PROCESS)
+    rc, out, err, data = run_cli(kv_cli, tmp_path, sys.executable, str(program))
+    assert rc == 0 and out == "0\n", err
+    assert data["summary"]["unaudited"] == [], err
+    pids = [p["pid"] for p in data["summary"]["processes"] if p.get("status") == "audited"]
+    assert len(pids) == 2, data["summary"]["processes"]  # the parent and the forked child
 
 
 def test_python_dash_e_says_why_it_cannot_audit(kv_cli, tmp_path):

@@ -92,6 +92,9 @@ class AuditSink:
         self._thread = threading.Thread(target=self._loop, name="kvguardian-vllm-audit", daemon=True)
         self._thread.start()
         atexit.register(self.close)
+        mp_util = sys.modules.get("multiprocessing.util")
+        if mp_util is not None:  # the engine core is a multiprocessing child: it ends with os._exit, no atexit
+            mp_util.Finalize(None, self.close, exitpriority=-100)
 
     def _serve(self, host: str, port: int) -> None:
         try:
@@ -155,6 +158,7 @@ class AuditSink:
             s = report.summary
             text = json.dumps({
                 "pid": os.getpid(), "argv": list(sys.argv), "status": "vllm-audit",
+                "final": self._stop.is_set(),  # False: streamed while running (the process may be killed)
                 "message": (f"vLLM engine core: {s['audits']} audit(s), {s['requests_finished']} request(s) "
                             f"freed, {len(s['lost_free_requests'])} with a lost free"),
                 "report": {**report.to_dict(), "summary": {}}, "vllm_audit": s,
