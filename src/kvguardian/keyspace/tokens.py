@@ -25,6 +25,7 @@ from collections import Counter
 
 __all__ = [
     "DELIMITERS",
+    "TIMESTAMP_DIGITS",
     "UNIQUE_CLASSES",
     "VARIABLE_CLASSES",
     "classify",
@@ -74,6 +75,7 @@ MAX_TOKENS = 48
 # digit-run classes by length: (class, low, high) — the range is 2001-09-09 .. 2100-01-01 in that unit
 _TS = {10: ("ts_s", 10**9, 4102444800), 13: ("ts_ms", 10**12, 4102444800 * 10**3),
        16: ("ts_us", 10**15, 4102444800 * 10**6), 19: ("ts_ns", 10**18, 4102444800 * 10**9)}
+TIMESTAMP_DIGITS = _TS  # the same, for the pattern cache's checks
 
 
 def tokenize(name: str) -> list[str]:
