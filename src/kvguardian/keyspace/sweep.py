@@ -100,6 +100,30 @@ def mine_and_count(miner: PatternMiner, stats: PatternStats, keys: list[bytes], 
     stats.add_batch(pids, keys, probe)
 
 
+class _Pending:
+    """Probed batches waiting to be mined and counted: the statistics cost ~15 numpy calls a batch whatever
+    its size, so small batches (the pacing keeps calls short) are counted a few thousand keys at a time."""
+
+    FLUSH_AT = 4096
+
+    def __init__(self, miner: PatternMiner, stats: PatternStats) -> None:
+        self.miner, self.stats = miner, stats
+        self.keys: list[bytes] = []
+        self.probes: list[np.ndarray] = []
+
+    def add(self, keys: list[bytes], probe: np.ndarray) -> None:
+        self.keys += keys
+        self.probes.append(probe)
+        if len(self.keys) >= self.FLUSH_AT:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.keys:
+            probe = self.probes[0] if len(self.probes) == 1 else np.concatenate(self.probes)
+            mine_and_count(self.miner, self.stats, self.keys, probe)
+        self.keys, self.probes = [], []
+
+
 def sweep(url: str, options: SweepOptions | None = None, *, progress: Progress | None = None,
           stop: threading.Event | None = None, client: Any = None) -> ScanResult:
     """Sweep the Redis (or Redis Cluster) at ``url``; see the module docstring for how it ends.
@@ -160,6 +184,7 @@ def _sweep(url: str, opts: SweepOptions, progress: Progress | None, stop: thread
     t0 = time.monotonic()
     done = 0
     broken = False
+    pending = _Pending(miner, stats)
     try:
         import redis
 
@@ -184,7 +209,7 @@ def _sweep(url: str, opts: SweepOptions, progress: Progress | None, stop: thread
                 else:
                     active.remove(li)
                 if keys and probe is not None:
-                    mine_and_count(miner, stats, keys, probe)
+                    pending.add(keys, probe)
                     done += len(keys)
                     scanned[li] += len(keys)
                     if progress is not None:
@@ -203,6 +228,7 @@ def _sweep(url: str, opts: SweepOptions, progress: Progress | None, stop: thread
     finally:
         for lane in lanes:
             lane.close(broken=broken)
+    pending.flush()  # what was probed before an interruption counts too
     result.finished = time.time()
     result.keys_scanned = done
     result.keys_vanished = stats.keys_vanished

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
 
 from kvguardian.keyspace.rdb.format import OP, TYPE_CODES, VERSIONS, RdbError
-from kvguardian.keyspace.rdb.size import blob_bytes, je, key_bytes, sds, string_bytes, table_bytes
+from kvguardian.keyspace.rdb.size import ROBJ, blob_bytes, je, key_bytes, sds, string_bytes, table_bytes
 
 __all__ = ["Batch", "ByteStream", "RdbReader", "lzf_decompress"]
 
@@ -581,9 +581,19 @@ _VALUE_READERS: dict[int, Callable[[RdbReader], int]] = {
 
 
 #: sizes of short keys and string values by length (the inline path's lookups)
+def _je_table(n: int) -> list[int]:
+    """``je(i)`` for i < n, a size class at a time (importing stays fast)."""
+    out: list[int] = []
+    while len(out) < n:
+        size = je(len(out))
+        out += [size] * (min(size + 1, n) - len(out))
+    return out
+
+
 _KEY_SIZE = [key_bytes(n) for n in range(64)]
-_STR_SIZE = [string_bytes(n, False) for n in range(1 << 14)]
-_BLOB_SIZE = [blob_bytes(n) for n in range(1 << 14)]
+_JE = _je_table(1 << 14)
+_STR_SIZE = [string_bytes(n, False) if n <= 64 else ROBJ + sds(n) for n in range(1 << 14)]
+_BLOB_SIZE = [ROBJ + x for x in _JE]
 #: by type byte: the value-size table of the value types `_fast` reads as one string (strings, and the
 #: single-blob encodings: listpack, ziplist, intset, zipmap of small hashes, sets and sorted sets), else None
 _FAST_TABLES: list[list[int] | None] = [
@@ -592,7 +602,6 @@ _FAST_TABLES: list[list[int] | None] = [
 _TYPE_CODE_LIST = [TYPE_CODES.get(t, -1) for t in range(256)]
 
 
-_JE = [je(n) for n in range(1 << 14)]
 _QL_BASE = blob_bytes(_QUICKLIST)
 
 
