@@ -32,6 +32,7 @@ _COARSE = bytes.maketrans(b"0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOP
 #: dates and IPs need ``-`` or ``.``, hash tags ``{``, base64 runs are long runs of these characters)
 _COARSE_UNSAFE = re.compile(rb"[-.{}+/=]|[A-Za-z0-9_]{22}")
 _CACHE_MAX = 50_000  # entries per generation of a cache (two generations are kept)
+_COARSE_PER_SHAPE = 4  # patterns one coarse mask may stand for
 
 Check = Callable[[bytes], bool]
 
@@ -148,7 +149,7 @@ class PatternMiner:
         self._classes: dict[str, str | None] = {}  # memo of classify for literal tokens (bounded)
         self._cache: dict[bytes, _Entry] = {}  # mask → entry (this generation)
         self._old: dict[bytes, _Entry] = {}  # the previous generation: hits move back into _cache
-        self._coarse: dict[bytes, _Entry] = {}  # coarse mask → entry, for names with no UUID/date/IP/tag/base64
+        self._coarse: dict[bytes, list[_Entry]] = {}  # coarse mask → entries, for names with no UUID/date/IP/…
 
     # -- hot path -----------------------------------------------------------------------------------------
     def pattern_id(self, name: str) -> int:
@@ -176,16 +177,17 @@ class PatternMiner:
         if entry is not None and _verify(raw, entry[1]):
             return entry[0]
         coarse = raw.translate(_COARSE)
-        centry = self._coarse.get(coarse)
-        if centry is not None and _verify(raw, centry[1]):
-            return centry[0]
+        centries = self._coarse.get(coarse, ())
+        for centry in centries:  # a shape can hold a few patterns: job:{int}:{rand}, job:{int}:{hex}, ...
+            if _verify(raw, centry[1]):
+                return centry[0]
         name = raw.decode("utf-8", "backslashreplace")
         pid, toks, labels, content_dependent = self._mine(name)
         if (pid != OVERFLOW_ID and not content_dependent and raw.isascii() and len(raw) <= MAX_KEY_CHARS
                 and len(labels) == len(toks) and toks[-1:] != ["…"]):
             self._remember(mask, (pid, _checks(toks, labels)))
-            if centry is None and not _COARSE_UNSAFE.search(raw) and len(self._coarse) < _CACHE_MAX:
-                self._coarse[coarse] = (pid, _checks(toks, labels, all_hex=False))
+            if len(centries) < _COARSE_PER_SHAPE and len(self._coarse) < _CACHE_MAX and not _COARSE_UNSAFE.search(raw):
+                self._coarse.setdefault(coarse, []).append((pid, _checks(toks, labels, all_hex=False)))
         return pid
 
     def _remember(self, mask: bytes, entry: _Entry) -> None:
