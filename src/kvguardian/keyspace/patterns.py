@@ -178,8 +178,10 @@ class PatternMiner:
             return entry[0]
         coarse = raw.translate(_COARSE)
         centries = self._coarse.get(coarse, ())
-        for centry in centries:  # a shape can hold a few patterns: job:{int}:{rand}, job:{int}:{hex}, ...
+        for i, centry in enumerate(centries):  # a shape can hold a few patterns: job:{int}:{rand}, {hex}, ...
             if _verify(raw, centry[1]):
+                if i:  # the most frequent first: each failed check may have cost a classify
+                    centries[i - 1], centries[i] = centry, centries[i - 1]  # type: ignore[index]
                 return centry[0]
         name = raw.decode("utf-8", "backslashreplace")
         pid, toks, labels, content_dependent = self._mine(name)
