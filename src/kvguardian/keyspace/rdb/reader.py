@@ -15,12 +15,17 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import ClassVar, Protocol
+from typing import TYPE_CHECKING, ClassVar, Protocol, Union
 
 from kvguardian.keyspace.rdb.format import OP, TYPE_CODES, VERSIONS, RdbError
 from kvguardian.keyspace.rdb.size import ROBJ, blob_bytes, je, key_bytes, sds, string_bytes, table_bytes
 
+if TYPE_CHECKING:
+    import numpy as np
+
 __all__ = ["Batch", "ByteStream", "RdbReader", "lzf_decompress"]
+
+IntColumn = Union[list[int], "np.ndarray"]
 
 
 class ByteStream(Protocol):
@@ -77,14 +82,19 @@ class Batch:
     """Parallel lists, one entry per key."""
 
     keys: list[bytes] = field(default_factory=list)
-    types: list[int] = field(default_factory=list)  # kvguardian.keyspace.stats.TYPES codes
-    sizes: list[int] = field(default_factory=list)  # estimated memory (see kvguardian.keyspace.rdb.size)
-    expires: list[int] = field(default_factory=list)  # absolute Unix ms, -1: none
-    idles: list[int] = field(default_factory=list)  # idle seconds (IDLE) or LFU counter (FREQ), -1: none
+    # the numbers: lists as the reader fills them (`kvguardian.keyspace.rdb.parallel` hands on int64 arrays)
+    types: IntColumn = field(default_factory=list)  # kvguardian.keyspace.stats.TYPES codes
+    sizes: IntColumn = field(default_factory=list)  # estimated memory (see kvguardian.keyspace.rdb.size)
+    expires: IntColumn = field(default_factory=list)  # absolute Unix ms, -1: none
+    idles: IntColumn = field(default_factory=list)  # idle seconds (IDLE) or LFU counter (FREQ), -1: none
     db: int = 0  # the database every key of the batch is in
 
     def __len__(self) -> int:
         return len(self.keys)
+
+    def lists(self) -> tuple[list[bytes], list[int], list[int], list[int], list[int]]:
+        """The columns of a batch the reader is filling (lists, to append to)."""
+        return self.keys, self.types, self.sizes, self.expires, self.idles  # type: ignore[return-value]
 
 
 class RdbReader:
@@ -295,7 +305,7 @@ class RdbReader:
         then a string or single-blob value with a short key. Runs while `_INLINE` bytes lie ahead (so a
         record's prefixes need no bounds checks) and the batch has room; stops at the first record it does
         not handle, returning (position, pending expire, pending idle) for `_run` to go on from."""
-        keys, types, sizes, expires, idles = out.keys, out.types, out.sizes, out.expires, out.idles
+        keys, types, sizes, expires, idles = out.lists()
         tables, codes, key_size, u64 = _FAST_TABLES, _TYPE_CODE_LIST, _KEY_SIZE, _U64.unpack_from
         end = len(buf)
         safe = end - _INLINE
@@ -398,11 +408,12 @@ class RdbReader:
             if reader is None:
                 raise RdbError(f"value type {t} is not readable (a pre-release module format)", start)
             size = reader(self)
-        out.keys.append(key)
-        out.types.append(TYPE_CODES[t])
-        out.sizes.append(key_bytes(len(key)) + size)
-        out.expires.append(expire)
-        out.idles.append(idle)
+        keys, types, sizes, expires, idles = out.lists()
+        keys.append(key)
+        types.append(TYPE_CODES[t])
+        sizes.append(key_bytes(len(key)) + size)
+        expires.append(expire)
+        idles.append(idle)
 
     # ------------------------------------------------------------------ opcodes other than per-key ones
     def _aux(self) -> None:
