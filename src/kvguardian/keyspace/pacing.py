@@ -9,7 +9,9 @@ over, grown by at most 1.5x a step). Pipelining several small scripts in one wri
 server runs every command a client sent before serving the next client.
 
 `lower_priority` renices the calling thread (Linux nice values are per thread): a sweep's mining and
-statistics then take only CPU that the server and its other clients leave, on a host they share.
+statistics then take only CPU that the server and its other clients leave, on a host they share (the sweep
+renices the child process that mines, see `kvguardian.keyspace.counting`, so that its requests do not wait
+for a CPU).
 """
 
 from __future__ import annotations
