@@ -71,8 +71,8 @@ class InProcess:
 
 def _child(make: Callable[[], Batches], nice: int, conn: Any) -> None:
     # a terminal's Ctrl-C or hang-up reaches the whole process group: the sweep decides how to end (a partial
-    # result), and this child ends when its pipe closes
-    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
+    # result), and this child ends when its pipe closes (SIGTERM, sent to one process, still ends it)
+    for sig in (signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
     lower_priority(nice)
     work = make()
@@ -124,5 +124,5 @@ class MinerProcess:
         self._conn.close()  # the child sees EOF and exits
         self._proc.join(5)
         if self._proc.is_alive():
-            self._proc.kill()  # it ignores SIGTERM (see _child)
+            self._proc.kill()
             self._proc.join(5)

@@ -237,6 +237,9 @@ def _sweep(url: str, opts: SweepOptions, progress: Progress | None, stop: thread
         result.complete = False
         result.incomplete_reason = f"connection lost after {done} keys: {type(exc).__name__}: {exc}"
         broken = True
+    except BaseException:  # e.g. a refused permission: no result, and no mining child left behind
+        counting.close()
+        raise
     finally:
         for lane in lanes:
             lane.close(broken=broken)
