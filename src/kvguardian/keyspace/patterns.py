@@ -17,7 +17,16 @@ import re
 from collections.abc import Callable
 
 from kvguardian._errors import UsageError
-from kvguardian.keyspace.tokens import DELIMITERS, MAX_KEY_CHARS, TIMESTAMP_DIGITS, classify, literal_class, tokenize_ex
+from kvguardian.keyspace.tokens import (
+    DATE_BYTES,
+    DELIMITERS,
+    IP_BYTES,
+    MAX_KEY_CHARS,
+    TIMESTAMP_DIGITS,
+    classify,
+    literal_class,
+    tokenize_ex,
+)
 
 __all__ = ["OVERFLOW", "OVERFLOW_ID", "PatternMiner"]
 
@@ -37,10 +46,17 @@ _COARSE_PER_SHAPE = 4  # patterns one coarse mask may stand for
 Check = Callable[[bytes], bool]
 
 
-def _class_check(want: str, width: int, all_hex: bool) -> Check:
-    """A test that a ``width``-byte token classifies as ``want`` (`_checks`); ``all_hex``: every byte of the
-    token is known to be a hex digit (the mask cache's guarantee)."""
+def _class_check(want: str, tok: str, all_hex: bool) -> Check:
+    """A test that a token in the place of ``tok`` classifies as ``want`` (`_checks`). ``all_hex``: the
+    mask cache's guarantee, the token has a hex digit where ``tok`` has one and ``tok``'s other characters
+    where it has them (so a date keeps its ``-`` at 4, an IP its dots and no ``-``: `classify` then only
+    has its regex left to try)."""
+    width = len(tok)
     ts = _TS.get(width)
+    if all_hex and want == "date" and tok[4:5] == "-":
+        return lambda t: DATE_BYTES.fullmatch(t) is not None
+    if all_hex and want == "ip" and "." in tok and "-" not in tok:
+        return lambda t: IP_BYTES.fullmatch(t) is not None
     if want == "~int" and width not in _TS_OR_DATE_LENGTHS:
         return bytes.isdigit  # what classify + literal_class give for such a digit run, without the calls
     if ts is not None and want == ts[0]:
@@ -71,7 +87,7 @@ def _checks(toks: list[str], labels: list[str], *, all_hex: bool = True) -> tupl
             if label != "{uuid}":
                 cls = label[1:-1]
                 want = "~" + cls if cls in ("int", "str", "tag") else cls
-                out.append((pos, end, _class_check(want, end - pos, all_hex)))
+                out.append((pos, end, _class_check(want, tok, all_hex)))
         pos = end
     if run_start >= 0:
         out.append((run_start, pos, joined[run_start:pos]))

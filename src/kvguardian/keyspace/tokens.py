@@ -23,7 +23,9 @@ import math
 import re
 
 __all__ = [
+    "DATE_BYTES",
     "DELIMITERS",
+    "IP_BYTES",
     "TIMESTAMP_DIGITS",
     "UNIQUE_CLASSES",
     "VARIABLE_CLASSES",
@@ -64,6 +66,9 @@ _TOKENS_SHORT = re.compile(f"{_UUID}|{_DATE_SHAPE}|{_IP_SHAPE}|{_TAG}|{_WORD}|."
 _UUID_RE = re.compile(_UUID)
 _DATE_RE = re.compile(_DATE)
 _IP_RE = re.compile(_IP)
+#: the same on bytes, for the pattern cache's checks (its names are ASCII, where \d means the same)
+DATE_BYTES = re.compile(_DATE.encode())
+IP_BYTES = re.compile(_IP.encode())
 _HEXCHARS = frozenset("0123456789abcdefABCDEF")
 _DIGIT_RE = re.compile(r"\d")
 
