@@ -32,7 +32,7 @@ from kvguardian.keyspace.probe import Lane, choose_mode
 from kvguardian.keyspace.result import ScanResult, key_text
 from kvguardian.keyspace.stats import PatternStats
 
-__all__ = ["SweepOptions", "mine_and_count", "parse_duration", "sweep"]
+__all__ = ["SweepOptions", "mine_and_count", "parse_duration", "sweep", "warn_overflow"]
 
 Progress = Callable[[int, int], None]  # (keys probed so far, total expected)
 IDLE_UNKNOWN = "idle times unknown"  # incomplete_reason of a full sweep whose idle times could not be read
@@ -259,10 +259,15 @@ def _sweep(url: str, opts: SweepOptions, progress: Progress | None, stop: thread
     _mark_idle_unknown(topo, result)
     result.patterns = patterns
     result.bytes = sum(p["bytes"] for p in result.patterns)
+    warn_overflow(result, opts)
+    return result
+
+
+def warn_overflow(result: ScanResult, opts: SweepOptions) -> None:
+    """Say so when keys were counted under the overflow pattern (a live sweep and an RDB read alike)."""
     if any(p["overflow"] and p["keys"] for p in result.patterns):
         result.warnings.append(f"more than {opts.max_patterns} patterns: the rest are counted under {OVERFLOW}; "
                                "raise --max-patterns to split them")
-    return result
 
 
 def _pacing(opts: SweepOptions, sizers: list[BatchSizer], lanes: list[Lane]) -> dict[str, Any]:
