@@ -69,7 +69,9 @@ def _log_to_stderr() -> logging.Handler:
     return handler
 
 
-def build_parser() -> ArgumentParser:
+def build_parser(only: str | None = None) -> ArgumentParser:
+    """The whole command line; ``only``: just that command's subparser (the other command modules are not
+    imported: a command starts in less time)."""
     parser = ArgumentParser(
         prog="kv-guardian",
         description="Find, prove and prevent KV-cache leaks in LLM inference and key-space leaks in Redis.",
@@ -77,6 +79,8 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--version", action="version", version=f"kv-guardian {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=ArgumentParser)
     for name, module_name in COMMANDS.items():
+        if only is not None and name != only:
+            continue
         module = importlib.import_module(module_name)
         p = sub.add_parser(name, help=module.HELP, description=module.HELP)
         module.add_arguments(p)
@@ -85,8 +89,9 @@ def build_parser() -> ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(words[0] if words and words[0] in COMMANDS else None)
+    args = parser.parse_args(words)
     run = getattr(args, "_run", None)
     if run is None:
         parser.print_help()

@@ -82,7 +82,8 @@ def _sweep_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-call-ms", type=float, default=0.5,
                    help="with --batch 0: the longest one probe call may hold the server (default 0.5 ms)")
     p.add_argument("--nice", type=int, default=10,
-                   help="run the sweep's client work this much nicer, in its own thread (default 10; 0: off)")
+                   help="run the sweep's mining and statistics this much nicer, in a child process (default 10; "
+                   "0: off, all in this process)")
     p.add_argument("--max-keys-per-sec", type=float, default=None, help="rate limit for the whole sweep")
     p.add_argument("--sample", type=int, default=None, metavar="N", help="stop after N keys (a quick look)")
     p.add_argument("--match", default=None, metavar="GLOB", help="only keys matching this SCAN MATCH glob")

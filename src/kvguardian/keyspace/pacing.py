@@ -4,32 +4,44 @@ Redis runs one command at a time: while a probe script runs, every other client 
 costs the server ``b`` × ~5-9 µs (TYPE, MEMORY USAGE, PTTL, OBJECT), so the batch sets the worst stall a
 concurrent request can meet. `BatchSizer` keeps that stall under a budget (``max_call_s``, default 0.5 ms):
 the probe script reports its own run time (two ``TIME`` calls, exact), and the next ``SCAN COUNT`` is the
-number of keys that fit the budget at the measured cost per key (smoothed, halved at once when a call runs
-over, grown by at most 1.5x a step). Pipelining several small scripts in one write would not help: the
-server runs every command a client sent before serving the next client.
+number of keys that fit the budget at the measured cost per key (the median of the last calls, halved at
+once when a call runs over, grown by at most 1.5x a step). Pipelining several small scripts in one write
+would not help: the server runs every command a client sent before serving the next client.
 
 `lower_priority` renices the calling thread (Linux nice values are per thread): a sweep's mining and
-statistics then take only CPU that the server and its other clients leave, on a host they share.
+statistics then take only CPU that the server and its other clients leave, on a host they share (the sweep
+renices the child process that mines, see `kvguardian.keyspace.counting`, so that its requests do not wait
+for a CPU).
 """
 
 from __future__ import annotations
 
 import os
+import statistics
 import threading
+from collections import deque
 
 __all__ = ["BatchSizer", "lower_priority"]
 
 
 class BatchSizer:
-    """The next batch size from the measured server time per key."""
+    """The next batch size from the measured server time per key.
+
+    The cost per key is the median of the last few calls: a call that ran long because the server was
+    descheduled mid-script (a busy host: 10-50 ms for a 0.5 ms call) must not shrink the batch for the
+    many calls after it, as a running mean would; a real rise in cost shows in the median within a few
+    calls. A call over budget still halves the batch at once."""
+
+    WINDOW = 9  # calls the median is taken over
 
     def __init__(self, max_call_s: float = 0.0005, *, start: int = 50, low: int = 10, high: int = 1000) -> None:
         self.max_call_s = max_call_s
         self.low, self.high = low, high
         self.batch = max(low, min(start, high))
-        self.per_key_s: float | None = None  # smoothed server seconds per key
+        self.per_key_s: float | None = None  # median server seconds per key over the last WINDOW calls
         self.worst_call_s = 0.0  # the longest probe call seen
         self.calls = 0
+        self._costs: deque[float] = deque(maxlen=self.WINDOW)
 
     def observe(self, keys: int, server_s: float) -> int:
         """One probe of ``keys`` keys took ``server_s`` on the server; returns the next batch size."""
@@ -37,13 +49,11 @@ class BatchSizer:
             return self.batch
         self.calls += 1
         self.worst_call_s = max(self.worst_call_s, server_s)
-        cost = server_s / keys
-        self.per_key_s = cost if self.per_key_s is None else 0.7 * self.per_key_s + 0.3 * cost
+        self._costs.append(server_s / keys)
+        self.per_key_s = statistics.median(self._costs)
         fit = int(self.max_call_s / max(self.per_key_s, 1e-7))
-        if server_s > self.max_call_s:  # over budget: shrink at once
-            fit = min(fit, int(self.max_call_s / cost), self.batch // 2)
-        else:
-            fit = min(fit, int(self.batch * 1.5) + 1)
+        # over budget: shrink at once; under: grow by at most 1.5x
+        fit = min(fit, self.batch // 2 if server_s > self.max_call_s else int(self.batch * 1.5) + 1)
         self.batch = max(self.low, min(fit, self.high))
         return self.batch
 

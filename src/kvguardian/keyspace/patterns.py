@@ -13,10 +13,20 @@ The hot path (`pattern_id`) is a dictionary walk; `classify` runs only for token
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 from kvguardian._errors import UsageError
-from kvguardian.keyspace.tokens import DELIMITERS, MAX_KEY_CHARS, classify, literal_class, tokenize_ex
+from kvguardian.keyspace.tokens import (
+    DATE_BYTES,
+    DELIMITERS,
+    IP_BYTES,
+    MAX_KEY_CHARS,
+    TIMESTAMP_DIGITS,
+    classify,
+    literal_class,
+    tokenize_ex,
+)
 
 __all__ = ["OVERFLOW", "OVERFLOW_ID", "PatternMiner"]
 
@@ -25,13 +35,43 @@ OVERFLOW_ID = 0
 
 
 _MASK = bytes.maketrans(b"0123456789abcdefABCDEF", b"0" * 22)
-_CACHE_MAX = 50_000
+#: the coarse mask: every letter and digit to ``x`` (only the delimiters' places are left)
+_COARSE = bytes.maketrans(b"0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ", b"x" * 62)
+#: names the coarse cache may not hold: their split can depend on more than where the delimiters are (UUIDs,
+#: dates and IPs need ``-`` or ``.``, hash tags ``{``, base64 runs are long runs of these characters)
+_COARSE_UNSAFE = re.compile(rb"[-.{}+/=]|[A-Za-z0-9_]{22}")
+_CACHE_MAX = 50_000  # entries per generation of a cache (two generations are kept)
+_COARSE_PER_SHAPE = 4  # patterns one coarse mask may stand for
+
+Check = Callable[[bytes], bool]
 
 
-def _checks(toks: list[str], labels: list[str]) -> tuple[tuple[int, int, bytes | str], ...]:
+def _class_check(want: str, tok: str, all_hex: bool) -> Check:
+    """A test that a token in the place of ``tok`` classifies as ``want`` (`_checks`). ``all_hex``: the
+    mask cache's guarantee, the token has a hex digit where ``tok`` has one and ``tok``'s other characters
+    where it has them (so a date keeps its ``-`` at 4, an IP its dots and no ``-``: `classify` then only
+    has its regex left to try)."""
+    width = len(tok)
+    ts = _TS.get(width)
+    if all_hex and want == "date" and tok[4:5] == "-":
+        return lambda t: DATE_BYTES.fullmatch(t) is not None
+    if all_hex and want == "ip" and "." in tok and "-" not in tok:
+        return lambda t: IP_BYTES.fullmatch(t) is not None
+    if want == "~int" and width not in _TS_OR_DATE_LENGTHS:
+        return bytes.isdigit  # what classify + literal_class give for such a digit run, without the calls
+    if ts is not None and want == ts[0]:
+        lo, hi = ts[1], ts[2]
+        return lambda tok: tok.isdigit() and lo <= int(tok) < hi  # classify's timestamp rule
+    if want == "hex" and all_hex and width >= 8:  # classify: ≥ 8 hex digits, not all digits, not all letters
+        return lambda tok: not tok.isdigit() and not tok.isalpha()
+    return lambda tok: _same_class(tok.decode("ascii"), want)
+
+
+def _checks(toks: list[str], labels: list[str], *, all_hex: bool = True) -> tuple[tuple[int, int, bytes | Check], ...]:
     """What a cached mask must verify: literal runs (bytes to compare) and, for every placeholder but
-    ``{uuid}``, the class the token must classify as (``"ts_ns"``; ``"~int"`` for a collapsed literal)."""
-    out: list[tuple[int, int, bytes | str]] = []
+    ``{uuid}``, a test that the token classifies as the placeholder's class (``ts_ns``; ``~int`` for a
+    collapsed literal), see `_class_check`."""
+    out: list[tuple[int, int, bytes | Check]] = []
     joined = "".join(toks).encode("ascii")
     pos = 0
     run_start = -1
@@ -46,7 +86,8 @@ def _checks(toks: list[str], labels: list[str]) -> tuple[tuple[int, int, bytes |
                 run_start = -1
             if label != "{uuid}":
                 cls = label[1:-1]
-                out.append((pos, end, "~" + cls if cls in ("int", "str", "tag") else cls))
+                want = "~" + cls if cls in ("int", "str", "tag") else cls
+                out.append((pos, end, _class_check(want, tok, all_hex)))
         pos = end
     if run_start >= 0:
         out.append((run_start, pos, joined[run_start:pos]))
@@ -54,6 +95,7 @@ def _checks(toks: list[str], labels: list[str]) -> tuple[tuple[int, int, bytes |
 
 
 _TS_OR_DATE_LENGTHS = frozenset((8, 10, 13, 16, 19))  # digit runs that `classify` may call a date or timestamp
+_TS = TIMESTAMP_DIGITS
 
 
 def _same_class(tok: str, want: str) -> bool:
@@ -68,6 +110,20 @@ def _same_class(tok: str, want: str) -> bool:
 def _is_literal(label: str) -> bool:
     """A word/int/tag label (not a delimiter, not the cut marker)."""
     return label not in DELIMITERS and label != "…"
+
+
+_Entry = tuple[int, tuple[tuple[int, int, "bytes | Check"], ...]]  # (pattern id, checks)
+
+
+def _verify(raw: bytes, checks: tuple[tuple[int, int, bytes | Check], ...]) -> bool:
+    """Every check of a cache entry holds for ``raw``."""
+    for s, e, want in checks:
+        if want.__class__ is bytes:
+            if raw[s:e] != want:
+                return False
+        elif not want(raw[s:e]):  # type: ignore[operator]
+            return False
+    return True
 
 
 class _Node:
@@ -107,7 +163,9 @@ class PatternMiner:
         self._nodes = 1
         self._max_nodes = 64 * max_patterns + 1024
         self._classes: dict[str, str | None] = {}  # memo of classify for literal tokens (bounded)
-        self._cache: dict[bytes, tuple[int, tuple[tuple[int, int, bytes | str], ...]]] = {}
+        self._cache: dict[bytes, _Entry] = {}  # mask → entry (this generation)
+        self._old: dict[bytes, _Entry] = {}  # the previous generation: hits move back into _cache
+        self._coarse: dict[bytes, list[_Entry]] = {}  # coarse mask → entries, for names with no UUID/date/IP/…
 
     # -- hot path -----------------------------------------------------------------------------------------
     def pattern_id(self, name: str) -> int:
@@ -115,36 +173,53 @@ class PatternMiner:
         return self._mine(name)[0]
 
     def pattern_id_bytes(self, raw: bytes) -> int:
-        """The pattern id of a key name as Redis returns it (bytes), through the shape cache.
+        """The pattern id of a key name as Redis returns it (bytes), through the shape caches.
 
         Names with equal *masks* (every hex character → ``0``) split into the same tokens, so a cached
         entry for the mask gives the pattern once its literal parts match (slice compares) and its
-        placeholder tokens classify the same (UUIDs need no check). Anything else takes the full path.
-        The cache is bounded and cleared on every merge.
+        placeholder tokens classify the same (UUIDs need no check). Names with no ``- . { } + / =`` and no
+        run of 22 word characters split only at their delimiters, so for them a *coarse* mask (every letter
+        and digit → ``x``) works the same way, and names whose hex characters fall differently
+        (``job:{int}:{rand}``) still hit. Anything else takes the full path.
+        Each cache keeps two bounded generations (a name shape that keeps coming back survives the
+        turnover of one-off shapes) and is cleared on every merge.
         """
         mask = raw.translate(_MASK)
         entry = self._cache.get(mask)
-        if entry is not None:
-            for s, e, want in entry[1]:
-                got = raw[s:e]
-                if want.__class__ is bytes:
-                    if got != want:
-                        break
-                elif not _same_class(got.decode("ascii"), str(want)):
-                    break
-            else:
-                return entry[0]
+        if entry is None:
+            entry = self._old.get(mask)
+            if entry is not None:
+                self._cache[mask] = entry
+        if entry is not None and _verify(raw, entry[1]):
+            return entry[0]
+        coarse = raw.translate(_COARSE)
+        centries = self._coarse.get(coarse, ())
+        for i, centry in enumerate(centries):  # a shape can hold a few patterns: job:{int}:{rand}, {hex}, ...
+            if _verify(raw, centry[1]):
+                if i:  # the most frequent first: each failed check may have cost a classify
+                    centries[i - 1], centries[i] = centry, centries[i - 1]  # type: ignore[index]
+                return centry[0]
         name = raw.decode("utf-8", "backslashreplace")
         pid, toks, labels, content_dependent = self._mine(name)
         if (pid != OVERFLOW_ID and not content_dependent and raw.isascii() and len(raw) <= MAX_KEY_CHARS
                 and len(labels) == len(toks) and toks[-1:] != ["…"]):
-            if len(self._cache) >= _CACHE_MAX:
-                self._cache.clear()
-            self._cache[mask] = (pid, _checks(toks, labels))
+            self._remember(mask, (pid, _checks(toks, labels)))
+            if len(centries) < _COARSE_PER_SHAPE and len(self._coarse) < _CACHE_MAX and not _COARSE_UNSAFE.search(raw):
+                self._coarse.setdefault(coarse, []).append((pid, _checks(toks, labels, all_hex=False)))
         return pid
 
+    def _remember(self, mask: bytes, entry: _Entry) -> None:
+        if len(self._cache) >= _CACHE_MAX:
+            self._old, self._cache = self._cache, {}
+        self._cache[mask] = entry
+
+    def _forget(self) -> None:
+        self._cache.clear()
+        self._old.clear()
+        self._coarse.clear()
+
     def pattern_ids_bytes(self, raws: list[bytes]) -> list[int]:
-        """`pattern_id_bytes` for a batch: the cache-hit path inlined (a sweep calls this once per batch)."""
+        """`pattern_id_bytes` for a batch: the mask-cache hit path inlined (a sweep calls this once per batch)."""
         cache_get = self._cache.get
         mask_table = _MASK
         out: list[int] = []
@@ -156,12 +231,13 @@ class PatternMiner:
                     if want.__class__ is bytes:
                         if raw[s:e] != want:
                             break
-                    elif not _same_class(raw[s:e].decode("ascii"), want):  # type: ignore[arg-type]
+                    elif not want(raw[s:e]):  # type: ignore[operator]
                         break
                 else:
                     append(entry[0])
                     continue
             append(self.pattern_id_bytes(raw))
+            cache_get = self._cache.get  # a new generation or a merge may have replaced the dict
         return out
 
     def _mine(self, name: str) -> tuple[int, list[str], list[str], bool]:
@@ -257,7 +333,7 @@ class PatternMiner:
             else:
                 self._names[src.pid] = ""
                 self._alive -= 1
-                self._cache.clear()
+                self._forget()
                 if self.on_merge is not None:
                     self.on_merge(src.pid, dst.pid)
         dst.wild |= src.wild

@@ -22,7 +22,7 @@ import numpy as np
 from kvguardian._errors import EXIT_ENVIRONMENT, UsageError
 from kvguardian.keyspace.stats import TYPE_CODE
 
-__all__ = ["LUA_PROBE", "Lane", "choose_mode"]
+__all__ = ["LUA_PROBE", "LUA_SCAN_PROBE", "Lane", "choose_mode"]
 
 LUA_PROBE = """#!lua flags=no-writes,allow-cross-slot-keys
 -- kv-guardian key probe: read-only, keys come as ARGV[2..n]; ARGV[1] is IDLETIME or FREQ
@@ -62,6 +62,54 @@ return out
 """
 LUA_SHA = hashlib.sha1(LUA_PROBE.encode()).hexdigest()
 
+#: the sweep's usual call: SCAN one step and probe what it returned, in one script. Nothing goes back and
+#: forth per key but the reply, and the server never waits for the client between a SCAN and its probe.
+LUA_SCAN_PROBE = """#!lua flags=no-writes,allow-cross-slot-keys
+-- kv-guardian scan + probe: read-only. ARGV: IDLETIME or FREQ, cursor, COUNT[, MATCH glob]
+-- reply: next cursor, n, the n key names, 4 numbers per key, TIME at the start and at the end (s, us)
+local call, pcall = redis.call, redis.pcall
+local codes = {string = 0, list = 1, set = 2, zset = 3, hash = 4, stream = 5, none = -1}
+local sub = ARGV[1]
+local t0 = pcall('TIME')
+local scan
+if ARGV[4] then
+  scan = call('SCAN', ARGV[2], 'COUNT', ARGV[3], 'MATCH', ARGV[4])
+else
+  scan = call('SCAN', ARGV[2], 'COUNT', ARGV[3])
+end
+local keys = scan[2]
+local nk = #keys
+local out = {scan[1], nk}
+for i = 1, nk do out[2 + i] = keys[i] end
+local n = 2 + nk
+for i = 1, nk do
+  local k = keys[i]
+  local code = codes[call('TYPE', k)['ok']] or 6
+  local m, p, idle = -1, -2, -1
+  if code >= 0 then
+    m = call('MEMORY', 'USAGE', k) or -1
+    p = call('PTTL', k)
+    idle = pcall('OBJECT', sub, k)
+    if type(idle) ~= 'number' then idle = -1 end
+  end
+  out[n + 1] = code
+  out[n + 2] = m
+  out[n + 3] = p
+  out[n + 4] = idle
+  n = n + 4
+end
+local t1 = pcall('TIME')
+if type(t0) ~= 'table' or t0.err or type(t1) ~= 'table' or t1.err then
+  t0, t1 = {-1, -1}, {-1, -1}
+end
+out[n + 1] = tonumber(t0[1])
+out[n + 2] = tonumber(t0[2])
+out[n + 3] = tonumber(t1[1])
+out[n + 4] = tonumber(t1[2])
+return out
+"""
+LUA_SCAN_SHA = hashlib.sha1(LUA_SCAN_PROBE.encode()).hexdigest()
+
 
 def choose_mode(client: Any, version: tuple[int, ...], sub: str, wanted: str = "auto") -> tuple[str, str]:
     """``("lua" | "pipeline", why)``: Lua when the server and the ACL allow a read-only script."""
@@ -75,8 +123,9 @@ def choose_mode(client: Any, version: tuple[int, ...], sub: str, wanted: str = "
             raise UsageError(f"--mode lua: {why}; use --mode auto", exit_code=EXIT_ENVIRONMENT)
         return "pipeline", why
     try:
-        client.execute_command("EVAL_RO", LUA_PROBE, 0, sub)  # loads the script into the script cache
+        client.execute_command("EVAL_RO", LUA_PROBE, 0, sub)  # loads the scripts into the script cache
         client.execute_command("EVALSHA_RO", LUA_SHA, 0, sub)
+        client.execute_command("EVAL_RO", LUA_SCAN_PROBE, 0, sub, 0, 1)  # one SCAN step of one key: a read
         return "lua", "EVALSHA_RO with flags=no-writes"
     except redis.ResponseError as exc:
         why = f"scripting is not allowed here ({str(exc).splitlines()[0][:160]})"
@@ -103,6 +152,13 @@ def _resp(args: tuple[Any, ...]) -> bytes:
     return b"".join(out)
 
 
+def _no_script(exc: Exception) -> bool:
+    """The server no longer has the script (SCRIPT FLUSH, a restart); redis-py drops the NOSCRIPT prefix."""
+    import redis
+
+    return isinstance(exc, redis.exceptions.NoScriptError) or "NOSCRIPT" in str(exc)
+
+
 def _permission_error(exc: Exception, where: str) -> UsageError:
     return UsageError(f"Redis at {where} refused a read-only probe command ({str(exc)[:200]}); the ACL user needs "
                       "+scan +type +pttl +memory|usage +object|idletime +object|freq (see README)",
@@ -124,6 +180,7 @@ class Lane:
         self._sent_at = 0.0
         self._conn = client.connection_pool.get_connection()
         self._sent: tuple[list[bytes], bool] | None = None  # (keys probed, scan sent) of the request in flight
+        self._scan_probe = False  # the request in flight is a LUA_SCAN_PROBE call
 
     def close(self, *, broken: bool = False) -> None:
         """Give the connection back; drop it if replies are still unread or the sweep broke off."""
@@ -138,7 +195,18 @@ class Lane:
         return args
 
     def send(self, keys: list[bytes], *, scan: bool) -> None:
-        """Send the probe of ``keys`` and, if ``scan``, the next SCAN, in one write."""
+        """Send the probe of ``keys`` and, if ``scan``, the next SCAN, in one write. In Lua mode with no keys
+        to probe, the next SCAN step and its probe go as one script (`LUA_SCAN_PROBE`): `receive` then
+        returns that step's keys, probed."""
+        if self.mode == "lua" and scan and not keys:
+            args: list[Any] = ["EVALSHA_RO", LUA_SCAN_SHA, 0, self.sub, self.cursor, self.batch]
+            if self.match is not None:
+                args.append(self.match)
+            self._conn.send_packed_command([_resp(tuple(args))], check_health=False)
+            self._sent, self._scan_probe = ([], True), True
+            self._sent_at = time.perf_counter()
+            return
+        self._scan_probe = False
         cmds: list[tuple[Any, ...]] = []
         if keys:
             if self.mode == "lua":
@@ -159,6 +227,8 @@ class Lane:
         assert self._sent is not None, "Lane.receive without send"
         keys, scan = self._sent
         self._sent = None
+        if self._scan_probe:
+            return self._receive_scan_probe()
         probe = None
         failed: Exception | None = None
         if keys:
@@ -185,10 +255,37 @@ class Lane:
             probe = self._redo(keys, failed)
         return keys, probe, list(next_keys)
 
+    def _receive_scan_probe(self) -> tuple[list[bytes], np.ndarray | None, list[bytes]]:
+        import redis
+
+        try:
+            reply = self._conn.read_response()
+        except redis.exceptions.NoPermissionError as exc:
+            raise _permission_error(exc, self.where) from None
+        except redis.ResponseError as exc:
+            return self._redo_scan(exc)
+        n = int(reply[1])
+        keys = list(reply[2:2 + n])
+        probe, self.last_call_s = _split_timing(reply[2 + n:])
+        if self.last_call_s < 0:
+            self.last_call_s = time.perf_counter() - self._sent_at  # an upper bound: the round trip
+        self.cursor = int(reply[0])
+        return keys, probe, []
+
+    def _redo_scan(self, failed: Exception) -> tuple[list[bytes], np.ndarray | None, list[bytes]]:
+        """The scan-and-probe script failed (NOSCRIPT after SCRIPT FLUSH or a restart: reload it; a key that
+        moved mid-call in a Cluster): SCAN that step on its own, then probe its keys as `_redo` does."""
+        if _no_script(failed):
+            self.client.execute_command("EVAL_RO", LUA_SCAN_PROBE, 0, self.sub, 0, 1)
+        nxt, keys = self.client.execute_command(*self._scan_args())
+        self.cursor = int(nxt)
+        keys = list(keys)
+        return keys, (self._redo(keys, failed) if keys else np.empty((0, 4), dtype=np.int64)), []
+
     def _redo(self, keys: list[bytes], failed: Exception) -> np.ndarray:
         """The script failed for this batch: reload it (NOSCRIPT after SCRIPT FLUSH or a restart), or probe
         command by command (a key that moved to another Cluster node answers MOVED and counts as gone)."""
-        if "NOSCRIPT" in str(failed):
+        if _no_script(failed):
             probe, self.last_call_s = _split_timing(
                 self.client.execute_command("EVAL_RO", LUA_PROBE, 0, self.sub, *keys))
             return probe

@@ -13,6 +13,7 @@ process mines the last one. It ends in one of four ways, always with a `ScanResu
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 import time
@@ -24,13 +25,14 @@ import numpy as np
 
 from kvguardian._errors import UsageError
 from kvguardian.keyspace.connect import Topology, connect, discover, display_url
+from kvguardian.keyspace.counting import Counting, InProcess, MinerProcess, can_fork
 from kvguardian.keyspace.pacing import BatchSizer, lower_priority
 from kvguardian.keyspace.patterns import OVERFLOW, OVERFLOW_ID, PatternMiner
 from kvguardian.keyspace.probe import Lane, choose_mode
 from kvguardian.keyspace.result import ScanResult, key_text
 from kvguardian.keyspace.stats import PatternStats
 
-__all__ = ["SweepOptions", "mine_and_count", "parse_duration", "sweep"]
+__all__ = ["SweepOptions", "mine_and_count", "parse_duration", "sweep", "warn_overflow"]
 
 Progress = Callable[[int, int], None]  # (keys probed so far, total expected)
 IDLE_UNKNOWN = "idle times unknown"  # incomplete_reason of a full sweep whose idle times could not be read
@@ -44,7 +46,7 @@ class SweepOptions:
 
     batch: int = 0  # keys per SCAN COUNT and probe call; 0: adapt to max_call_ms (kvguardian.keyspace.pacing)
     max_call_ms: float = 0.5  # with batch 0: the longest a probe call may hold the server
-    nice: int = 10  # the sweep's client work runs in a thread reniced by this much (0: as the caller)
+    nice: int = 10  # mining and statistics run reniced by this much (keyspace.counting); 0: as the caller
     max_keys_per_sec: float | None = None  # rate limit over the whole sweep
     sample: int | None = None  # stop after this many keys (a quick look)
     mode: str = "auto"  # "auto", "lua" or "pipeline"
@@ -100,12 +102,46 @@ def mine_and_count(miner: PatternMiner, stats: PatternStats, keys: list[bytes], 
     stats.add_batch(pids, keys, probe)
 
 
+class _Count:
+    """A sweep's mining and statistics (`kvguardian.keyspace.counting.Batches`). The statistics cost ~15
+    numpy calls a batch whatever its size, so small batches (the pacing keeps calls short) are counted a
+    few thousand keys at a time."""
+
+    FLUSH_AT = 4096
+
+    def __init__(self, opts: SweepOptions, idle_metric: str) -> None:
+        cold = float(opts.cold_freq) if idle_metric == "freq" else opts.cold_after
+        self.stats = PatternStats(cold_after=int(cold), idle_metric=idle_metric)
+        self.miner = PatternMiner(max_patterns=opts.max_patterns, collapse_after=opts.collapse_after,
+                                  on_merge=self.stats.merge)
+        self.keys: list[bytes] = []
+        self.probes: list[np.ndarray] = []
+
+    def add(self, keys: list[bytes], probe: np.ndarray) -> None:
+        self.keys += keys
+        self.probes.append(probe)
+        if len(self.keys) >= self.FLUSH_AT:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.keys:
+            probe = self.probes[0] if len(self.probes) == 1 else np.concatenate(self.probes)
+            mine_and_count(self.miner, self.stats, self.keys, probe)
+        self.keys, self.probes = [], []
+
+    def outcome(self) -> tuple[list[dict[str, Any]], int]:
+        self.flush()
+        return build_patterns(self.miner, self.stats), self.stats.keys_vanished
+
+
 def sweep(url: str, options: SweepOptions | None = None, *, progress: Progress | None = None,
           stop: threading.Event | None = None, client: Any = None) -> ScanResult:
     """Sweep the Redis (or Redis Cluster) at ``url``; see the module docstring for how it ends.
 
-    With ``options.nice`` (the default) the sweep runs in a thread of its own at a lower CPU priority; the
-    calling thread waits for it (Ctrl-C there stops the sweep: a partial result, as always).
+    With ``options.nice`` (the default) the sweep runs in a thread of its own and its mining and statistics
+    in a forked child at a lower CPU priority (`kvguardian.keyspace.counting`; where fork is missing, the
+    thread itself is reniced); the calling thread waits for it (Ctrl-C there stops the sweep: a partial
+    result, as always).
 
     Raises:
         UsageError: bad options or URL, a server that cannot be reached at the start, a missing ACL permission.
@@ -119,7 +155,8 @@ def sweep(url: str, options: SweepOptions | None = None, *, progress: Progress |
     done = threading.Event()
 
     def work() -> None:
-        lower_priority(opts.nice)
+        if not can_fork():  # the mining cannot go to a reniced child: renice this whole thread
+            lower_priority(opts.nice)
         try:
             box["result"] = _sweep(url, opts, progress, stop, client)
         except BaseException as exc:  # handed to the caller's thread
@@ -145,8 +182,6 @@ def _sweep(url: str, opts: SweepOptions, progress: Progress | None, stop: thread
     sub = "FREQ" if topo.idle_metric == "freq" else "IDLETIME"
     mode, why = choose_mode(topo.nodes[0].client, topo.version_tuple, sub, opts.mode)
     cold = float(opts.cold_freq) if topo.idle_metric == "freq" else opts.cold_after
-    stats = PatternStats(cold_after=int(cold), idle_metric=topo.idle_metric)
-    miner = PatternMiner(max_patterns=opts.max_patterns, collapse_after=opts.collapse_after, on_merge=stats.merge)
     result = ScanResult(target=display_url(url), started=time.time(), mode=mode, mode_reason=why,
                         idle_metric=topo.idle_metric, cold_after=cold, dbsize=topo.dbsize, sample=opts.sample,
                         warnings=list(topo.warnings))
@@ -160,6 +195,8 @@ def _sweep(url: str, opts: SweepOptions, progress: Progress | None, stop: thread
     t0 = time.monotonic()
     done = 0
     broken = False
+    make = functools.partial(_Count, opts, topo.idle_metric)
+    counting: Counting = MinerProcess(make, opts.nice) if opts.nice > 0 and can_fork() else InProcess(make)
     try:
         import redis
 
@@ -184,7 +221,7 @@ def _sweep(url: str, opts: SweepOptions, progress: Progress | None, stop: thread
                 else:
                     active.remove(li)
                 if keys and probe is not None:
-                    mine_and_count(miner, stats, keys, probe)
+                    counting.add(keys, probe)
                     done += len(keys)
                     scanned[li] += len(keys)
                     if progress is not None:
@@ -200,12 +237,19 @@ def _sweep(url: str, opts: SweepOptions, progress: Progress | None, stop: thread
         result.complete = False
         result.incomplete_reason = f"connection lost after {done} keys: {type(exc).__name__}: {exc}"
         broken = True
+    except BaseException:  # e.g. a refused permission: no result, and no mining child left behind
+        counting.close()
+        raise
     finally:
         for lane in lanes:
             lane.close(broken=broken)
+    try:
+        patterns, vanished = counting.finish()  # what was probed before an interruption counts too
+    finally:
+        counting.close()
     result.finished = time.time()
     result.keys_scanned = done
-    result.keys_vanished = stats.keys_vanished
+    result.keys_vanished = vanished
     result.server = {
         "version": topo.version, "cluster": topo.cluster, "maxmemory_policy": topo.policy,
         "nodes": [{"addr": n.addr, "role": n.role, "dbsize": n.dbsize, "uptime_s": n.uptime_s,
@@ -213,12 +257,17 @@ def _sweep(url: str, opts: SweepOptions, progress: Progress | None, stop: thread
     }
     result.server["pacing"] = _pacing(opts, sizers, lanes)
     _mark_idle_unknown(topo, result)
-    result.patterns = build_patterns(miner, stats)
+    result.patterns = patterns
     result.bytes = sum(p["bytes"] for p in result.patterns)
+    warn_overflow(result, opts)
+    return result
+
+
+def warn_overflow(result: ScanResult, opts: SweepOptions) -> None:
+    """Say so when keys were counted under the overflow pattern (a live sweep and an RDB read alike)."""
     if any(p["overflow"] and p["keys"] for p in result.patterns):
         result.warnings.append(f"more than {opts.max_patterns} patterns: the rest are counted under {OVERFLOW}; "
                                "raise --max-patterns to split them")
-    return result
 
 
 def _pacing(opts: SweepOptions, sizers: list[BatchSizer], lanes: list[Lane]) -> dict[str, Any]:

@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import math
 import re
-from collections import Counter
 
 __all__ = [
+    "DATE_BYTES",
     "DELIMITERS",
+    "IP_BYTES",
+    "TIMESTAMP_DIGITS",
     "UNIQUE_CLASSES",
     "VARIABLE_CLASSES",
     "classify",
@@ -64,6 +66,9 @@ _TOKENS_SHORT = re.compile(f"{_UUID}|{_DATE_SHAPE}|{_IP_SHAPE}|{_TAG}|{_WORD}|."
 _UUID_RE = re.compile(_UUID)
 _DATE_RE = re.compile(_DATE)
 _IP_RE = re.compile(_IP)
+#: the same on bytes, for the pattern cache's checks (its names are ASCII, where \d means the same)
+DATE_BYTES = re.compile(_DATE.encode())
+IP_BYTES = re.compile(_IP.encode())
 _HEXCHARS = frozenset("0123456789abcdefABCDEF")
 _DIGIT_RE = re.compile(r"\d")
 
@@ -74,6 +79,7 @@ MAX_TOKENS = 48
 # digit-run classes by length: (class, low, high) — the range is 2001-09-09 .. 2100-01-01 in that unit
 _TS = {10: ("ts_s", 10**9, 4102444800), 13: ("ts_ms", 10**12, 4102444800 * 10**3),
        16: ("ts_us", 10**15, 4102444800 * 10**6), 19: ("ts_ns", 10**18, 4102444800 * 10**9)}
+TIMESTAMP_DIGITS = _TS  # the same, for the pattern cache's checks
 
 
 def tokenize(name: str) -> list[str]:
@@ -131,9 +137,19 @@ def _is_b64(t: str) -> bool:
     return _entropy(body) >= 3.5
 
 
+_PLOGP: dict[int, list[float]] = {}  # n -> [c / n * log2(c / n) for c in 0..n], built on first use
+
+
 def _entropy(t: str) -> float:
+    """Shannon entropy of the characters, bits: the terms summed in first-occurrence order (as a `Counter`
+    would give them), each looked up instead of computed (the same floats, so the same sum)."""
     n = len(t)
-    return -sum(c / n * math.log2(c / n) for c in Counter(t).values())
+    row = _PLOGP.get(n)
+    if row is None:
+        row = [0.0] + [c / n * math.log2(c / n) for c in range(1, n + 1)]
+        if len(_PLOGP) < 512:
+            _PLOGP[n] = row
+    return -sum(map(row.__getitem__, map(t.count, dict.fromkeys(t))))
 
 
 def literal_class(tok: str) -> str:
@@ -178,17 +194,24 @@ def classify(tok: str) -> str | None:
     return None
 
 
+_DIGIT_MARKS = bytes(49 if 48 <= i <= 57 else 48 for i in range(256))
+
+
 def _is_random(tok: str) -> bool:
     """Entropy fallback: letters and digits alternate often (``a9Xk2Pq0…``), unlike words (``page10``)."""
-    switches = 0
-    prev = tok[0].isdigit()
-    digits = 0
-    for c in tok:
-        d = c.isdigit()
-        digits += d
-        if d != prev:
-            switches += 1
-            prev = d
+    if tok.isascii():  # digits -> 1, the rest -> 0: count digits and digit/non-digit switches in C
+        marks = tok.encode("ascii").translate(_DIGIT_MARKS)
+        digits = marks.count(b"1")
+        switches = marks.count(b"10") + marks.count(b"01")
+    else:
+        switches = digits = 0
+        prev = tok[0].isdigit()
+        for c in tok:
+            d = c.isdigit()
+            digits += d
+            if d != prev:
+                switches += 1
+                prev = d
     if digits == 0:
         # no digits: random only if the case flips like base62 and the characters rarely repeat
         upper = sum(c.isupper() for c in tok)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from kvg_redis import free_port, seed
 
-from kvguardian.keyspace.probe import LUA_PROBE, Lane
+from kvguardian.keyspace.probe import LUA_PROBE, LUA_SCAN_SHA, Lane, choose_mode
 from kvguardian.keyspace.stats import PatternStats
 from kvguardian.keyspace.sweep import SweepOptions, sweep
 
@@ -33,6 +33,28 @@ def test_keys_that_vanish_between_scan_and_probe_are_counted_not_crashed(redis_p
     stats.ensure(2)
     stats.add_batch(np.array([1, 1]), keys, probe)
     assert stats.keys_vanished == 1 and int(stats.keys[1]) == 1
+
+
+def test_scan_probe_after_script_flush_reloads_and_loses_no_step(redis_proc):
+    r = redis_proc.client()
+    for i in range(300):
+        r.set(f"k:{i}", "v")
+    assert choose_mode(r, (7, 0), "IDLETIME")[0] == "lua"
+    lane = Lane(r, "test", mode="lua", sub="IDLETIME", batch=50, match=None)
+    seen: list[bytes] = []
+    lane.send([], scan=True)
+    for step in range(1000):
+        if step == 2:
+            r.script_flush()  # the next call answers NOSCRIPT: that step is scanned on its own, then probed
+        keys, probe, _ = lane.receive()
+        assert probe is not None and len(probe) == len(keys) and (probe[:, 0] == 0).all()
+        seen += keys
+        if lane.cursor == 0:
+            break
+        lane.send([], scan=True)
+    lane.close()
+    assert sorted(seen) == sorted(f"k:{i}".encode() for i in range(300))
+    assert r.script_exists(LUA_SCAN_SHA) == [True]
 
 
 def test_keys_expiring_during_the_sweep(redis_proc):

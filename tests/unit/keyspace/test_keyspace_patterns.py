@@ -111,3 +111,34 @@ def test_separator_after_an_ip_placeholder_is_kept():
     assert "rate:{ip}:{int}" in names, names
     assert "conn:{ip}" in names, names
     assert not any("{ip}{" in n for n in names), names
+
+
+def test_coarse_cache_serves_names_whose_hex_characters_fall_differently():
+    # job:{int}:{rand}: every name has its own hex mask; the coarse mask (letters and digits -> x) is shared
+    rnd = random.Random(5)
+    keys = [f"job:{i}:{''.join(rnd.choices('abcdefXYZ0123456789', k=14))}" for i in range(3000)]
+    keys += [f"tmp_{1_712_345_678_000_000_000 + i * 1_000_003}" for i in range(500)]
+    keys += [f"rate:{rnd.choice(['api', 'web', 'cli'])}:{i}" for i in range(500)]
+    rnd.shuffle(keys)
+    a, b = PatternMiner(), PatternMiner()
+    raws = [k.encode() for k in keys]
+    got = [pid for i in range(0, len(raws), 256) for pid in a.pattern_ids_bytes(raws[i:i + 256])]
+    assert got == [b.pattern_id(k) for k in keys]
+    assert a.patterns() == b.patterns()
+    assert 0 < len(a._coarse) < 50  # a few shapes, not one per name
+    a.check_invariants()
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.lists(st.one_of(st.sampled_from(["job", "Job", "x1", "ab12cd34", "ABCDEF12", "q"]),
+                                   st.integers(0, 10**20).map(str),
+                                   st.text("abcdefghXYZQ0123456789", min_size=1, max_size=21)),
+                         min_size=1, max_size=4).map(lambda p: ":".join(p)), min_size=1, max_size=300),
+       st.integers(2, 8))
+def test_coarse_cache_gives_the_same_patterns_as_the_full_path(keys, collapse_after):
+    a = PatternMiner(collapse_after=collapse_after)
+    b = PatternMiner(collapse_after=collapse_after)
+    got = a.pattern_ids_bytes([k.encode() for k in keys])
+    assert got == [b.pattern_id(k) for k in keys]
+    assert a.patterns() == b.patterns()
+    a.check_invariants()

@@ -133,3 +133,15 @@ def test_batch_sizer_fits_the_budget_and_reacts_to_slow_calls():
     assert 90 <= n <= 100
     assert s.observe(n, 0.003) <= n // 2  # a call over budget halves the batch at once
     assert BatchSizer(0.0005).observe(0, 0.1) == 50  # an empty batch says nothing
+
+
+def test_batch_sizer_is_not_thrown_off_by_one_descheduled_call():
+    s = BatchSizer(0.0005, start=50)
+    for _ in range(20):
+        n = s.observe(s.batch, s.batch * 5e-6)
+    s.observe(n, 0.020)  # the server was descheduled mid-call: 20 ms for ~100 keys
+    after = s.observe(s.batch, s.batch * 5e-6)
+    assert after >= n * 0.7  # back near the budget at once: the median ignores the one outlier
+    for _ in range(5):  # a real rise in cost (4x) is followed within a few calls
+        m = s.observe(s.batch, s.batch * 20e-6)
+    assert m <= 30

@@ -1,7 +1,8 @@
 """The RDB reader in a child process: parsing and mining overlap on two cores.
 
 Reading a key (~1.8 µs here) and mining its pattern plus counting it (~1.7 µs) cost about the same, so a
-forked child runs `RdbReader` and sends each batch (plain lists, pickled: ~0.3 µs a key) through a pipe
+forked child runs `RdbReader` and sends each batch (the key names pickled, the four numbers per key as one
+int64 array) through a pipe
 while the parent mines the previous one: on a free second core the scan runs ~1.7x faster than in one
 process. The child inherits the open stream (a file or the replication socket) through ``fork``; the parent
 never reads it. Where ``fork`` is unavailable the caller reads in-process.
@@ -18,6 +19,8 @@ import os
 import pickle
 from collections.abc import Iterator
 from typing import Any
+
+import numpy as np
 
 from kvguardian.keyspace.rdb.format import RdbError
 from kvguardian.keyspace.rdb.reader import Batch, ByteStream, RdbReader
@@ -37,8 +40,9 @@ def _state(r: RdbReader) -> dict[str, Any]:
 def _child(reader: RdbReader, conn: Any) -> None:
     try:
         for b in reader.batches():
-            conn.send_bytes(pickle.dumps(("batch", (b.keys, b.types, b.sizes, b.expires, b.idles, b.db),
-                                          _state(reader)), protocol=pickle.HIGHEST_PROTOCOL))
+            cols = np.array((b.types, b.sizes, b.expires, b.idles), dtype=np.int64)  # one buffer, not 4 lists
+            conn.send_bytes(pickle.dumps(("batch", (b.keys, cols, b.db), _state(reader)),
+                                         protocol=pickle.HIGHEST_PROTOCOL))
         conn.send_bytes(pickle.dumps(("end", None, _state(reader))))
     except RdbError as exc:
         conn.send_bytes(pickle.dumps(("error", (str(exc), exc.offset), _state(reader))))
@@ -93,8 +97,8 @@ class ReaderProcess:
                 raise RdbError("the reader process ended without a result", self.offset) from None
             self._update(state)
             if kind == "batch":
-                keys, types, sizes, expires, idles, db = payload
-                yield Batch(keys, types, sizes, expires, idles, db)
+                keys, cols, db = payload
+                yield Batch(keys, cols[0], cols[1], cols[2], cols[3], db)
             elif kind == "error":
                 message, offset = payload
                 raise RdbError(message, offset if offset >= 0 else self.offset)

@@ -15,12 +15,17 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import ClassVar, Protocol
+from typing import TYPE_CHECKING, ClassVar, Protocol, Union
 
 from kvguardian.keyspace.rdb.format import OP, TYPE_CODES, VERSIONS, RdbError
-from kvguardian.keyspace.rdb.size import blob_bytes, je, key_bytes, sds, string_bytes, table_bytes
+from kvguardian.keyspace.rdb.size import ROBJ, blob_bytes, je, key_bytes, sds, string_bytes, table_bytes
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = ["Batch", "ByteStream", "RdbReader", "lzf_decompress"]
+
+IntColumn = Union[list[int], "np.ndarray"]
 
 
 class ByteStream(Protocol):
@@ -77,14 +82,19 @@ class Batch:
     """Parallel lists, one entry per key."""
 
     keys: list[bytes] = field(default_factory=list)
-    types: list[int] = field(default_factory=list)  # kvguardian.keyspace.stats.TYPES codes
-    sizes: list[int] = field(default_factory=list)  # estimated memory (see kvguardian.keyspace.rdb.size)
-    expires: list[int] = field(default_factory=list)  # absolute Unix ms, -1: none
-    idles: list[int] = field(default_factory=list)  # idle seconds (IDLE) or LFU counter (FREQ), -1: none
+    # the numbers: lists as the reader fills them (`kvguardian.keyspace.rdb.parallel` hands on int64 arrays)
+    types: IntColumn = field(default_factory=list)  # kvguardian.keyspace.stats.TYPES codes
+    sizes: IntColumn = field(default_factory=list)  # estimated memory (see kvguardian.keyspace.rdb.size)
+    expires: IntColumn = field(default_factory=list)  # absolute Unix ms, -1: none
+    idles: IntColumn = field(default_factory=list)  # idle seconds (IDLE) or LFU counter (FREQ), -1: none
     db: int = 0  # the database every key of the batch is in
 
     def __len__(self) -> int:
         return len(self.keys)
+
+    def lists(self) -> tuple[list[bytes], list[int], list[int], list[int], list[int]]:
+        """The columns of a batch the reader is filling (lists, to append to)."""
+        return self.keys, self.types, self.sizes, self.expires, self.idles  # type: ignore[return-value]
 
 
 class RdbReader:
@@ -262,10 +272,9 @@ class RdbReader:
 
     def _run(self, out: Batch) -> bool:
         """Fill ``out`` until it holds ``batch`` keys (True), the database changes (True) or the file ends
-        (False). String keys with short names and values, most keys of most servers, are read inline here
-        without a call per field; everything else goes through `_record`."""
-        keys, types, sizes, expires, idles = out.keys, out.types, out.sizes, out.expires, out.idles
-        key_size, inline = _KEY_SIZE, _INLINE_TYPES
+        (False). The common records (strings and single-blob values with short names, small lists: most keys
+        of most servers) go through `_fast`, with no call per key; everything else through `_record`."""
+        keys = out.keys
         batch = self.batch
         buf, pos = self.buf, self.pos
         expire = idle = -1
@@ -274,45 +283,14 @@ class RdbReader:
                 self.pos = pos
                 self._fill(_INLINE)
                 buf, pos = self.buf, self.pos
-            t = buf[pos] if pos < len(buf) else -1
-            table = inline.get(t)
-            if table is not None and pos + 132 <= len(buf) and buf[pos + 1] < 64:  # 132: the longest header
-                kl = buf[pos + 1]
-                p = pos + 2 + kl
-                vsize, p = _inline_value(buf, p, table)
-                if vsize >= 0 and p <= len(buf):
-                    keys.append(buf[pos + 2:pos + 2 + kl])
-                    types.append(TYPE_CODES[t])
-                    sizes.append(key_size[kl] + vsize)
-                    expires.append(expire)
-                    idles.append(idle)
-                    expire = idle = -1
-                    pos = p
-                    continue
-            if t == OP.EXPIRETIME_MS and pos + 9 <= len(buf):
-                expire = int.from_bytes(buf[pos + 1:pos + 9], "little")
-                pos += 9
-                continue
-            if t == OP.IDLE and pos + 3 <= len(buf) and buf[pos + 1] < 128:  # 6- or 14-bit seconds
-                b = buf[pos + 1]
-                if b < 64:
-                    idle = b
-                    pos += 2
-                else:
-                    idle = ((b & 0x3F) << 8) | buf[pos + 2]
-                    pos += 3
-                self.saw_idle = True
-                continue
-            if t == OP.FREQ and pos + 2 <= len(buf):
-                idle = buf[pos + 1]
-                pos += 2
-                self.saw_freq = True
-                continue
+            pos, expire, idle = self._fast(out, buf, pos, expire, idle)
+            if len(keys) >= batch:
+                break
             self.pos = pos + 1
-            if t < 0:
+            if pos >= len(buf):
                 raise RdbError("the file ends without its EOF marker (truncated)", self.offset - 1)
             self.expire, self.idle = expire, idle
-            got = self._record(t, out)
+            got = self._record(buf[pos], out)
             buf, pos = self.buf, self.pos
             expire, idle = self.expire, self.idle
             if got == _EOF:
@@ -321,6 +299,73 @@ class RdbReader:
                 return True
         self.pos = pos
         return True
+
+    def _fast(self, out: Batch, buf: bytes, pos: int, expire: int, idle: int) -> tuple[int, int, int]:
+        """The common records, with no call per key: an optional EXPIRETIME_MS, IDLE (6/14-bit) or FREQ,
+        then a string or single-blob value with a short key. Runs while `_INLINE` bytes lie ahead (so a
+        record's prefixes need no bounds checks) and the batch has room; stops at the first record it does
+        not handle, returning (position, pending expire, pending idle) for `_run` to go on from."""
+        keys, types, sizes, expires, idles = out.lists()
+        tables, codes, key_size, u64 = _FAST_TABLES, _TYPE_CODE_LIST, _KEY_SIZE, _U64.unpack_from
+        end = len(buf)
+        safe = end - _INLINE
+        left = self.batch - len(keys)
+        seen_idle = seen_freq = False
+        while left > 0 and pos < safe:
+            t = buf[pos]
+            if t == 0xFC:  # EXPIRETIME_MS
+                expire = u64(buf, pos + 1)[0]
+                pos += 9
+                t = buf[pos]
+            if t == 0xF8:  # IDLE
+                b = buf[pos + 1]
+                if b < 64:
+                    idle = b
+                    pos += 2
+                elif b < 128:
+                    idle = ((b & 0x3F) << 8) | buf[pos + 2]
+                    pos += 3
+                else:
+                    break
+                seen_idle = True
+                t = buf[pos]
+            elif t == 0xF9:  # FREQ
+                idle = buf[pos + 1]
+                pos += 2
+                seen_freq = True
+                t = buf[pos]
+            table = tables[t]
+            kl = buf[pos + 1]
+            if kl >= 64 or table is None:
+                if t != 18 or kl >= 64:
+                    break
+                vsize, q = _inline_quicklist(buf, pos + 2 + kl, end)  # a list
+            else:
+                p = pos + 2 + kl
+                b = buf[p]
+                if b < 64:
+                    vsize, q = table[b], p + 1 + b
+                elif b == 0xC3 and buf[p + 1] < 64 and buf[p + 2] < 64:  # LZF, short lengths
+                    vsize, q = table[buf[p + 2]], p + 3 + buf[p + 1]
+                else:
+                    vsize, q = _inline_value(buf, p, table)
+            if vsize < 0:
+                break
+            if q > end:
+                break
+            keys.append(buf[pos + 2:pos + 2 + kl])
+            types.append(codes[t])
+            sizes.append(key_size[kl] + vsize)
+            expires.append(expire)
+            idles.append(idle)
+            expire = idle = -1
+            pos = q
+            left -= 1
+        if seen_idle:
+            self.saw_idle = True
+        if seen_freq:
+            self.saw_freq = True
+        return pos, expire, idle
 
     def _record(self, t: int, out: Batch) -> int:
         """One record at ``pos`` (just after its type byte ``t``): a key/value (added to ``out``, with the
@@ -363,11 +408,12 @@ class RdbReader:
             if reader is None:
                 raise RdbError(f"value type {t} is not readable (a pre-release module format)", start)
             size = reader(self)
-        out.keys.append(key)
-        out.types.append(TYPE_CODES[t])
-        out.sizes.append(key_bytes(len(key)) + size)
-        out.expires.append(expire)
-        out.idles.append(idle)
+        keys, types, sizes, expires, idles = out.lists()
+        keys.append(key)
+        types.append(TYPE_CODES[t])
+        sizes.append(key_bytes(len(key)) + size)
+        expires.append(expire)
+        idles.append(idle)
 
     # ------------------------------------------------------------------ opcodes other than per-key ones
     def _aux(self) -> None:
@@ -546,12 +592,58 @@ _VALUE_READERS: dict[int, Callable[[RdbReader], int]] = {
 
 
 #: sizes of short keys and string values by length (the inline path's lookups)
+def _je_table(n: int) -> list[int]:
+    """``je(i)`` for i < n, a size class at a time (importing stays fast)."""
+    out: list[int] = []
+    while len(out) < n:
+        size = je(len(out))
+        out += [size] * (min(size + 1, n) - len(out))
+    return out
+
+
 _KEY_SIZE = [key_bytes(n) for n in range(64)]
-_STR_SIZE = [string_bytes(n, False) for n in range(1 << 14)]
-_BLOB_SIZE = [blob_bytes(n) for n in range(1 << 14)]
-#: value types whose value is one string, read inline: strings, and the single-blob encodings (listpack,
-#: ziplist, intset, zipmap) of small hashes, sets and sorted sets
-_INLINE_TYPES = {0: _STR_SIZE, **{t: _BLOB_SIZE for t in (9, 11, 12, 13, 16, 17, 20)}}
+_JE = _je_table(1 << 14)
+_STR_SIZE = [string_bytes(n, False) if n <= 64 else ROBJ + sds(n) for n in range(1 << 14)]
+_BLOB_SIZE = [ROBJ + x for x in _JE]
+#: by type byte: the value-size table of the value types `_fast` reads as one string (strings, and the
+#: single-blob encodings: listpack, ziplist, intset, zipmap of small hashes, sets and sorted sets), else None
+_FAST_TABLES: list[list[int] | None] = [
+    _STR_SIZE if t == 0 else _BLOB_SIZE if t in (9, 11, 12, 13, 16, 17, 20) else None for t in range(256)]
+#: the type codes by type byte (-1: not a value type)
+_TYPE_CODE_LIST = [TYPE_CODES.get(t, -1) for t in range(256)]
+
+
+_QL_BASE = blob_bytes(_QUICKLIST)
+
+
+def _inline_quicklist(buf: bytes, p: int, end: int) -> tuple[int, int]:
+    """A quicklist 2 value (RDB type 18) at ``p`` whose node count, containers and listpack lengths are
+    short and whose listpacks are stored raw or LZF: (estimated bytes, position after it), as `_quicklist`
+    computes; (-1, p) for anything else (the general reader then reads it)."""
+    nodes = buf[p]
+    if nodes >= 64:
+        return -1, p
+    q = p + 1
+    total = _QL_BASE
+    for _ in range(nodes):
+        if q + 8 > end or buf[q] >= 64:  # the container (1: plain, 2: packed), a 6-bit length
+            return -1, p
+        b = buf[q + 1]
+        if b < 64:
+            n, q = b, q + 2 + b
+        elif b < 128:
+            n = ((b & 0x3F) << 8) | buf[q + 2]
+            q += 3 + n
+        elif b == 0xC3:
+            clen, r = _short_len(buf, q + 2)
+            n, r = _short_len(buf, r) if clen >= 0 else (-1, r)
+            if n < 0:
+                return -1, p
+            q = r + clen
+        else:
+            return -1, p
+        total += _QL_NODE + (_JE[n] if n < 16384 else je(n))
+    return total, q
 
 
 def _short_len(buf: bytes, p: int) -> tuple[int, int]:

@@ -27,13 +27,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvguardian.keyspace.patterns import OVERFLOW, PatternMiner
+from kvguardian.keyspace.patterns import PatternMiner
 from kvguardian.keyspace.rdb.format import VERSIONS, RdbError
 from kvguardian.keyspace.rdb.parallel import ReaderProcess, worth_forking
 from kvguardian.keyspace.rdb.reader import Batch, ByteStream, RdbReader
 from kvguardian.keyspace.result import ScanResult
 from kvguardian.keyspace.stats import PatternStats
-from kvguardian.keyspace.sweep import SweepOptions, build_patterns, mine_and_count
+from kvguardian.keyspace.sweep import SweepOptions, build_patterns, mine_and_count, warn_overflow
 
 __all__ = ["RdbSource", "scan_rdb"]
 
@@ -193,6 +193,4 @@ def _finish(result: ScanResult, reader: RdbReader | ReaderProcess, run: _Run, op
         result.keys_vanished = run.stats.keys_vanished
         result.patterns = build_patterns(run.miner, run.stats)
         result.bytes = sum(p["bytes"] for p in result.patterns)
-        if any(p["overflow"] and p["keys"] for p in result.patterns):
-            result.warnings.append(f"more than {opts.max_patterns} patterns: the rest are counted under {OVERFLOW}; "
-                                   "raise --max-patterns to split them")
+        warn_overflow(result, opts)

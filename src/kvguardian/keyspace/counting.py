@@ -1,0 +1,128 @@
+"""Where a sweep's client work runs: pattern mining and per-pattern statistics, in this process or in a forked
+child at a lower CPU priority.
+
+A sweep's throughput is set by how fast it turns a reply into the next request: the server waits for it,
+one request in flight per node. When that turnaround runs in a reniced thread on a busy host, the thread
+waits for a CPU before every request, and the sweep crawls (bench/redis_sweep.py measured 21k keys/s on a
+loaded 2-core host, 0.27x ``redis-cli --memkeys``, with server and client both mostly idle). So by default
+the requests go out from the caller's priority and only the mining and counting (~1-1.5 µs a key, nearly
+all of the client's CPU) run reniced, in a forked child (a thread would share the GIL with the requests:
+a reniced thread preempted while holding it would stall them). The batches travel through a pipe (key
+names pickled, the probe as one int64 buffer); a full pipe blocks the sender, so memory stays bounded
+and a slow child slows the sweep instead of queueing without end.
+
+`Counting` is the interface the sweep uses: ``add(keys, probe)`` per probed batch, ``finish()`` for what
+`kvguardian.keyspace.sweep.build_patterns` made of them.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import pickle
+import signal
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import numpy as np
+
+from kvguardian.keyspace.pacing import lower_priority
+
+__all__ = ["Counting", "InProcess", "MinerProcess", "can_fork"]
+
+#: what a sweep's counting gives back: (pattern rows, keys that vanished between SCAN and probe)
+Outcome = tuple[list[dict[str, Any]], int]
+
+
+class Counting(Protocol):
+    def add(self, keys: list[bytes], probe: np.ndarray) -> None: ...
+
+    def finish(self) -> Outcome: ...
+
+    def close(self) -> None: ...
+
+
+class Batches(Protocol):
+    """The counting itself (`kvguardian.keyspace.sweep` builds it): takes batches, gives the outcome."""
+
+    def add(self, keys: list[bytes], probe: np.ndarray) -> None: ...
+
+    def outcome(self) -> Outcome: ...
+
+
+def can_fork() -> bool:
+    return "fork" in mp.get_all_start_methods()
+
+
+class InProcess:
+    """Counting in the calling thread."""
+
+    def __init__(self, make: Callable[[], Batches]) -> None:
+        self.work = make()
+
+    def add(self, keys: list[bytes], probe: np.ndarray) -> None:
+        self.work.add(keys, probe)
+
+    def finish(self) -> Outcome:
+        return self.work.outcome()
+
+    def close(self) -> None:
+        pass
+
+
+def _child(make: Callable[[], Batches], nice: int, conn: Any) -> None:
+    # a terminal's Ctrl-C or hang-up reaches the whole process group: the sweep decides how to end (a partial
+    # result), and this child ends when its pipe closes (SIGTERM, sent to one process, still ends it)
+    for sig in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+    lower_priority(nice)
+    work = make()
+    try:
+        while True:
+            msg = conn.recv_bytes()
+            if msg == b"end":
+                break
+            keys, raw, n = pickle.loads(msg)
+            work.add(keys, np.frombuffer(raw, dtype=np.int64).reshape(n, 4))
+        conn.send_bytes(pickle.dumps(("ok", work.outcome()), protocol=pickle.HIGHEST_PROTOCOL))
+    except EOFError:  # the sweep went away: nothing to report to
+        pass
+    except BaseException as exc:  # the parent says so in one line
+        conn.send_bytes(pickle.dumps(("error", f"{type(exc).__name__}: {exc}")))
+    finally:
+        conn.close()
+
+
+class MinerProcess:
+    """Counting in a forked child reniced by ``nice``; `finish` waits for its outcome."""
+
+    def __init__(self, make: Callable[[], Batches], nice: int) -> None:
+        ctx = mp.get_context("fork")
+        self._conn, child_end = ctx.Pipe(duplex=True)
+        self._proc = ctx.Process(target=_child, args=(make, nice, child_end), name="kvguardian-sweep-mining",
+                                 daemon=True)
+        self._proc.start()
+        child_end.close()
+
+    def add(self, keys: list[bytes], probe: np.ndarray) -> None:
+        probe = np.ascontiguousarray(probe, dtype=np.int64)
+        self._conn.send_bytes(pickle.dumps((keys, probe.tobytes(), len(probe)), protocol=pickle.HIGHEST_PROTOCOL))
+
+    def finish(self) -> Outcome:
+        from kvguardian._errors import KVGuardianError
+
+        try:
+            self._conn.send_bytes(b"end")
+            kind, payload = pickle.loads(self._conn.recv_bytes())
+        except (EOFError, OSError) as exc:
+            raise KVGuardianError(f"the sweep's mining process ended early ({type(exc).__name__})") from None
+        if kind != "ok":
+            raise KVGuardianError(f"the sweep's mining process failed: {payload}")
+        return payload  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        """End the child (it is ours, by its handle) if it is still there."""
+        self._conn.close()  # the child sees EOF and exits
+        self._proc.join(5)
+        if self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join(5)
