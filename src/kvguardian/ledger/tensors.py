@@ -64,8 +64,18 @@ class TensorEntries:
             rec.shape = tensor.shape  # a torch.Size (a tuple); copies convert it
             nb = tensor.nbytes
             filled = update.filled_tokens
-            if nb != rec.logical_bytes or (filled is not None and filled != rec.filled_tokens):
+            if nb != rec.logical_bytes:
                 self._totals.refill(rec, rec.storage_bytes, nb, filled)  # the unused bytes follow
+            elif filled is not None and filled != rec.filled_tokens:
+                old, cap = rec.filled_tokens, rec.capacity_tokens
+                if cap and old is not None:
+                    # a static cache's next tokens, every step: StateTotals.refill inlined (a call costs more)
+                    size = rec.storage_bytes
+                    self._totals.unused += size * (old if old < cap else cap) // cap - size * (
+                        filled if filled < cap else cap) // cap
+                    rec.filled_tokens = filled
+                else:
+                    self._totals.refill(rec, rec.storage_bytes, nb, filled)
             if update.grad_enabled and tensor.requires_grad:
                 rec.grad = True
             return True
