@@ -11,6 +11,8 @@ Measures, in one run on this machine:
   of them see the same machine load. Per size: wall-clock percentiles, the ratio of its p50 and p99 to the empty
   exporter's, and the child's CPU time per scrape (from /proc: independent of other load). This is the figure
   the targets are judged on;
+- ``remote_prometheus_client_empty``: the same collector and empty ledger served by prometheus_client's own
+  ``start_http_server``, in the same rounds: what the HTTP layer alone costs on this machine at this load;
 - ``in_process`` (at ``--in-process-entries``, 0 to skip): ``http``, GET /metrics from `start_exporter` in this
   process over loopback, alternating with an empty one; ``collect``, rendering the registry (`generate_latest`)
   without HTTP; ``snapshot``, `Ledger.snapshot()`, which the collector does not use (why `Ledger.totals()`).
@@ -119,11 +121,20 @@ def time_collect(ledgers: dict[str, Ledger], scrapes: int, warmup: int) -> dict[
     return {name: percentiles(xs) for name, xs in samples.items()}
 
 
-def serve_forever(entries: int) -> None:
-    """Child process: build a ledger of ``entries`` entries, serve it, print the port, wait for stdin to close."""
-    import sys
-
+def serve_forever(entries: int, *, bare: bool = False) -> None:
+    """Child process: build a ledger of ``entries`` entries, serve it, print the port, wait for stdin to close.
+    ``bare``: serve the same collector with prometheus_client's own ``start_http_server`` (the anchor)."""
     led = build_ledger(entries) if entries else Ledger()
+    if bare:
+        from prometheus_client import start_http_server
+
+        registry = CollectorRegistry()
+        registry.register(collector_for(led))
+        httpd, _ = start_http_server(0, addr="127.0.0.1", registry=registry)
+        print(httpd.server_port, flush=True)
+        sys.stdin.read()
+        httpd.shutdown()
+        return
     exporter = start_exporter(collector=collector_for(led), port=0, check_interval=None)
     print(exporter.port, flush=True)
     sys.stdin.read()
@@ -151,40 +162,39 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def time_http_remote(sizes: list[int], scrapes: int, warmup: int) -> dict[int, dict[str, Any]]:
-    """One exporter per size in a child process (0: the empty one), scraped over raw sockets in interleaved rounds
-    (each exporter once per round, the order rotating)."""
+def time_http_remote(servers: dict[str, tuple[str, int]], scrapes: int, warmup: int) -> dict[str, dict[str, Any]]:
+    """One child process per server (label -> (serve flag, entries)), scraped over raw sockets in interleaved
+    rounds (each server once per round, the order rotating)."""
     import subprocess
-    import sys
 
-    children = {n: subprocess.Popen([sys.executable, __file__, "--serve", str(n)], stdin=subprocess.PIPE,
-                                    stdout=subprocess.PIPE, text=True)
-                for n in sizes}
+    children = {name: subprocess.Popen([sys.executable, __file__, flag, str(n)], stdin=subprocess.PIPE,
+                                       stdout=subprocess.PIPE, text=True)
+                for name, (flag, n) in servers.items()}
     try:
-        ports = {n: int(child.stdout.readline()) for n, child in children.items()}  # type: ignore[union-attr]
-        samples: dict[int, list[float]] = {n: [] for n in children}
-        size: dict[int, int] = {}
-        cpu0: dict[int, float] = {}
+        ports = {name: int(child.stdout.readline()) for name, child in children.items()}  # type: ignore[union-attr]
+        samples: dict[str, list[float]] = {name: [] for name in children}
+        size: dict[str, int] = {}
+        cpu0: dict[str, float] = {}
         order = list(ports)
         for i in range(warmup + scrapes):
             if i == warmup:
-                cpu0 = {n: _cpu_s(children[n].pid) for n in order}
+                cpu0 = {name: _cpu_s(children[name].pid) for name in order}
             shift = i % len(order)
-            for n in order[shift:] + order[:shift]:
+            for name in order[shift:] + order[:shift]:
                 t0 = time.perf_counter()
-                body = _raw_get(ports[n])
+                body = _raw_get(ports[name])
                 if i >= warmup:
-                    samples[n].append(time.perf_counter() - t0)
-                size[n] = len(body)
+                    samples[name].append(time.perf_counter() - t0)
+                size[name] = len(body)
                 if b" 200 " not in body[:20]:
                     raise RuntimeError(f"scrape failed: {body[:80]!r}")
-        cpu = {n: (_cpu_s(children[n].pid) - cpu0[n]) / scrapes for n in order}
+        cpu = {name: (_cpu_s(children[name].pid) - cpu0[name]) / scrapes for name in order}
     finally:
         for child in children.values():
             child.stdin.close()  # type: ignore[union-attr]
             child.wait(timeout=60)
-    return {n: {"entries": n, **percentiles(samples[n]), "cpu_ms_per_scrape": round(cpu[n] * 1e3, 3),
-                "bytes": size[n]} for n in children}
+    return {name: {"entries": servers[name][1], **percentiles(samples[name]),
+                   "cpu_ms_per_scrape": round(cpu[name] * 1e3, 3), "bytes": size[name]} for name in children}
 
 
 def in_process(entries: int, scrapes: int, warmup: int) -> dict[str, Any]:
@@ -211,13 +221,11 @@ TARGET_P99_MS = 10.0  # at 100k entries
 TARGET_RATIO = 1.5  # p99 / the empty exporter's p99, at every size
 
 
-def judged(remote: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
+def judged(remote: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """Per size: its figures, the ratios to the empty exporter's and whether the targets are met."""
-    empty = remote[0]
+    empty = remote["empty"]
     rows = []
-    for n, row in sorted(remote.items()):
-        if not n:
-            continue
+    for row in sorted((r for name, r in remote.items() if name.isdigit()), key=lambda r: r["entries"]):
         p99_ratio = round(row["p99_ms"] / empty["p99_ms"], 3)
         rows.append({
             **row,
@@ -240,20 +248,25 @@ def main() -> None:
                         help="size of the in-process figures (0: skip them)")
     parser.add_argument("--out", default=str(OUT))
     parser.add_argument("--serve", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--serve-bare", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.serve is not None:
-        serve_forever(args.serve)
+    if args.serve is not None or args.serve_bare is not None:
+        serve_forever(args.serve if args.serve is not None else args.serve_bare, bare=args.serve_bare is not None)
         return
     sizes = sorted({int(x) for x in args.sizes.split(",") if x.strip()} - {0})
     load_before = os.getloadavg()
     t0 = time.perf_counter()
-    remote = time_http_remote([0, *sizes], args.scrapes, args.warmup)
+    servers = {"empty": ("--serve", 0), "prometheus_client_empty": ("--serve-bare", 0),
+               **{str(n): ("--serve", n) for n in sizes}}
+    remote = time_http_remote(servers, args.scrapes, args.warmup)
     rows = judged(remote)
     result: dict[str, Any] = {
         "benchmark": "exporter_scrape",
         "command": " ".join(["python", *sys.argv]),
         "targets": {"p99_ms_at_100k": TARGET_P99_MS, "p99_vs_empty_at_every_size": TARGET_RATIO},
-        "remote_empty": remote[0],
+        "remote_empty": remote["empty"],
+        # the same collector, empty ledger, served by prometheus_client's start_http_server: the HTTP layer's share
+        "remote_prometheus_client_empty": remote["prometheus_client_empty"],
         "remote": rows,
         "target_met": all(r["target_ratio_met"] for r in rows)
         and all(r["p99_le_10ms"] for r in rows if r["entries"] == 100_000),
