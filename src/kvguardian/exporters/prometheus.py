@@ -7,11 +7,12 @@
     registry.register(collector)
     collector.publish(guard.check())             # findings are exported from the latest published report
 
-`collect()` runs at every scrape: it reads `Ledger.totals()` (one pass, no record copies), each pool's
-``metrics()`` and the findings last published. It never runs detectors or a GC pass itself, so a scrape stays
-cheap (see ``bench/exporter_scrape.py``). Every family is built from `kvguardian.exporters.catalog`; a source
-that raises is skipped for that scrape and counted (``kvguardian_exporter_source_errors_total``), never
-propagated into the scrape (fail-open, logged once per source).
+`collect()` runs at every scrape: it reads `Ledger.totals()` (kept as entries change: no pass over them, no
+record copies), each pool's ``metrics()`` and the findings last published. It never runs detectors or a GC pass
+itself, so a scrape costs the same at a million entries as at none (see ``bench/exporter_scrape.py``). Every
+family is built from `kvguardian.exporters.catalog`; a source that raises is skipped for that scrape and counted
+(``kvguardian_exporter_source_errors_total``), never propagated into the scrape (fail-open, logged once per
+source).
 """
 
 from __future__ import annotations

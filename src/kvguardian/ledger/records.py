@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, NamedTuple
 
 __all__ = ["INDEXED", "NO_FILL", "NO_GRAD", "EntrySite", "EntryState", "EntryView", "Record", "RequestInfo",
-           "Update"]
+           "Update", "unused_of"]
 
 
 class EntryState(str, enum.Enum):
@@ -137,10 +137,17 @@ class Record:
     @property
     def unused_bytes(self) -> int:
         """Bytes of the storage that hold no token: unused static capacity, or the rest of a cropped view."""
-        if self.filled_tokens is not None and self.capacity_tokens:
-            used = self.storage_bytes * min(self.filled_tokens, self.capacity_tokens) // self.capacity_tokens
-            return max(0, self.storage_bytes - used)
-        return max(0, self.storage_bytes - self.logical_bytes)
+        return unused_of(self.storage_bytes, self.logical_bytes, self.filled_tokens, self.capacity_tokens)
+
+
+def unused_of(storage_bytes: int, logical_bytes: int, filled_tokens: int | None, capacity_tokens: int | None) -> int:
+    """`Record.unused_bytes` of a record with these fields: with a fill and a capacity, the storage's share of
+    the capacity that holds no token; otherwise the storage beyond the view. Never negative."""
+    if filled_tokens is not None and capacity_tokens:
+        used = storage_bytes * (filled_tokens if filled_tokens < capacity_tokens else capacity_tokens)
+        used //= capacity_tokens
+        return storage_bytes - used if storage_bytes > used else 0
+    return storage_bytes - logical_bytes if storage_bytes > logical_bytes else 0
 
 
 @dataclass(slots=True, eq=False)

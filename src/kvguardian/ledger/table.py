@@ -76,7 +76,7 @@ class EntryTable:
         if request is not None:
             request.entry_ids.add(eid)
             if request.ended is not None:  # an entry created for an ended request (late hook): ended at birth
-                self.end_owner(rec)
+                self.late_owner(rec, request)
         slot = rec.slot
         kind = "init"
         if slot is not None:
@@ -115,13 +115,20 @@ class EntryTable:
         rec.appends = 0
         request.entry_ids.add(rec.entry_id)
         if request.ended is not None:
-            self.end_owner(rec)
+            self.late_owner(rec, request)
         self.events.entry_event(now, "hit", rec, previous)
 
     def end_owner(self, rec: Record) -> None:
         """``rec``'s owner ended: retained when declared, else orphaned."""
         self.totals.move(rec, EntryState.RETAINED if rec.retained_reason else EntryState.ORPHANED)
         self.totals.ended_bytes += rec.storage_bytes
+
+    def late_owner(self, rec: Record, request: RequestInfo) -> None:
+        """``rec`` was created for, or reused by, a request that has already ended (a late hook): it is ended at
+        once, and the request is registered again if the registry forgot it (pruned), so that releasing the
+        entry finds its owner and the ended bytes stay exact."""
+        self.requests.setdefault(request.request_id, request)
+        self.end_owner(rec)
 
     def release(self, rec: Record, ts: float, detail: str | None) -> None:
         """``rec``'s storage (or entry) is gone: it leaves the index; its release event may wait (vacated)."""
@@ -212,6 +219,7 @@ class EntryTable:
                            implicit=implicit)
         self.requests[request_id] = info
         self.requests.move_to_end(request_id)
+        self.totals.requests_active += 1
         return info
 
     def end_request(self, request_id: str, now: float) -> RequestInfo:
@@ -221,6 +229,7 @@ class EntryTable:
         if info is None or not info.active:
             raise UsageError(f"request {request_id!r} is not active; fix: end each request exactly once")
         info.ended = now
+        self.totals.requests_active -= 1
         for eid in list(info.entry_ids):
             rec = self.by_id.get(eid)
             if rec is None:
@@ -257,7 +266,7 @@ class EntryTable:
             ended += self._check_owner(rec)
         if ended != self.totals.ended_bytes:
             raise InternalError(f"ledger bug: ended bytes {self.totals.ended_bytes} != recomputed {ended}")
-        self.totals.check(self.by_id)
+        self.totals.check(self.by_id, sum(1 for r in self.requests.values() if r.active))
 
     def _check_owner(self, rec: Record) -> int:
         """Check ``rec`` against its owner; return its bytes when the owner has ended."""

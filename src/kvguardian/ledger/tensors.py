@@ -62,12 +62,20 @@ class TensorEntries:
         if rec.key == ptr and wref() is not None:
             # the same storage (written in place, as static caches do, or a new view of it)
             rec.shape = tensor.shape  # a torch.Size (a tuple); copies convert it
-            nb = rec.logical_bytes = tensor.nbytes
-            if nb < rec.storage_bytes:
-                self._totals.partial[rec.entry_id] = rec
+            nb = tensor.nbytes
             filled = update.filled_tokens
-            if filled is not None:
-                rec.filled_tokens = filled
+            if nb != rec.logical_bytes:
+                self._totals.refill(rec, rec.storage_bytes, nb, filled)  # the unused bytes follow
+            elif filled is not None and filled != rec.filled_tokens:
+                old, cap = rec.filled_tokens, rec.capacity_tokens
+                if cap and old is not None:
+                    # a static cache's next tokens, every step: StateTotals.refill inlined (a call costs more)
+                    size = rec.storage_bytes
+                    self._totals.unused += size * (old if old < cap else cap) // cap - size * (
+                        filled if filled < cap else cap) // cap
+                    rec.filled_tokens = filled
+                else:
+                    self._totals.refill(rec, rec.storage_bytes, nb, filled)
             if update.grad_enabled and tensor.requires_grad:
                 rec.grad = True
             return True
@@ -93,11 +101,7 @@ class TensorEntries:
             rec = table.by_key.get(ptr)
         if rec is not None:
             rec.shape = tuple(tensor.shape)
-            nb = rec.logical_bytes = tensor.nbytes
-            if nb < rec.storage_bytes:
-                table.totals.partial[rec.entry_id] = rec
-            if update.filled_tokens is not None:
-                rec.filled_tokens = update.filled_tokens
+            table.totals.refill(rec, rec.storage_bytes, tensor.nbytes, update.filled_tokens)
             if tensor.requires_grad:
                 rec.grad = True
             return rec
@@ -139,12 +143,14 @@ class TensorEntries:
             info = self.table.requests.get(rec.request_id)
             if info is not None and info.ended is not None:
                 totals.ended_bytes += new_bytes - old_bytes
-        rec.storage_bytes = new_bytes
         totals.bytes[rec.state] += new_bytes - old_bytes
         rec.shape = tensor.shape  # a torch.Size (a tuple); copies convert it
-        nb = rec.logical_bytes = tensor.nbytes
-        if nb < new_bytes:
-            totals.partial[eid] = rec
+        nb = tensor.nbytes
+        if rec.capacity_tokens or nb < new_bytes or rec.logical_bytes < old_bytes:
+            totals.refill(rec, new_bytes, nb, None)  # the unused bytes follow
+        else:  # none before, none after (DynamicLayer's cat)
+            rec.storage_bytes = new_bytes
+            rec.logical_bytes = nb
         rec.superseded = False
         rec.grad = check_grad and tensor.requires_grad
 
