@@ -115,8 +115,14 @@ class BlockPool:
             b = ids[0]
             ref[b] = 1
             self.allocated += 1
-            if hash_of[b] is not None:
-                self._drop_hashes(ids)
+            h = hash_of[b]
+            if h is not None:
+                del self.by_hash[h]
+                hash_of[b] = None
+                self._cached[b] = 0
+                self.evictions += 1
+                if self.events.enabled:
+                    self.events.emit("removed", (h,), ids)
             return ids
         evict = False
         for b in ids:
@@ -142,48 +148,57 @@ class BlockPool:
         block has count 0).
         """
         ids = as_id_list(ids)
-        ref, hash_of = self._ref, self.hash_of
-        if len(ids) == 1 and ref[ids[0]] == 1 and hash_of[ids[0]] is None:  # the last reference to one block
+        ref, hash_of, q = self._ref, self.hash_of, self.queue
+        if len(ids) == 1 and ref[ids[0]] == 1:  # the last reference to one block (decode's preemption, CoW)
             ref[ids[0]] = 0
             self.freed += 1
-            self.queue.push_front(ids)
+            if hash_of[ids[0]] is None:
+                q.push_front(ids)
+            else:
+                q.push_back(ids)
             return ids
+        # one pass: drop the counts and place the cached blocks that reach 0 at the back's next positions,
+        # in order (what push_back would do in a second pass; nothing changes the queue in between)
+        pos = q.back_pos
+        i = start = q.back_end
         odd = False
-        n_cached = 0
         for b in ids:
             r = ref[b] - 1
             ref[b] = r
             if r:
                 odd = True
             elif hash_of[b] is not None:
-                n_cached += 1
+                pos[b] = i
+                i += 1
         self.freed += len(ids)
-        if odd:
-            return self._requeue(ids)
-        if not n_cached:
-            self.queue.push_front(ids)
-        elif n_cached == len(ids):
-            self.queue.push_back(ids)
+        if odd or start < i < start + len(ids):
+            return self._requeue(ids, placed=not odd)
+        if i == start:
+            q.push_front(ids)
         else:
-            return self._requeue(ids)
+            q.push_back(ids, placed=True)
         return ids
 
-    def _requeue(self, ids: list[int]) -> list[int]:
-        """The general case of `free_blocks`, after the counts were dropped: some blocks are still referenced,
-        cached and uncached ones are mixed, or a count went below zero."""
+    def _requeue(self, ids: list[int], *, placed: bool) -> list[int]:
+        """The general case of `free_blocks`, after the counts were dropped: cached and uncached blocks are
+        mixed (a request's table: its partial last block is uncached), some are still referenced, or a count
+        went below zero (``placed`` is False then: a repeated id makes the loop's placement wrong)."""
         ref, hash_of, q = self._ref, self.hash_of, self.queue
         front: list[int] = []
         back: list[int] = []
+        over: list[int] = []
         for b in ids:
             r = ref[b]
             if r == 0:
                 (front if hash_of[b] is None else back).append(b)
             elif r == -1:  # it was queued (count 0) and is now over-freed: never hand it out again
-                q.discard(b)
+                over.append(b)
         if front:
             q.push_front(front)
         if back:
-            q.push_back(back)
+            q.push_back(back, placed=placed)
+        for b in over:  # after the push: a removal may rebuild the back part (and rewrite its positions)
+            q.discard(b)
         return front + back
 
     def touch(self, ids: BlockIds) -> None:

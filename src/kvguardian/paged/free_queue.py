@@ -9,17 +9,18 @@ Nothing pushed at the front ever lands behind something pushed at the back, so t
 oldest first]``, and it is kept as exactly those two parts:
 
 - ``front``: a Python list used as a stack (its end is the queue's front);
-- the back: a Python list read from ``head`` on, with ``back_pos[block]`` the index of a block's entry.
-  Removing a block from the middle writes a tombstone (``-1``) there; pops skip tombstones, and the list
-  is compacted (tombstones and the popped prefix dropped, indices rewritten) once they make up half of it.
+- the back: a Python list read from ``head`` on. ``back_pos[block]`` is the *position* of a block's entry:
+  its index plus ``base``, the number of entries dropped from the list's start so far. Removing a block from
+  the middle writes a tombstone (``-1``) there; pops skip tombstones.
 
-Positions are list indices that compaction rewrites, never absolute counters, so no operation takes a slower
-path as the pool ages (the ring of absolute positions this replaces went to a modulo path for good once its
-head passed the ring's capacity: 1.2-2.4x slower). An aged pool is still measurably slower than a fresh one
-(bench/pool.py's ``aged_vs_fresh``): it hands out block ids in a scattered order, the likely cause, not yet
-shown. Block ids are Python ints
-and every operation is list slicing plus one small Python loop: a batch of one block costs a few hundred
-nanoseconds, not numpy's microseconds of per-call dispatch (bench/pool.py).
+Garbage is dropped in two ways, each amortised O(1) per operation: the popped prefix, once it is half the
+list, by one ``del back[:head]`` (a memmove in C) and ``base += head`` -- positions stay valid, nothing is
+rewritten; tombstones, once they are half the live part, by rebuilding the list and rewriting its blocks'
+positions (also done before positions would outgrow a one-digit Python int, so no operation takes a
+slower path as the queue ages).
+
+Block ids are Python ints and every operation is list slicing plus one small Python loop: a batch of one
+block costs a few hundred nanoseconds, not numpy's microseconds of per-call dispatch (bench/pool.py).
 
 Removing a block from the front part (a share of a free, uncached block; an over-free of a queued block) is
 a linear search in C: both are rare, caller-error paths.
@@ -37,7 +38,8 @@ from kvguardian._errors import InternalError, UsageError
 __all__ = ["FreeQueue", "QueueObserver"]
 
 _TOMB = -1
-_COMPACT_MIN = 1024  # entries of garbage (popped prefix + tombstones) before a compaction is worth it
+_COMPACT_MIN = 1024  # entries of garbage (popped prefix or tombstones) before dropping them is worth it
+_REBASE_AT = 1 << 29  # positions are rewritten from 0 before they reach 2**30 (two-digit Python ints)
 
 
 class QueueObserver(Protocol):
@@ -55,14 +57,16 @@ class FreeQueue:
     states it where its ref counts change.
     """
 
-    __slots__ = ("_back", "_back_pos", "_dead", "_head", "front", "observer")
+    __slots__ = ("_back", "_base", "_dead", "_head", "back_pos", "front", "observer")
 
     def __init__(self, num_blocks: int) -> None:
         if num_blocks < 1:
             raise UsageError(f"a free queue needs at least 1 block, got {num_blocks}")
         self.front: list[int] = list(range(num_blocks - 1, -1, -1))  # a stack: front[-1] is popped first
         self._back: list[int] = []  # entries from _head on, oldest first; _TOMB where a block left
-        self._back_pos: list[int] = [-1] * num_blocks  # index of a block's entry in _back (valid if it holds it)
+        # position (index + _base) of a block's entry in _back; valid only while that entry holds the block
+        self.back_pos: list[int] = [-1] * num_blocks
+        self._base = 0  # entries dropped from _back's start so far (since positions were last rewritten)
         self._head = 0
         self._dead = 0  # tombstones at or after _head
         self.observer: QueueObserver | None = None
@@ -82,22 +86,33 @@ class FreeQueue:
     def back_count(self) -> int:
         return len(self._back) - self._head - self._dead
 
+    @property
+    def back_end(self) -> int:
+        """The position the next block pushed at the back gets (see `push_back`'s ``placed``)."""
+        return self._base + len(self._back)
+
     def in_back(self, block: int) -> bool:
-        i = self._back_pos[block]  # may be stale: valid only if that entry, after the head, still holds it
+        i = self.back_pos[block] - self._base  # may be stale: valid only if that entry, after the head, holds it
         return self._head <= i < len(self._back) and self._back[i] == block
 
     def __contains__(self, block: int) -> bool:
         return self.in_back(block) or block in self.front
 
     # ------------------------------------------------------------------ mutations
-    def push_back(self, ids: Sequence[int]) -> None:
-        """Append ``ids`` (in order) at the back: they are popped after everything already queued."""
-        back, pos = self._back, self._back_pos
-        i = len(back)
+    def push_back(self, ids: Sequence[int], *, placed: bool = False) -> None:
+        """Append ``ids`` (in order) at the back: they are popped after everything already queued.
+
+        ``placed``: the caller already set ``back_pos[ids[k]] = back_end + k`` for every k, with no other
+        change to the queue since it read `back_end` (the pool does it in its free loop, saving a second pass).
+        """
+        back = self._back
+        if not placed:
+            pos = self.back_pos
+            i = self._base + len(back)
+            for b in ids:
+                pos[b] = i
+                i += 1
         back.extend(ids)
-        for b in ids:
-            pos[b] = i
-            i += 1
         if self.observer is not None:
             self.observer.on_queued(ids)
 
@@ -112,12 +127,12 @@ class FreeQueue:
 
     def discard(self, block: int) -> bool:
         """Take ``block`` out of the queue wherever it is; False if it was not queued."""
-        back, i = self._back, self._back_pos[block]
+        back, i = self._back, self.back_pos[block] - self._base
         if self._head <= i < len(back) and back[i] == block:  # in_back(block), inlined: a prefix hit's path
             back[i] = _TOMB
-            self._dead += 1
-            if self._dead >= _COMPACT_MIN:
-                self._maybe_compact()
+            dead = self._dead = self._dead + 1
+            if 2 * (dead + self._head) >= len(back) and dead >= _COMPACT_MIN:
+                self._collect()
         else:
             try:
                 self.front.remove(block)  # rare: a free, uncached block leaving from the middle
@@ -140,18 +155,12 @@ class FreeQueue:
     def take(self, n: int) -> list[int] | None:
         """`pop_front`, or None when fewer than ``n`` blocks are queued (the allocator's call: no count is
         computed on the one-block paths)."""
-        front = self.front
         if n == 1 and self.observer is None:
-            if front:
-                return [front.pop()]
-            h = self._head
-            if self._dead == 0 and h < len(self._back):
-                out = [self._back[h]]  # read before a compaction renumbers the list
-                self._head = h + 1
-                if h >= _COMPACT_MIN:
-                    self._maybe_compact()
-                return out
-        if n > len(front) and n > self.count:
+            if self.front:
+                return [self.front.pop()]
+            b = self._pop_one()
+            return None if b is None else [b]
+        if n > len(self.front) and n > self.count:
             return None
         return self.pop_front(n)
 
@@ -163,18 +172,18 @@ class FreeQueue:
         """
         front = self.front
         k = len(front)
-        if n == 1 and k:  # decode's one block: the most frequent call
-            out = [front.pop()]
-        elif n == 1 and self._dead == 0 and self._head < len(self._back):  # the same from the back part
-            h = self._head
-            out = [self._back[h]]
-            self._head = h + 1
-            if h >= _COMPACT_MIN:
-                self._maybe_compact()
-        elif n <= k:
-            out = front[k - n:]
-            del front[k - n:]
-            out.reverse()
+        if n <= k:
+            if n == 1:  # decode's one block: the most frequent call
+                out = [front.pop()]
+            else:
+                out = front[k - n:]
+                del front[k - n:]
+                out.reverse()
+        elif n == 1:
+            b = self._pop_one()
+            if b is None:
+                raise InternalError("free queue bug: pop of 1 block from an empty queue; the pool must check first")
+            out = [b]
         else:
             if n > self.count:
                 raise InternalError(f"free queue bug: pop of {n} blocks with {self.count} live; "
@@ -189,6 +198,22 @@ class FreeQueue:
         if self.observer is not None:
             self.observer.on_dequeued(out)
         return out
+
+    def _pop_one(self) -> int | None:
+        """The back part's oldest block (tombstones skipped), or None if it holds none."""
+        back, h = self._back, self._head
+        end = len(back)
+        while h < end:
+            b = back[h]
+            h += 1
+            if b != _TOMB:
+                self._head = h
+                if h >= _COMPACT_MIN and 2 * (h + self._dead) >= end:
+                    self._collect()
+                return b
+            self._dead -= 1
+        self._head = h
+        return None
 
     def _pop_back(self, n: int) -> list[int]:
         back, h = self._back, self._head
@@ -205,24 +230,31 @@ class FreeQueue:
                 got += live
             seg = got
         self._head = h
-        garbage = h + self._dead
-        if garbage >= _COMPACT_MIN and 2 * garbage >= len(back):
-            self._compact()
+        if h >= _COMPACT_MIN and 2 * (h + self._dead) >= len(back):
+            self._collect()
         return seg
 
-    def _maybe_compact(self) -> None:
-        garbage = self._head + self._dead
-        if garbage >= _COMPACT_MIN and 2 * garbage >= len(self._back):
+    def _collect(self) -> None:
+        """Called once garbage (popped prefix + tombstones) is half the back list. Mostly popped prefix: drop
+        it with one memmove, positions stay valid (``base`` grows by the same amount); mostly tombstones (or
+        positions about to outgrow one-digit ints): rebuild the list. Either way the work is at most a few
+        entries per pop or removal since the last collection."""
+        h = self._head
+        if self._dead >= h or self._base + h >= _REBASE_AT:
             self._compact()
+            return
+        del self._back[:h]
+        self._head = 0
+        self._base += h
 
     def _compact(self) -> None:
-        """Drop the popped prefix and the tombstones; rewrite the live entries' indices."""
+        """Drop the popped prefix and the tombstones; rewrite the live entries' positions from 0."""
         live = [b for b in self._back[self._head:] if b != _TOMB]
-        pos = self._back_pos
+        pos = self.back_pos
         for i, b in enumerate(live):
             pos[b] = i
         self._back = live
-        self._head = self._dead = 0
+        self._head = self._dead = self._base = 0
 
     # ------------------------------------------------------------------ reading (audits)
     def back_ids(self) -> list[int]:
