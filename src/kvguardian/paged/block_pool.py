@@ -33,6 +33,9 @@ __all__ = ["BlockIds", "BlockPool", "PoolExhausted"]
 BlockIds = Sequence[int] | np.ndarray
 
 
+_GATHER_MIN = 48  # ids from which one numpy gather of the id objects beats a Python loop over them
+
+
 class PoolExhausted(UsageError):
     """Not enough free or evictable blocks; the scheduler should wait, or preempt a request first."""
 
@@ -64,6 +67,12 @@ class BlockPool:
         self.hash_of: list[bytes | None] = [None] * num_blocks  # block -> its prefix hash
         self.by_hash: dict[bytes, int] = {}  # prefix hash -> block (one block per hash)
         self.queue = FreeQueue(num_blocks)
+        # one int object per block id, allocated in id order: ids coming back as numpy arrays (PagedKVPool's
+        # tables) are queued as these objects, not as the fresh ints ``tolist()`` makes. Fresh ints end up
+        # scattered over the heap as a server runs, and every later use of a queued id reads its object: on a
+        # pool after 10 x num_blocks of churn that made allocation and free 1.5-1.7x slower (bench/pool.py).
+        self._ids = self.queue.front[::-1]
+        self._id_objects = np.array(self._ids, dtype=object)
         # no stream given: events off, as vLLM's BlockPool defaults to (PagedKVPool passes its own stream)
         self.events = events if events is not None else EventStream(enabled=False)
         self.evictions = 0  # cached blocks whose hash was dropped to reuse or clear them
@@ -91,6 +100,15 @@ class BlockPool:
 
     def ref_count(self, block: int) -> int:
         return self._ref[block]
+
+    def _queued_ids(self, ids: BlockIds) -> list[int]:
+        """``ids`` as a list, numpy arrays mapped to the pool's own id objects (see ``_ids``)."""
+        if isinstance(ids, np.ndarray):
+            if len(ids) >= _GATHER_MIN:
+                return self._id_objects[ids].tolist()  # type: ignore[no-any-return]
+            canon = self._ids
+            return [canon[b] for b in ids.tolist()]
+        return as_id_list(ids)
 
     def ref_counts(self, ids: BlockIds | Iterable[int]) -> np.ndarray:
         """The ref counts of ``ids`` (int64), in order."""
@@ -124,18 +142,39 @@ class BlockPool:
                 if self.events.enabled:
                     self.events.emit("removed", (h,), ids)
             return ids
-        evict = False
-        for b in ids:
-            if ref[b] or hash_of[b] is not None:
+        if self.events.enabled:
+            return self._claim_reporting(ids)
+        by_hash, cached = self.by_hash, self._cached
+        evicted = 0
+        for b in ids:  # counts set and hashes evicted in one pass (no event to build)
+            if ref[b]:
                 # invariant: a queued block is unreferenced (free_blocks queues a block only when its count
                 # reaches 0, touch dequeues it before counting a reference)
-                if ref[b]:
-                    raise InternalError(f"block pool bug: allocated block {b} had {ref[b]} reference(s)")
-                evict = True
+                raise InternalError(f"block pool bug: allocated block {b} had {ref[b]} reference(s)")
             ref[b] = 1
+            h = hash_of[b]
+            if h is not None:
+                del by_hash[h]
+                hash_of[b] = None
+                cached[b] = 0
+                evicted += 1
+        self.evictions += evicted
+        self.allocated += n
+        return ids
+
+    def _claim_reporting(self, ids: list[int]) -> list[int]:
+        """`get_new_blocks`' loop when events are on: the evicted hashes are collected for a "removed" event."""
+        ref, hash_of = self._ref, self.hash_of
+        evict = False
+        for b in ids:
+            if ref[b]:
+                raise InternalError(f"block pool bug: allocated block {b} had {ref[b]} reference(s)")
+            ref[b] = 1
+            if hash_of[b] is not None:
+                evict = True
         if evict:
             self._drop_hashes(ids)
-        self.allocated += n
+        self.allocated += len(ids)
         return ids
 
     def free_blocks(self, ids: BlockIds) -> list[int]:
@@ -147,16 +186,21 @@ class BlockPool:
         and is never handed out again: the audit reports it, and the queue keeps its invariant (a queued
         block has count 0).
         """
-        ids = as_id_list(ids)
+        if type(ids) is not list:
+            ids = self._queued_ids(ids)
         ref, hash_of, q = self._ref, self.hash_of, self.queue
-        if len(ids) == 1 and ref[ids[0]] == 1:  # the last reference to one block (decode's preemption, CoW)
-            ref[ids[0]] = 0
-            self.freed += 1
-            if hash_of[ids[0]] is None:
-                q.push_front(ids)
-            else:
-                q.push_back(ids)
-            return ids
+        if len(ids) == 1:  # the last reference to one block (decode's preemption, CoW), inlined
+            b = ids[0]
+            if ref[b] == 1:
+                ref[b] = 0
+                self.freed += 1
+                if hash_of[b] is not None:
+                    q.push_back(ids)
+                elif q.observer is None:
+                    q.front.append(b)  # push_front of one block
+                else:
+                    q.push_front(ids)
+                return ids
         # one pass: drop the counts and place the cached blocks that reach 0 at the back's next positions,
         # in order (what push_back would do in a second pass; nothing changes the queue in between)
         pos = q.back_pos
@@ -204,12 +248,24 @@ class BlockPool:
     def touch(self, ids: BlockIds) -> None:
         """Take one more reference to each of ``ids`` (unique): a prefix hit or a share. Unreferenced
         blocks leave the free queue first, so they cannot be allocated to someone else."""
-        ref, q = self._ref, self.queue
-        for b in as_id_list(ids):
+        if type(ids) is not list:
+            ids = as_id_list(ids)
+        ref = self._ref
+        if len(ids) == 1:
+            b = ids[0]
             r = ref[b]
-            if r == 0:
-                q.discard(b)
+            if not r:
+                self.queue.discard(b)
             ref[b] = r + 1
+            return
+        idle = []
+        for b in ids:
+            r = ref[b]
+            if not r:
+                idle.append(b)
+            ref[b] = r + 1
+        if idle:
+            self.queue.discard_many(idle)
 
     # ------------------------------------------------------------------ prefix index
     def lookup(self, h: bytes) -> int | None:

@@ -152,24 +152,38 @@ class FreeQueue:
             if not self.discard(b):
                 raise InternalError(f"free queue bug: removal of block {b}, which is not queued")
 
+    def discard_many(self, blocks: Sequence[int]) -> int:
+        """`discard` of each of ``blocks`` (unique) in one pass: a prefix hit's idle blocks leave the back
+        part with no call per block. Returns how many were queued."""
+        if self.observer is not None:  # debug: told block by block
+            return sum(self.discard(b) for b in blocks)
+        back, pos, base, head = self._back, self.back_pos, self._base, self._head
+        end = len(back)
+        gone = 0
+        stray: list[int] = []
+        for b in blocks:
+            i = pos[b] - base
+            if head <= i < end and back[i] == b:
+                back[i] = _TOMB
+                gone += 1
+            else:
+                stray.append(b)
+        if gone:
+            dead = self._dead = self._dead + gone
+            if dead >= _COMPACT_MIN and 2 * (dead + head) >= end:
+                self._collect()
+        for b in stray:  # rare: free, uncached blocks leaving the front part from the middle
+            try:
+                self.front.remove(b)
+            except ValueError:
+                continue
+            gone += 1
+        return gone
+
     def take(self, n: int) -> list[int] | None:
-        """`pop_front`, or None when fewer than ``n`` blocks are queued (the allocator's call: no count is
-        computed on the one-block paths)."""
-        if n == 1 and self.observer is None:
-            if self.front:
-                return [self.front.pop()]
-            b = self._pop_one()
-            return None if b is None else [b]
-        if n > len(self.front) and n > self.count:
-            return None
-        return self.pop_front(n)
-
-    def pop_front(self, n: int) -> list[int]:
-        """Remove and return the ``n`` oldest block ids, oldest first.
-
-        Raises:
-            InternalError: fewer than ``n`` entries (the pool checks availability before popping).
-        """
+        """Remove and return the ``n`` oldest block ids, oldest first; None (and nothing removed) when fewer
+        than ``n`` are queued. The allocator's call: the queue's count is computed only when the front part
+        alone cannot serve ``n``."""
         front = self.front
         k = len(front)
         if n <= k:
@@ -182,12 +196,11 @@ class FreeQueue:
         elif n == 1:
             b = self._pop_one()
             if b is None:
-                raise InternalError("free queue bug: pop of 1 block from an empty queue; the pool must check first")
+                return None
             out = [b]
         else:
-            if n > self.count:
-                raise InternalError(f"free queue bug: pop of {n} blocks with {self.count} live; "
-                                    "the pool must check first")
+            if n - k > len(self._back) - self._head - self._dead:
+                return None
             more = self._pop_back(n - k)
             if k:
                 out = front[::-1]
@@ -197,6 +210,17 @@ class FreeQueue:
                 out = more
         if self.observer is not None:
             self.observer.on_dequeued(out)
+        return out
+
+    def pop_front(self, n: int) -> list[int]:
+        """`take`, for callers that checked the count first.
+
+        Raises:
+            InternalError: fewer than ``n`` entries (the pool checks availability before popping).
+        """
+        out = self.take(n)
+        if out is None:
+            raise InternalError(f"free queue bug: pop of {n} blocks with {self.count} live; the pool must check first")
         return out
 
     def _pop_one(self) -> int | None:
