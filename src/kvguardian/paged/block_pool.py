@@ -20,6 +20,7 @@ bench/pool.py measures all of it against vLLM's own ``BlockPool`` at batch sizes
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from operator import itemgetter
 
 import numpy as np
 
@@ -34,6 +35,7 @@ BlockIds = Sequence[int] | np.ndarray
 
 
 _GATHER_MIN = 48  # ids from which one numpy gather of the id objects beats a Python loop over them
+_UNIFORM_MIN = 128  # ids from which reading the counts with one itemgetter first pays for building it
 
 
 class PoolExhausted(UsageError):
@@ -201,6 +203,8 @@ class BlockPool:
                 else:
                     q.push_front(ids)
                 return ids
+        if len(ids) >= _UNIFORM_MIN and self._free_uniform(ids):
+            return ids
         # one pass: drop the counts and place the cached blocks that reach 0 at the back's next positions,
         # in order (what push_back would do in a second pass; nothing changes the queue in between)
         pos = q.back_pos
@@ -222,6 +226,34 @@ class BlockPool:
         else:
             q.push_back(ids, placed=True)
         return ids
+
+    def _free_uniform(self, ids: list[int]) -> bool:
+        """`free_blocks`' common large case: every count is 1 and the blocks are all cached (a finished
+        request's full blocks: the back) or all uncached (the front). The counts and flags are read in C
+        (one ``itemgetter`` over the ids), leaving the Python loop only the writes. False, with nothing
+        changed, for any other batch."""
+        n = len(ids)
+        get = itemgetter(*ids)
+        if get(self._ref).count(1) != n:
+            return False
+        n_cached = get(self._cached).count(1)
+        ref, q = self._ref, self.queue
+        if n_cached == n:
+            pos = q.back_pos
+            i = q.back_end
+            for b in ids:
+                ref[b] = 0
+                pos[b] = i
+                i += 1
+            q.push_back(ids, placed=True)
+        elif n_cached == 0:
+            for b in ids:
+                ref[b] = 0
+            q.push_front(ids)
+        else:
+            return False
+        self.freed += n
+        return True
 
     def _requeue(self, ids: list[int], *, placed: bool) -> list[int]:
         """The general case of `free_blocks`, after the counts were dropped: cached and uncached blocks are
