@@ -25,10 +25,13 @@ the pool's cost); prefix lookups time each call (``perf_counter_ns``, median of 
 own cost) because the untimed free between two lookups cannot be left out of a loop.
 
 ``aged_vs_fresh``: our pool after 10 x num_blocks blocks of churn with prefix caching (requests sharing 16
-system prompts, hits, evictions) against one after 1 x num_blocks (warmed up: ids already scattered as churn
-leaves them, so only the age differs), interleaved, ratio = aged / fresh; allocate and free run after the
-prefix cache was reset, so no allocation evicts. ``new_ns``: a never-used pool, for reference (its ids come
-out in order, so it walks memory sequentially and is faster for that reason alone).
+system prompts, hits, evictions) against one after 1 x num_blocks, interleaved, ratio = aged / fresh; allocate
+and free run after the prefix cache was reset, so no allocation evicts. ``new_ns``: a never-used pool, for
+reference. Each row also gives ``next_consecutive``: for each pool, the share of neighbouring ids among the
+next 20,000 its queue hands out (1.0: ids in order). The pools differ in that order, not only in age: the
+1 x pool still hands out runs of consecutive ids (~1.0) where the 10 x pool's LRU order is scattered (~0.4),
+and every per-block list access then lands on another cache line. Sorting the aged queue makes it as fast as
+a new pool; shuffling the fresh one makes it 2-5x slower (measured with the same harness, issue 18's notes).
 
 ``debug``: the ownership layer with ``debug=True`` against the default (off: one ``is None`` test per
 operation). ``audit_1m``: `check_invariants` and `metrics` of a 1,000,000-block pool.
@@ -347,6 +350,12 @@ def aged_pool(num_blocks: int, turns: int = 10, seed: int = 1) -> PagedKVPool:
     return p
 
 
+def next_consecutive(pool: BlockPool, k: int = 20_000) -> float:
+    """Share of neighbouring pairs ``|a - b| == 1`` among the next ``k`` ids the queue hands out (read only)."""
+    ids = pool.queue.live_ids()[:k]
+    return round(float(np.mean(np.abs(np.diff(ids)) == 1)), 3) if len(ids) > 1 else 1.0
+
+
 def aged_vs_fresh(reps: int, quick: bool, num_blocks: int = NUM_BLOCKS) -> list[dict[str, Any]]:
     """Each case on a pool after 10 x num_blocks of churn ("aged") and after 1 x num_blocks ("fresh": just
     warmed up, its free queue already in the scattered order churn leaves, so the two differ in age only),
@@ -367,7 +376,9 @@ def aged_vs_fresh(reps: int, quick: bool, num_blocks: int = NUM_BLOCKS) -> list[
                                "fresh": lambda c=case, k=n, bp=fresh.blocks: Case(ours, c, k, quick, pool=bp),
                                "new": lambda c=case, k=n: Case(ours, c, k, quick)}, reps)
             rows.append({"case": case, "n": n, "aged_ns": round(got["aged"], 1), "fresh_ns": round(got["fresh"], 1),
-                         "new_ns": round(got["new"], 1), "ratio": round(got["aged"] / got["fresh"], 3)})
+                         "new_ns": round(got["new"], 1), "ratio": round(got["aged"] / got["fresh"], 3),
+                         "next_consecutive": {"aged": next_consecutive(aged.blocks),
+                                              "fresh": next_consecutive(fresh.blocks)}})
             print(json.dumps(rows[-1]), file=sys.stderr)
     return rows
 
