@@ -205,26 +205,27 @@ class BlockPool:
                 return ids
         if len(ids) >= _UNIFORM_MIN and self._free_uniform(ids):
             return ids
-        # one pass: drop the counts and place the cached blocks that reach 0 at the back's next positions,
-        # in order (what push_back would do in a second pass; nothing changes the queue in between)
-        pos = q.back_pos
-        i = start = q.back_end
-        odd = False
+        # one pass: drop the counts and flag the cached blocks that reach 0 as the back's (what push_back
+        # would do in a second pass; a flag is the same whichever pass writes it)
+        at = q.at_back
+        odd = cached = plain = False
         for b in ids:
             r = ref[b] - 1
             ref[b] = r
             if r:
                 odd = True
             elif hash_of[b] is not None:
-                pos[b] = i
-                i += 1
+                at[b] = True
+                cached = True
+            else:
+                plain = True
         self.freed += len(ids)
-        if odd or start < i < start + len(ids):
-            return self._requeue(ids, placed=not odd)
-        if i == start:
-            q.push_front(ids)
+        if odd or (cached and plain):
+            return self._requeue(ids)
+        if cached:
+            q.push_back(ids, flagged=True)
         else:
-            q.push_back(ids, placed=True)
+            q.push_front(ids)
         return ids
 
     def _free_uniform(self, ids: list[int]) -> bool:
@@ -239,13 +240,11 @@ class BlockPool:
         n_cached = get(self._cached).count(1)
         ref, q = self._ref, self.queue
         if n_cached == n:
-            pos = q.back_pos
-            i = q.back_end
+            at = q.at_back
             for b in ids:
                 ref[b] = 0
-                pos[b] = i
-                i += 1
-            q.push_back(ids, placed=True)
+                at[b] = True
+            q.push_back(ids, flagged=True)
         elif n_cached == 0:
             for b in ids:
                 ref[b] = 0
@@ -255,10 +254,10 @@ class BlockPool:
         self.freed += n
         return True
 
-    def _requeue(self, ids: list[int], *, placed: bool) -> list[int]:
-        """The general case of `free_blocks`, after the counts were dropped: cached and uncached blocks are
-        mixed (a request's table: its partial last block is uncached), some are still referenced, or a count
-        went below zero (``placed`` is False then: a repeated id makes the loop's placement wrong)."""
+    def _requeue(self, ids: list[int]) -> list[int]:
+        """The general case of `free_blocks`, after the counts were dropped (and the cached blocks that
+        reached 0 flagged): cached and uncached blocks are mixed (a request's table: its partial last block
+        is uncached), some are still referenced, or a count went below zero."""
         ref, hash_of, q = self._ref, self.hash_of, self.queue
         front: list[int] = []
         back: list[int] = []
@@ -272,8 +271,8 @@ class BlockPool:
         if front:
             q.push_front(front)
         if back:
-            q.push_back(back, placed=placed)
-        for b in over:  # after the push: a removal may rebuild the back part (and rewrite its positions)
+            q.push_back(back, flagged=True)
+        for b in over:
             q.discard(b)
         return front + back
 

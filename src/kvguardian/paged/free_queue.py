@@ -9,15 +9,16 @@ Nothing pushed at the front ever lands behind something pushed at the back, so t
 oldest first]``, and it is kept as exactly those two parts:
 
 - ``front``: a Python list used as a stack (its end is the queue's front);
-- the back: a Python list read from ``head`` on. ``back_pos[block]`` is the *position* of a block's entry:
-  its index plus ``base``, the number of entries dropped from the list's start so far. Removing a block from
-  the middle writes a tombstone (``-1``) there; pops skip tombstones.
+- the back: a Python list read from ``head`` on, oldest first, and ``at_back[block]``, True while the block's
+  live entry is in it. A block leaving from the middle (a prefix hit) is not searched for: its flag is
+  cleared and its entry becomes dead, counted in ``stale[block]``; pops skip a block's dead entries, which
+  always precede its live one (entries are appended in time order), so no entry records a position.
 
-Garbage is dropped in two ways, each amortised O(1) per operation: the popped prefix, once it is half the
-list, by one ``del back[:head]`` (a memmove in C) and ``base += head`` -- positions stay valid, nothing is
-rewritten; tombstones, once they are half the live part, by rebuilding the list and rewriting its blocks'
-positions (also done before positions would outgrow a one-digit Python int, so no operation takes a
-slower path as the queue ages).
+Pushing a block at the back therefore writes one flag (a pointer to ``True``), where a recorded position
+cost an int object allocated per push and the old one freed (bench/pool.py's ``free_cached``). Garbage is
+dropped in two ways, each amortised O(1) per operation: the popped prefix, once it is half the list, by one
+``del back[:head]`` (a memmove in C; nothing to rewrite); dead entries, once they are half the live part, by
+rebuilding the list without them.
 
 Block ids are Python ints and every operation is list slicing plus one small Python loop: a batch of one
 block costs a few hundred nanoseconds, not numpy's microseconds of per-call dispatch (bench/pool.py).
@@ -37,9 +38,7 @@ from kvguardian._errors import InternalError, UsageError
 
 __all__ = ["FreeQueue", "QueueObserver"]
 
-_TOMB = -1
-_COMPACT_MIN = 1024  # entries of garbage (popped prefix or tombstones) before dropping them is worth it
-_REBASE_AT = 1 << 29  # positions are rewritten from 0 before they reach 2**30 (two-digit Python ints)
+_COMPACT_MIN = 1024  # entries of garbage (popped prefix or dead entries) before dropping them is worth it
 
 
 class QueueObserver(Protocol):
@@ -57,18 +56,17 @@ class FreeQueue:
     states it where its ref counts change.
     """
 
-    __slots__ = ("_back", "_base", "_dead", "_head", "back_pos", "front", "observer")
+    __slots__ = ("_back", "_dead", "_head", "_stale", "at_back", "front", "observer")
 
     def __init__(self, num_blocks: int) -> None:
         if num_blocks < 1:
             raise UsageError(f"a free queue needs at least 1 block, got {num_blocks}")
         self.front: list[int] = list(range(num_blocks - 1, -1, -1))  # a stack: front[-1] is popped first
-        self._back: list[int] = []  # entries from _head on, oldest first; _TOMB where a block left
-        # position (index + _base) of a block's entry in _back; valid only while that entry holds the block
-        self.back_pos: list[int] = [-1] * num_blocks
-        self._base = 0  # entries dropped from _back's start so far (since positions were last rewritten)
+        self._back: list[int] = []  # entries from _head on, oldest first; some dead (see _stale)
+        self.at_back: list[bool] = [False] * num_blocks  # the block's live entry is in the back part
+        self._stale: list[int] = [0] * num_blocks  # dead entries of the block at or after _head
         self._head = 0
-        self._dead = 0  # tombstones at or after _head
+        self._dead = 0  # dead entries at or after _head (the sum of _stale)
         self.observer: QueueObserver | None = None
 
     @property
@@ -86,33 +84,24 @@ class FreeQueue:
     def back_count(self) -> int:
         return len(self._back) - self._head - self._dead
 
-    @property
-    def back_end(self) -> int:
-        """The position the next block pushed at the back gets (see `push_back`'s ``placed``)."""
-        return self._base + len(self._back)
-
     def in_back(self, block: int) -> bool:
-        i = self.back_pos[block] - self._base  # may be stale: valid only if that entry, after the head, holds it
-        return self._head <= i < len(self._back) and self._back[i] == block
+        return self.at_back[block]
 
     def __contains__(self, block: int) -> bool:
-        return self.in_back(block) or block in self.front
+        return self.at_back[block] or block in self.front
 
     # ------------------------------------------------------------------ mutations
-    def push_back(self, ids: Sequence[int], *, placed: bool = False) -> None:
+    def push_back(self, ids: Sequence[int], *, flagged: bool = False) -> None:
         """Append ``ids`` (in order) at the back: they are popped after everything already queued.
 
-        ``placed``: the caller already set ``back_pos[ids[k]] = back_end + k`` for every k, with no other
-        change to the queue since it read `back_end` (the pool does it in its free loop, saving a second pass).
+        ``flagged``: the caller already set ``at_back[b] = True`` for every b in ``ids`` (the pool does it
+        in its free loop, saving a second pass).
         """
-        back = self._back
-        if not placed:
-            pos = self.back_pos
-            i = self._base + len(back)
+        if not flagged:
+            at = self.at_back
             for b in ids:
-                pos[b] = i
-                i += 1
-        back.extend(ids)
+                at[b] = True
+        self._back.extend(ids)
         if self.observer is not None:
             self.observer.on_queued(ids)
 
@@ -127,12 +116,13 @@ class FreeQueue:
 
     def discard(self, block: int) -> bool:
         """Take ``block`` out of the queue wherever it is; False if it was not queued."""
-        back, i = self._back, self.back_pos[block] - self._base
-        if self._head <= i < len(back) and back[i] == block:  # in_back(block), inlined: a prefix hit's path
-            back[i] = _TOMB
+        at = self.at_back
+        if at[block]:  # a prefix hit's path: its entry goes dead in place
+            at[block] = False
+            self._stale[block] += 1
             dead = self._dead = self._dead + 1
-            if 2 * (dead + self._head) >= len(back) and dead >= _COMPACT_MIN:
-                self._collect()
+            if dead >= _COMPACT_MIN and 2 * dead >= len(self._back) - self._head:
+                self._rebuild()
         else:
             try:
                 self.front.remove(block)  # rare: a free, uncached block leaving from the middle
@@ -141,6 +131,33 @@ class FreeQueue:
         if self.observer is not None:
             self.observer.on_dequeued((block,))
         return True
+
+    def discard_many(self, blocks: Sequence[int]) -> int:
+        """`discard` of each of ``blocks`` (unique) in one pass: a prefix hit's idle blocks leave the back
+        part with no call per block. Returns how many were queued."""
+        if self.observer is not None:  # debug: told block by block
+            return sum(self.discard(b) for b in blocks)
+        at, stale = self.at_back, self._stale
+        gone = 0
+        stray: list[int] = []
+        for b in blocks:
+            if at[b]:
+                at[b] = False
+                stale[b] += 1
+                gone += 1
+            else:
+                stray.append(b)
+        if gone:
+            dead = self._dead = self._dead + gone
+            if dead >= _COMPACT_MIN and 2 * dead >= len(self._back) - self._head:
+                self._rebuild()
+        for b in stray:  # rare: free, uncached blocks leaving the front part from the middle
+            try:
+                self.front.remove(b)
+            except ValueError:
+                continue
+            gone += 1
+        return gone
 
     def remove(self, ids: Iterable[int]) -> None:
         """Take ``ids`` out of the queue wherever they are (a prefix hit on a cached, unreferenced block).
@@ -151,34 +168,6 @@ class FreeQueue:
         for b in ids:
             if not self.discard(b):
                 raise InternalError(f"free queue bug: removal of block {b}, which is not queued")
-
-    def discard_many(self, blocks: Sequence[int]) -> int:
-        """`discard` of each of ``blocks`` (unique) in one pass: a prefix hit's idle blocks leave the back
-        part with no call per block. Returns how many were queued."""
-        if self.observer is not None:  # debug: told block by block
-            return sum(self.discard(b) for b in blocks)
-        back, pos, base, head = self._back, self.back_pos, self._base, self._head
-        end = len(back)
-        gone = 0
-        stray: list[int] = []
-        for b in blocks:
-            i = pos[b] - base
-            if head <= i < end and back[i] == b:
-                back[i] = _TOMB
-                gone += 1
-            else:
-                stray.append(b)
-        if gone:
-            dead = self._dead = self._dead + gone
-            if dead >= _COMPACT_MIN and 2 * (dead + head) >= end:
-                self._collect()
-        for b in stray:  # rare: free, uncached blocks leaving the front part from the middle
-            try:
-                self.front.remove(b)
-            except ValueError:
-                continue
-            gone += 1
-        return gone
 
     def take(self, n: int) -> list[int] | None:
         """Remove and return the ``n`` oldest block ids, oldest first; None (and nothing removed) when fewer
@@ -193,10 +182,18 @@ class FreeQueue:
                 out = front[k - n:]
                 del front[k - n:]
                 out.reverse()
-        elif n == 1:
-            b = self._pop_one()
-            if b is None:
-                return None
+        elif n == 1:  # the same from the back part (every free block cached): _pop_one, inlined when no entry is dead
+            back, h = self._back, self._head
+            if not self._dead and h < len(back):
+                b = back[h]
+                self._head = h + 1
+                self.at_back[b] = False
+                if h >= _COMPACT_MIN and 2 * h >= len(back):
+                    self._drop_popped()
+            else:
+                b = self._pop_one()
+                if b is None:
+                    return None
             out = [b]
         else:
             if n - k > len(self._back) - self._head - self._dead:
@@ -224,66 +221,86 @@ class FreeQueue:
         return out
 
     def _pop_one(self) -> int | None:
-        """The back part's oldest block (tombstones skipped), or None if it holds none."""
-        back, h = self._back, self._head
+        """The back part's oldest live block (dead entries skipped), or None if it holds none."""
+        back, h, stale = self._back, self._head, self._stale
         end = len(back)
         while h < end:
             b = back[h]
             h += 1
-            if b != _TOMB:
-                self._head = h
-                if h >= _COMPACT_MIN and 2 * (h + self._dead) >= end:
-                    self._collect()
-                return b
-            self._dead -= 1
+            if self._dead and stale[b]:
+                stale[b] -= 1
+                self._dead -= 1
+                continue
+            self.at_back[b] = False
+            self._head = h
+            if h >= _COMPACT_MIN and 2 * h >= end:
+                self._drop_popped()
+            return b
         self._head = h
         return None
 
     def _pop_back(self, n: int) -> list[int]:
+        """The back part's ``n`` oldest live blocks (the caller checked that there are that many)."""
         back, h = self._back, self._head
-        seg = back[h:h + n]
-        if self._dead == 0 or _TOMB not in seg:
+        if self._dead == 0:
+            seg = back[h:h + n]
             h += n
-        else:  # skip tombstones (each is skipped once), a window at a time
-            got: list[int] = []
-            while len(got) < n:
-                window = back[h:h + n - len(got)]
+        else:  # skip dead entries (each once), a window at a time
+            stale = self._stale
+            seg = []
+            while len(seg) < n:
+                window = back[h:h + n - len(seg)]
                 h += len(window)
-                live = [b for b in window if b != _TOMB]
-                self._dead -= len(window) - len(live)
-                got += live
-            seg = got
+                for b in window:
+                    if stale[b]:
+                        stale[b] -= 1
+                        self._dead -= 1
+                    else:
+                        seg.append(b)
+        at = self.at_back
+        for b in seg:
+            at[b] = False
         self._head = h
-        if h >= _COMPACT_MIN and 2 * (h + self._dead) >= len(back):
-            self._collect()
+        if h >= _COMPACT_MIN and 2 * h >= len(back):
+            self._drop_popped()
         return seg
 
-    def _collect(self) -> None:
-        """Called once garbage (popped prefix + tombstones) is half the back list. Mostly popped prefix: drop
-        it with one memmove, positions stay valid (``base`` grows by the same amount); mostly tombstones (or
-        positions about to outgrow one-digit ints): rebuild the list. Either way the work is at most a few
-        entries per pop or removal since the last collection."""
-        h = self._head
-        if self._dead >= h or self._base + h >= _REBASE_AT:
-            self._compact()
-            return
-        del self._back[:h]
+    def _drop_popped(self) -> None:
+        """Drop the popped prefix (one memmove; no entry records a position, so nothing is rewritten)."""
+        del self._back[:self._head]
         self._head = 0
-        self._base += h
 
-    def _compact(self) -> None:
-        """Drop the popped prefix and the tombstones; rewrite the live entries' positions from 0."""
-        live = [b for b in self._back[self._head:] if b != _TOMB]
-        pos = self.back_pos
-        for i, b in enumerate(live):
-            pos[b] = i
+    def _rebuild(self) -> None:
+        """Drop the popped prefix and the dead entries (a block's dead entries come before its live one)."""
+        stale = self._stale
+        live = []
+        for b in self._back[self._head:]:
+            if stale[b]:
+                stale[b] -= 1
+            else:
+                live.append(b)
         self._back = live
-        self._head = self._dead = self._base = 0
+        self._head = self._dead = 0
 
     # ------------------------------------------------------------------ reading (audits)
     def back_ids(self) -> list[int]:
         """The back part (cached blocks, and blocks whose hash was dropped while queued), oldest first."""
-        return [b for b in self._back[self._head:] if b != _TOMB]
+        entries = self._back[self._head:]
+        if not self._dead:
+            return entries
+        stale = self._stale
+        skip: dict[int, int] = {}  # dead entries still to skip, per block (nothing in the queue is changed)
+        out = []
+        for b in entries:
+            k = skip.get(b)
+            if k is None:
+                k = stale[b]
+            if k:
+                skip[b] = k - 1
+            else:
+                skip[b] = 0
+                out.append(b)
+        return out
 
     def live_ids(self) -> np.ndarray:
         """Every queued block id, front first (a duplicate would show twice: the audit looks for that)."""
@@ -298,4 +315,5 @@ class FreeQueue:
         """Boolean mask: which of ``ids`` are queued (a set of the front part is built: for checks, not hot
         paths)."""
         front = set(self.front)
-        return np.fromiter((b in front or self.in_back(b) for b in map(int, ids)), dtype=bool)
+        at = self.at_back
+        return np.fromiter((at[b] or b in front for b in map(int, ids)), dtype=bool)
