@@ -191,9 +191,10 @@ class FreeQueue:
                 if h >= _COMPACT_MIN and 2 * h >= len(back):
                     self._drop_popped()
             else:
-                b = self._pop_one()
-                if b is None:
+                got = self._pop_one()
+                if got is None:
                     return None
+                b = got
             out = [b]
         else:
             if n - k > len(self._back) - self._head - self._dead:
