@@ -135,8 +135,8 @@ class BlockPool:
             b = ids[0]
             ref[b] = 1
             self.allocated += 1
-            h = hash_of[b]
-            if h is not None:
+            if self._cached[b]:  # the flag, not hash_of: 1 byte a block keeps more of the pool in cache
+                h = hash_of[b]
                 del self.by_hash[h]
                 hash_of[b] = None
                 self._cached[b] = 0
@@ -154,9 +154,8 @@ class BlockPool:
                 # reaches 0, touch dequeues it before counting a reference)
                 raise InternalError(f"block pool bug: allocated block {b} had {ref[b]} reference(s)")
             ref[b] = 1
-            h = hash_of[b]
-            if h is not None:
-                del by_hash[h]
+            if cached[b]:
+                del by_hash[hash_of[b]]
                 hash_of[b] = None
                 cached[b] = 0
                 evicted += 1
