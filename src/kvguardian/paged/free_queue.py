@@ -169,6 +169,18 @@ class FreeQueue:
             if not self.discard(b):
                 raise InternalError(f"free queue bug: removal of block {b}, which is not queued")
 
+    def reorder(self, order: Sequence[int]) -> None:
+        """Queue ``order`` (the blocks already queued, front first) in place of the current order, all in the
+        front part. For a pool whose queued blocks are all alike, with no prefix hash to keep in LRU order
+        (`BlockPool.reset_prefix_cache`); the observer is not told (no block enters or leaves)."""
+        at, stale = self.at_back, self._stale
+        for b in self._back[self._head:]:
+            at[b] = False
+            stale[b] = 0
+        self._back = []
+        self._head = self._dead = 0
+        self.front[:] = order[::-1]
+
     def take(self, n: int) -> list[int] | None:
         """Remove and return the ``n`` oldest block ids, oldest first; None (and nothing removed) when fewer
         than ``n`` are queued. The allocator's call: the queue's count is computed only when the front part
