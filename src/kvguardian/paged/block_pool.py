@@ -136,7 +136,7 @@ class BlockPool:
             ref[b] = 1
             self.allocated += 1
             if self._cached[b]:  # the flag, not hash_of: 1 byte a block keeps more of the pool in cache
-                h = hash_of[b]
+                h: bytes = hash_of[b]  # type: ignore[assignment]  # a cached block has its hash
                 del self.by_hash[h]
                 hash_of[b] = None
                 self._cached[b] = 0
@@ -155,7 +155,7 @@ class BlockPool:
                 raise InternalError(f"block pool bug: allocated block {b} had {ref[b]} reference(s)")
             ref[b] = 1
             if cached[b]:
-                del by_hash[hash_of[b]]
+                del by_hash[hash_of[b]]  # type: ignore[arg-type]  # a cached block has its hash
                 hash_of[b] = None
                 cached[b] = 0
                 evicted += 1
