@@ -71,8 +71,10 @@ class BlockPool:
         self.queue = FreeQueue(num_blocks)
         # one int object per block id, allocated in id order: ids coming back as numpy arrays (PagedKVPool's
         # tables) are queued as these objects, not as the fresh ints ``tolist()`` makes. Fresh ints end up
-        # scattered over the heap as a server runs, and every later use of a queued id reads its object: on a
-        # pool after 10 x num_blocks of churn that made allocation and free 1.5-1.7x slower (bench/pool.py).
+        # scattered over the heap as a server runs, and every later use of a queued id reads its object. On a
+        # pool after 10 x num_blocks of churn against one after 1 x, allocate/free at n = 1, 16, 1024 were
+        # 1.5-2.6x slower with fresh ints and 1.1-1.4x with these (the rest: the order ids come out in, see
+        # bench/pool.py's aged_vs_fresh).
         self._ids = self.queue.front[::-1]
         self._id_objects = np.array(self._ids, dtype=object)
         # no stream given: events off, as vLLM's BlockPool defaults to (PagedKVPool passes its own stream)
