@@ -456,9 +456,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--against-vllm", action="store_true", help="fetch vLLM with pip and run its BlockPool too")
     ap.add_argument("--vllm-spec", default="vllm==0.33.0", help="what pip downloads (default %(default)s)")
     ap.add_argument("--vllm-from", help="an already downloaded vLLM wheel, sdist or source tree")
+    ap.add_argument("--reps", type=int, help="interleaved reps per figure, median taken (default 7; 3 with --quick);"
+                    " more on a loaded machine")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "pool.json"))
     args = ap.parse_args(argv)
-    reps = 3 if args.quick else 7
+    reps = args.reps if args.reps is not None else 3 if args.quick else 7
+    if reps < 1:
+        ap.error(f"--reps must be at least 1, got {reps}")
     wall0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="kvg-bench-vllm-") as tmp:
         vllm = load_vllm(args, Path(tmp)) if args.against_vllm else None

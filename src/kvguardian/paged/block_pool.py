@@ -224,7 +224,7 @@ class BlockPool:
         if odd or (cached and plain):
             return self._requeue(ids)
         if cached:
-            q.push_back(ids, flagged=True)
+            q.push_back_flagged(ids)
         else:
             q.push_front(ids)
         return ids
@@ -245,7 +245,7 @@ class BlockPool:
             for b in ids:
                 ref[b] = 0
                 at[b] = True
-            q.push_back(ids, flagged=True)
+            q.push_back_flagged(ids)
         elif n_cached == 0:
             for b in ids:
                 ref[b] = 0
@@ -272,7 +272,7 @@ class BlockPool:
         if front:
             q.push_front(front)
         if back:
-            q.push_back(back, flagged=True)
+            q.push_back_flagged(back)
         for b in over:
             q.discard(b)
         return front + back

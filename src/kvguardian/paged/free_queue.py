@@ -91,16 +91,18 @@ class FreeQueue:
         return self.at_back[block] or block in self.front
 
     # ------------------------------------------------------------------ mutations
-    def push_back(self, ids: Sequence[int], *, flagged: bool = False) -> None:
-        """Append ``ids`` (in order) at the back: they are popped after everything already queued.
+    def push_back(self, ids: Sequence[int]) -> None:
+        """Append ``ids`` (in order) at the back: they are popped after everything already queued."""
+        at = self.at_back
+        for b in ids:
+            at[b] = True
+        self._back.extend(ids)
+        if self.observer is not None:
+            self.observer.on_queued(ids)
 
-        ``flagged``: the caller already set ``at_back[b] = True`` for every b in ``ids`` (the pool does it
-        in its free loop, saving a second pass).
-        """
-        if not flagged:
-            at = self.at_back
-            for b in ids:
-                at[b] = True
+    def push_back_flagged(self, ids: Sequence[int]) -> None:
+        """`push_back` for a caller that already set ``at_back[b] = True`` for every b in ``ids`` (the pool
+        does it in its free loop, saving a second pass)."""
         self._back.extend(ids)
         if self.observer is not None:
             self.observer.on_queued(ids)
