@@ -9,17 +9,19 @@ Nothing pushed at the front ever lands behind something pushed at the back, so t
 oldest first]``, and it is kept as exactly those two parts:
 
 - ``front``: a Python list used as a stack (its end is the queue's front);
-- the back: a Python list read from ``head`` on, with ``back_pos[block]`` the index of a block's entry.
-  Removing a block from the middle writes a tombstone (``-1``) there; pops skip tombstones, and the list
-  is compacted (tombstones and the popped prefix dropped, indices rewritten) once they make up half of it.
+- the back: a Python list read from ``head`` on, oldest first, and ``at_back[block]``, True while the block's
+  live entry is in it. A block leaving from the middle (a prefix hit) is not searched for: its flag is
+  cleared and its entry becomes dead, counted in ``stale[block]``; pops skip a block's dead entries, which
+  always precede its live one (entries are appended in time order), so no entry records a position.
 
-Positions are list indices that compaction rewrites, never absolute counters, so no operation takes a slower
-path as the pool ages (the ring of absolute positions this replaces went to a modulo path for good once its
-head passed the ring's capacity: 1.2-2.4x slower). An aged pool is still measurably slower than a fresh one
-(bench/pool.py's ``aged_vs_fresh``): it hands out block ids in a scattered order, the likely cause, not yet
-shown. Block ids are Python ints
-and every operation is list slicing plus one small Python loop: a batch of one block costs a few hundred
-nanoseconds, not numpy's microseconds of per-call dispatch (bench/pool.py).
+Pushing a block at the back therefore writes one flag (a pointer to ``True``), where a recorded position
+cost an int object allocated per push and the old one freed (bench/pool.py's ``free_cached``). Garbage is
+dropped in two ways, each amortised O(1) per operation: the popped prefix, once it is half the list, by one
+``del back[:head]`` (a memmove in C; nothing to rewrite); dead entries, once they are half the live part, by
+rebuilding the list without them.
+
+Block ids are Python ints and every operation is list slicing plus one small Python loop: a batch of one
+block costs a few hundred nanoseconds, not numpy's microseconds of per-call dispatch (bench/pool.py).
 
 Removing a block from the front part (a share of a free, uncached block; an over-free of a queued block) is
 a linear search in C: both are rare, caller-error paths.
@@ -36,8 +38,7 @@ from kvguardian._errors import InternalError, UsageError
 
 __all__ = ["FreeQueue", "QueueObserver"]
 
-_TOMB = -1
-_COMPACT_MIN = 1024  # entries of garbage (popped prefix + tombstones) before a compaction is worth it
+_COMPACT_MIN = 1024  # entries of garbage (popped prefix or dead entries) before dropping them is worth it
 
 
 class QueueObserver(Protocol):
@@ -55,16 +56,17 @@ class FreeQueue:
     states it where its ref counts change.
     """
 
-    __slots__ = ("_back", "_back_pos", "_dead", "_head", "front", "observer")
+    __slots__ = ("_back", "_dead", "_head", "_stale", "at_back", "front", "observer")
 
     def __init__(self, num_blocks: int) -> None:
         if num_blocks < 1:
             raise UsageError(f"a free queue needs at least 1 block, got {num_blocks}")
         self.front: list[int] = list(range(num_blocks - 1, -1, -1))  # a stack: front[-1] is popped first
-        self._back: list[int] = []  # entries from _head on, oldest first; _TOMB where a block left
-        self._back_pos: list[int] = [-1] * num_blocks  # index of a block's entry in _back (valid if it holds it)
+        self._back: list[int] = []  # entries from _head on, oldest first; some dead (see _stale)
+        self.at_back: list[bool] = [False] * num_blocks  # the block's live entry is in the back part
+        self._stale: list[int] = [0] * num_blocks  # dead entries of the block at or after _head
         self._head = 0
-        self._dead = 0  # tombstones at or after _head
+        self._dead = 0  # dead entries at or after _head (the sum of _stale)
         self.observer: QueueObserver | None = None
 
     @property
@@ -83,21 +85,25 @@ class FreeQueue:
         return len(self._back) - self._head - self._dead
 
     def in_back(self, block: int) -> bool:
-        i = self._back_pos[block]  # may be stale: valid only if that entry, after the head, still holds it
-        return self._head <= i < len(self._back) and self._back[i] == block
+        return self.at_back[block]
 
     def __contains__(self, block: int) -> bool:
-        return self.in_back(block) or block in self.front
+        return self.at_back[block] or block in self.front
 
     # ------------------------------------------------------------------ mutations
     def push_back(self, ids: Sequence[int]) -> None:
         """Append ``ids`` (in order) at the back: they are popped after everything already queued."""
-        back, pos = self._back, self._back_pos
-        i = len(back)
-        back.extend(ids)
+        at = self.at_back
         for b in ids:
-            pos[b] = i
-            i += 1
+            at[b] = True
+        self._back.extend(ids)
+        if self.observer is not None:
+            self.observer.on_queued(ids)
+
+    def push_back_flagged(self, ids: Sequence[int]) -> None:
+        """`push_back` for a caller that already set ``at_back[b] = True`` for every b in ``ids`` (the pool
+        does it in its free loop, saving a second pass)."""
+        self._back.extend(ids)
         if self.observer is not None:
             self.observer.on_queued(ids)
 
@@ -112,12 +118,13 @@ class FreeQueue:
 
     def discard(self, block: int) -> bool:
         """Take ``block`` out of the queue wherever it is; False if it was not queued."""
-        back, i = self._back, self._back_pos[block]
-        if self._head <= i < len(back) and back[i] == block:  # in_back(block), inlined: a prefix hit's path
-            back[i] = _TOMB
-            self._dead += 1
-            if self._dead >= _COMPACT_MIN:
-                self._maybe_compact()
+        at = self.at_back
+        if at[block]:  # a prefix hit's path: its entry goes dead in place
+            at[block] = False
+            self._stale[block] += 1
+            dead = self._dead = self._dead + 1
+            if dead >= _COMPACT_MIN and 2 * dead >= len(self._back) - self._head:
+                self._rebuild()
         else:
             try:
                 self.front.remove(block)  # rare: a free, uncached block leaving from the middle
@@ -126,6 +133,33 @@ class FreeQueue:
         if self.observer is not None:
             self.observer.on_dequeued((block,))
         return True
+
+    def discard_many(self, blocks: Sequence[int]) -> int:
+        """`discard` of each of ``blocks`` (unique) in one pass: a prefix hit's idle blocks leave the back
+        part with no call per block. Returns how many were queued."""
+        if self.observer is not None:  # debug: told block by block
+            return sum(self.discard(b) for b in blocks)
+        at, stale = self.at_back, self._stale
+        gone = 0
+        stray: list[int] = []
+        for b in blocks:
+            if at[b]:
+                at[b] = False
+                stale[b] += 1
+                gone += 1
+            else:
+                stray.append(b)
+        if gone:
+            dead = self._dead = self._dead + gone
+            if dead >= _COMPACT_MIN and 2 * dead >= len(self._back) - self._head:
+                self._rebuild()
+        for b in stray:  # rare: free, uncached blocks leaving the front part from the middle
+            try:
+                self.front.remove(b)
+            except ValueError:
+                continue
+            gone += 1
+        return gone
 
     def remove(self, ids: Iterable[int]) -> None:
         """Take ``ids`` out of the queue wherever they are (a prefix hit on a cached, unreferenced block).
@@ -137,48 +171,48 @@ class FreeQueue:
             if not self.discard(b):
                 raise InternalError(f"free queue bug: removal of block {b}, which is not queued")
 
+    def reorder(self, order: Sequence[int]) -> None:
+        """Queue ``order`` (the blocks already queued, front first) in place of the current order, all in the
+        front part. For a pool whose queued blocks are all alike, with no prefix hash to keep in LRU order
+        (`BlockPool.reset_prefix_cache`); the observer is not told (no block enters or leaves)."""
+        at, stale = self.at_back, self._stale
+        for b in self._back[self._head:]:
+            at[b] = False
+            stale[b] = 0
+        self._back = []
+        self._head = self._dead = 0
+        self.front[:] = order[::-1]
+
     def take(self, n: int) -> list[int] | None:
-        """`pop_front`, or None when fewer than ``n`` blocks are queued (the allocator's call: no count is
-        computed on the one-block paths)."""
-        front = self.front
-        if n == 1 and self.observer is None:
-            if front:
-                return [front.pop()]
-            h = self._head
-            if self._dead == 0 and h < len(self._back):
-                out = [self._back[h]]  # read before a compaction renumbers the list
-                self._head = h + 1
-                if h >= _COMPACT_MIN:
-                    self._maybe_compact()
-                return out
-        if n > len(front) and n > self.count:
-            return None
-        return self.pop_front(n)
-
-    def pop_front(self, n: int) -> list[int]:
-        """Remove and return the ``n`` oldest block ids, oldest first.
-
-        Raises:
-            InternalError: fewer than ``n`` entries (the pool checks availability before popping).
-        """
+        """Remove and return the ``n`` oldest block ids, oldest first; None (and nothing removed) when fewer
+        than ``n`` are queued. The allocator's call: the queue's count is computed only when the front part
+        alone cannot serve ``n``."""
         front = self.front
         k = len(front)
-        if n == 1 and k:  # decode's one block: the most frequent call
-            out = [front.pop()]
-        elif n == 1 and self._dead == 0 and self._head < len(self._back):  # the same from the back part
-            h = self._head
-            out = [self._back[h]]
-            self._head = h + 1
-            if h >= _COMPACT_MIN:
-                self._maybe_compact()
-        elif n <= k:
-            out = front[k - n:]
-            del front[k - n:]
-            out.reverse()
+        if n <= k:
+            if n == 1:  # decode's one block: the most frequent call
+                out = [front.pop()]
+            else:
+                out = front[k - n:]
+                del front[k - n:]
+                out.reverse()
+        elif n == 1:  # the same from the back part (every free block cached): _pop_one, inlined when no entry is dead
+            back, h = self._back, self._head
+            if not self._dead and h < len(back):
+                b = back[h]
+                self._head = h + 1
+                self.at_back[b] = False
+                if h >= _COMPACT_MIN and 2 * h >= len(back):
+                    self._drop_popped()
+            else:
+                got = self._pop_one()
+                if got is None:
+                    return None
+                b = got
+            out = [b]
         else:
-            if n > self.count:
-                raise InternalError(f"free queue bug: pop of {n} blocks with {self.count} live; "
-                                    "the pool must check first")
+            if n - k > len(self._back) - self._head - self._dead:
+                return None
             more = self._pop_back(n - k)
             if k:
                 out = front[::-1]
@@ -190,44 +224,98 @@ class FreeQueue:
             self.observer.on_dequeued(out)
         return out
 
-    def _pop_back(self, n: int) -> list[int]:
-        back, h = self._back, self._head
-        seg = back[h:h + n]
-        if self._dead == 0 or _TOMB not in seg:
-            h += n
-        else:  # skip tombstones (each is skipped once), a window at a time
-            got: list[int] = []
-            while len(got) < n:
-                window = back[h:h + n - len(got)]
-                h += len(window)
-                live = [b for b in window if b != _TOMB]
-                self._dead -= len(window) - len(live)
-                got += live
-            seg = got
+    def pop_front(self, n: int) -> list[int]:
+        """`take`, for callers that checked the count first.
+
+        Raises:
+            InternalError: fewer than ``n`` entries (the pool checks availability before popping).
+        """
+        out = self.take(n)
+        if out is None:
+            raise InternalError(f"free queue bug: pop of {n} blocks with {self.count} live; the pool must check first")
+        return out
+
+    def _pop_one(self) -> int | None:
+        """The back part's oldest live block (dead entries skipped), or None if it holds none."""
+        back, h, stale = self._back, self._head, self._stale
+        end = len(back)
+        while h < end:
+            b = back[h]
+            h += 1
+            if self._dead and stale[b]:
+                stale[b] -= 1
+                self._dead -= 1
+                continue
+            self.at_back[b] = False
+            self._head = h
+            if h >= _COMPACT_MIN and 2 * h >= end:
+                self._drop_popped()
+            return b
         self._head = h
-        garbage = h + self._dead
-        if garbage >= _COMPACT_MIN and 2 * garbage >= len(back):
-            self._compact()
+        return None
+
+    def _pop_back(self, n: int) -> list[int]:
+        """The back part's ``n`` oldest live blocks (the caller checked that there are that many)."""
+        back, h = self._back, self._head
+        if self._dead == 0:
+            seg = back[h:h + n]
+            h += n
+        else:  # skip dead entries (each once), a window at a time
+            stale = self._stale
+            seg = []
+            while len(seg) < n:
+                window = back[h:h + n - len(seg)]
+                h += len(window)
+                for b in window:
+                    if stale[b]:
+                        stale[b] -= 1
+                        self._dead -= 1
+                    else:
+                        seg.append(b)
+        at = self.at_back
+        for b in seg:
+            at[b] = False
+        self._head = h
+        if h >= _COMPACT_MIN and 2 * h >= len(back):
+            self._drop_popped()
         return seg
 
-    def _maybe_compact(self) -> None:
-        garbage = self._head + self._dead
-        if garbage >= _COMPACT_MIN and 2 * garbage >= len(self._back):
-            self._compact()
+    def _drop_popped(self) -> None:
+        """Drop the popped prefix (one memmove; no entry records a position, so nothing is rewritten)."""
+        del self._back[:self._head]
+        self._head = 0
 
-    def _compact(self) -> None:
-        """Drop the popped prefix and the tombstones; rewrite the live entries' indices."""
-        live = [b for b in self._back[self._head:] if b != _TOMB]
-        pos = self._back_pos
-        for i, b in enumerate(live):
-            pos[b] = i
+    def _rebuild(self) -> None:
+        """Drop the popped prefix and the dead entries (a block's dead entries come before its live one)."""
+        stale = self._stale
+        live = []
+        for b in self._back[self._head:]:
+            if stale[b]:
+                stale[b] -= 1
+            else:
+                live.append(b)
         self._back = live
         self._head = self._dead = 0
 
     # ------------------------------------------------------------------ reading (audits)
     def back_ids(self) -> list[int]:
         """The back part (cached blocks, and blocks whose hash was dropped while queued), oldest first."""
-        return [b for b in self._back[self._head:] if b != _TOMB]
+        entries = self._back[self._head:]
+        if not self._dead:
+            return entries
+        stale = self._stale
+        skip: dict[int, int] = {}  # dead entries still to skip, per block (nothing in the queue is changed)
+        out = []
+        for b in entries:
+            k = skip.get(b)
+            if k is None:
+                k = stale[b]
+            if k:
+                skip[b] = k - 1
+            else:
+                skip[b] = 0
+                out.append(b)
+        return out
 
     def live_ids(self) -> np.ndarray:
         """Every queued block id, front first (a duplicate would show twice: the audit looks for that)."""
@@ -242,4 +330,5 @@ class FreeQueue:
         """Boolean mask: which of ``ids`` are queued (a set of the front part is built: for checks, not hot
         paths)."""
         front = set(self.front)
-        return np.fromiter((b in front or self.in_back(b) for b in map(int, ids)), dtype=bool)
+        at = self.at_back
+        return np.fromiter((at[b] or b in front for b in map(int, ids)), dtype=bool)

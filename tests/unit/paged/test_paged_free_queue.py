@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from kvguardian._errors import InternalError, UsageError
+from kvguardian.paged import free_queue
 from kvguardian.paged.free_queue import FreeQueue
 
 
@@ -126,3 +127,63 @@ def test_take_is_pop_front_or_none_through_compactions():
         ref.push_back(want)
     assert q.live_ids().tolist() == ref.live_ids().tolist()
     assert q.take(n + 1) is None and len(q) == n
+
+
+def test_dead_entries_and_rebuilds_keep_the_lru_order_and_the_count(monkeypatch):
+    """Blocks hit from the middle of the back part (dead entries, counted per block, skipped by pops) and
+    freed to the back again, in batches (`discard_many`, `take` of many): order, count and membership match a
+    reference LRU at every step, through prefix drops and rebuilds, and `back_ids` (read only) skips dead
+    entries without changing what pops return."""
+    monkeypatch.setattr(free_queue, "_COMPACT_MIN", 64)  # collections after 64 entries of garbage, not 1024
+    calls = {"_rebuild": 0, "_drop_popped": 0}
+
+    class Counted(FreeQueue):
+        __slots__ = ()
+
+        def _rebuild(self):
+            calls["_rebuild"] += 1
+            super()._rebuild()
+
+        def _drop_popped(self):
+            calls["_drop_popped"] += 1
+            super()._drop_popped()
+
+    n = 1500
+    q = Counted(n)
+    ref: OrderedDict[int, None] = OrderedDict((i, None) for i in range(n))
+    held: set[int] = set()
+    rnd = random.Random(11)
+    for step in range(6000):
+        op = rnd.random()
+        if op < 0.3 and ref:
+            k = rnd.randint(1, min(40, len(ref)))
+            got = q.take(k)
+            assert got == [ref.popitem(last=False)[0] for _ in range(k)]
+            held.update(got)
+        elif op < 0.65 and held:
+            batch = rnd.sample(sorted(held), rnd.randint(1, min(40, len(held))))
+            held.difference_update(batch)
+            q.push_back(batch)
+            ref.update((b, None) for b in batch)
+        elif op < 0.7 and held:
+            batch = rnd.sample(sorted(held), rnd.randint(1, min(5, len(held))))
+            held.difference_update(batch)
+            q.push_front(batch)
+            for b in reversed(batch):
+                ref[b] = None
+                ref.move_to_end(b, last=False)
+        elif ref:
+            batch = rnd.sample(list(ref), rnd.randint(1, min(30, len(ref))))
+            assert q.discard_many(batch) == len(batch)
+            for b in batch:
+                del ref[b]
+            held.update(batch)
+        assert len(q) == len(ref)
+        if step % 97 == 0:
+            assert q.live_ids().tolist() == list(ref)
+            assert all(q.contains(list(ref)))
+            assert not any(q.contains(sorted(held)))
+    assert calls["_rebuild"] and calls["_drop_popped"]
+    assert q.live_ids().tolist() == list(ref)
+    assert q.take(len(ref) + 1) is None and len(q) == len(ref)
+    assert q.discard_many(sorted(held)[:3]) == 0

@@ -284,3 +284,29 @@ def test_bookkeeping_pool_refuses_kv_access():
     p.open("a", "acme")
     with pytest.raises(UsageError, match=r"bookkeeping only \(kv=None\); fix: PagedKVPool\(..., kv=KVSpec"):
         p.gather(0, None, 1)
+
+
+def test_reset_prefix_cache_requeues_the_idle_blocks_in_id_order_and_keeps_the_busy_ones():
+    """After hours of churn the free queue holds blocks in a scattered LRU order; once no block is cached that
+    order means nothing, and the reset queues them in id order (as on a new pool). Referenced blocks stay out
+    of the queue; debug checks and the audit still hold; prefix caching works again afterwards."""
+    p = pool(64)
+    for i in range(12):
+        p.open(f"r{i}", "acme")
+        p.append(f"r{i}", [i * 100 + k for k in range(BS * (1 + i % 3) + 1)])
+    for i in (7, 2, 9, 0, 11, 4, 5):
+        p.free(f"r{i}")
+    busy = {int(b) for i in (1, 3, 6, 8, 10) for b in p.block_ids(f"r{i}")}
+    before = p.blocks.queue.live_ids().tolist()
+    assert before != sorted(before)
+    assert p.reset_prefix_cache() > 0
+    after = p.blocks.queue.live_ids().tolist()
+    assert after == sorted(before) and not busy & set(after)
+    assert p.check_invariants() == []
+    p.open("x", "acme")
+    p.append("x", list(range(BS * 2 + 1)))
+    assert p.block_ids("x").tolist() == after[:3]
+    p.free("x")
+    p.open("y", "acme")
+    assert p.match_prefix("y", list(range(BS * 2 + 1))) == BS * 2
+    assert p.check_invariants() == []
