@@ -24,7 +24,7 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -304,11 +304,10 @@ def create_app(config: MiniConfig | None = None, *, web: WebConfig | None = None
         server.start()
         stream = _Stream(server, tenant, comp)
         if comp.stream:
-            first = await stream.first()
+            first = await stream.first(request.receive)
             if first is not None:
                 return first
-            return StreamingResponse(stream.sse(), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
+            return _SSEResponse(stream)
         return await stream.whole()
 
     if oom is not None:  # inside basic auth: /drain stops the server, so it needs the credentials too
@@ -353,19 +352,36 @@ class _Stream:
         self.finished = item[1]
         return item
 
-    async def first(self) -> Any:
+    async def first(self, receive: Callable[[], Awaitable[Any]]) -> Any:
         """Wait for the first event: the error response when the request ended before its first token (503 +
-        Retry-After when it was shed), else None (the stream can start; the event is kept for `sse`)."""
+        Retry-After when it was shed) or the client went away meanwhile (``receive``, the request's ASGI
+        receive, says ``http.disconnect``: the request is aborted), else None (the stream can start; the event
+        is kept for `sse`)."""
+        nxt = asyncio.ensure_future(self._next())
+        gone = asyncio.ensure_future(_disconnect(receive))
+        got = False
         try:
-            item = await self._next()
-        except BaseException:  # cancelled: the client went away before the first token
-            self.server.loop.abort(self.id)
-            raise
+            await asyncio.wait({nxt, gone}, return_when=asyncio.FIRST_COMPLETED)
+            got = nxt.done()
+        finally:  # also when cancelled (the server stops)
+            for task in (nxt, gone):
+                if not task.done():
+                    task.cancel()
+            if not got:
+                self.close()
+        if not got:  # nobody reads this answer
+            return _error(499, "the client closed the request", "client_closed_request")
+        item = nxt.result()
         if item[2] is not None:
             return self._stopped(item[2])
         self._peeked = item
         self.finished = False
         return None
+
+    def close(self) -> None:
+        """Abort the request unless it finished (the client went away): stop generating, free its blocks."""
+        if not self.finished:
+            self.server.loop.abort(self.id)
 
     def _stopped(self, stopped: Stopped) -> Any:
         if stopped.reason != "shed":
@@ -411,8 +427,7 @@ class _Stream:
                 yield _sse({**self._chunk("", None), "choices": [], "usage": self._usage()})
             yield b"data: [DONE]\n\n"
         finally:
-            if not self.finished:  # the client went away: stop generating, free the blocks
-                self.server.loop.abort(self.id)
+            self.close()  # the client went away: stop generating, free the blocks
 
     async def whole(self) -> Any:
         parts: list[str] = []
@@ -424,12 +439,33 @@ class _Stream:
                     return self._stopped(stopped)
                 parts.append(self._text(token))
         finally:
-            if not self.finished:
-                self.server.loop.abort(self.id)
+            self.close()
         parts.append(self.decoder.decode(b"", final=True))
         out = self._chunk("".join(parts), self._reason(token))
         out["usage"] = self._usage()
         return out
+
+
+class _SSEResponse(StreamingResponse):
+    """The stream as Server-Sent Events. However the response ends (finished, the client gone before the body
+    started or during it), the request is aborted unless it finished: a generator Starlette never started
+    would run no ``finally``."""
+
+    def __init__(self, stream: _Stream) -> None:
+        super().__init__(stream.sse(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        self._stream = stream
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._stream.close()
+
+
+async def _disconnect(receive: Callable[[], Awaitable[Any]]) -> None:
+    """Return when the client disconnects (the body was read already: the next message is the disconnect)."""
+    while (await receive()).get("type") != "http.disconnect":
+        await asyncio.sleep(0.05)  # a server that answers at once with empty bodies is polled, not spun
 
 
 def _sse(obj: dict[str, Any]) -> bytes:
