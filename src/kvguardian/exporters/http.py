@@ -13,7 +13,7 @@ runs quick routes:
   and dropped: no route takes one) within the same time and ``max_body_bytes``; a kept-alive connection
   closes after ``idle_timeout`` seconds without a request;
 - ``GET``/``HEAD`` ``/metrics`` (any query) → the exposition (content negotiated as prometheus_client does),
-  ``/`` → a short text index, each `route` → its handler (``HEAD`` wherever ``GET`` is allowed), other
+  ``/`` → a short text index, each `route` → its handler (``HEAD`` where the route allows it), other
   paths → 404, other methods → 405 with ``Allow``;
 - a ``slow`` route (one that waits, e.g. the sidecar's ``/drain``) runs on its own daemon thread, at most
   ``slow_requests`` at once (503 + ``Retry-After`` beyond), so it never holds up scrapes or probes nor the
@@ -146,12 +146,13 @@ class MetricsHTTPServer:
         self._thread.start()
         self._started.wait(10)
 
-    def route(self, path: str, handler: Handler, *, methods: tuple[str, ...] = ("GET",), slow: bool = False,
+    def route(self, path: str, handler: Handler, *, methods: tuple[str, ...] = ("GET", "HEAD"), slow: bool = False,
               doc: str = "") -> None:
-        """Answer ``path`` (exactly; any query) with ``handler`` for ``methods`` (``HEAD`` comes with ``GET``).
+        """Answer ``path`` (exactly; any query) with ``handler`` for ``methods`` (a ``HEAD`` is answered like a
+        ``GET`` without its body; leave it out for a route that acts, such as a drain).
         ``handler`` runs off the loop: in the render pool, or with ``slow`` on a daemon thread of its own.
         A handler that raises answers 500. Add routes before clients know the address."""
-        allowed = tuple(dict.fromkeys((*methods, "HEAD") if "GET" in methods else methods))
+        allowed = tuple(dict.fromkeys(methods))
         self._routes[path] = _Route(handler, allowed, slow, doc)
 
     # ------------------------------------------------------------------ lifecycle

@@ -100,6 +100,19 @@ def test_ready_drain_status_and_metrics_over_http(engine):
         side.close()
 
 
+def test_a_head_request_never_drains():
+    """HEAD is for looking: a crawler or a monitor's HEAD /drain must not take the server out of service."""
+    side = Sidecar(OOMGuard([Knob(used=100)]), Target(), settle=0.1)
+    host, port = side.serve("127.0.0.1", 0)
+    try:
+        r = httpx.head(f"http://{host}:{port}/drain")
+        assert r.status_code == 405 and r.headers["allow"] == "GET, POST"
+        assert side.oom.ready and not side.oom.status()["shutdown"]
+        assert httpx.head(f"http://{host}:{port}/status").status_code == 200
+    finally:
+        side.close()
+
+
 def test_drain_deadline_is_504_while_the_engine_still_runs(engine):
     side = Sidecar(OOMGuard([Knob(used=100)]), Target(metrics_url=engine.url))
     host, port = side.serve("127.0.0.1", 0)
