@@ -294,6 +294,8 @@ class MetricsHTTPServer:
             return Response(500, f"error answering {request.path}: {type(exc).__name__}\n".encode())
 
     async def _run_slow(self, handler: Handler, request: HTTPRequest) -> Response:
+        """Run ``handler`` on a thread of its own. The slot it takes is given back when the thread ends, not
+        when the client goes away: clients that send a slow request and leave cannot pile up threads."""
         if self._slow >= self.limits.slow_requests:
             return Response(503, b"busy: too many slow requests at once\n", extra=(("Retry-After", "1"),))
         self._slow += 1
@@ -305,13 +307,23 @@ class MetricsHTTPServer:
             except Exception as exc:
                 out = exc
             with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-                self._loop.call_soon_threadsafe(_settle, done, out)
+                self._loop.call_soon_threadsafe(self._slow_done, done, out)
 
         try:
             threading.Thread(target=run, name="kvg-http-slow", daemon=True).start()
-            return await done
-        finally:
+        except BaseException:
             self._slow -= 1
+            raise
+        return await done
+
+    def _slow_done(self, fut: asyncio.Future[Response], out: Any) -> None:
+        self._slow -= 1
+        if fut.done():  # the connection was closed meanwhile
+            return
+        if isinstance(out, BaseException):
+            fut.set_exception(out)
+        else:
+            fut.set_result(out)
 
     def _index(self, _request: HTTPRequest) -> Response:
         rows = [f"{path:<9} {r.doc} ({' or '.join(r.methods)})" for path, r in sorted(self._routes.items())]
@@ -335,12 +347,3 @@ class MetricsHTTPServer:
                  f"Connection: {'keep-alive' if keep else 'close'}", *(f"{k}: {v}" for k, v in r.extra)]
         writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (b"" if head else r.body))
         await asyncio.wait_for(writer.drain(), self.limits.idle_timeout)
-
-
-def _settle(fut: asyncio.Future[Response], out: Any) -> None:
-    if fut.done():  # the connection was closed meanwhile
-        return
-    if isinstance(out, BaseException):
-        fut.set_exception(out)
-    else:
-        fut.set_result(out)

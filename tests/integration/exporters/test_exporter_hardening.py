@@ -158,3 +158,44 @@ def test_a_bad_bind_address_says_to_fix_the_address_not_the_port(kv_cli, tmp_pat
     finally:
         server.close()
     assert rc == 3 and "fix: pick a free port (0 picks one)" in err, err
+
+
+def test_slow_routes_are_bounded_even_when_their_clients_leave():
+    """A slow route (the sidecar's /drain) runs on a thread of its own, at most `slow_requests` at once; the
+    slot comes back when the handler ends, so clients that ask and leave cannot pile up threads, and quick
+    routes are answered meanwhile."""
+    import socket
+    import threading
+
+    from kvguardian.exporters.http import Limits, MetricsHTTPServer, Response
+
+    release, started = threading.Event(), []
+
+    def slow(_request):
+        started.append(1)
+        release.wait(30)
+        return Response(200, b"done\n")
+
+    server = MetricsHTTPServer(None, "127.0.0.1", 0, Limits(slow_requests=2))
+    server.route("/slow", slow, methods=("GET",), slow=True)
+    server.route("/quick", lambda _r: Response(200, b"ok\n"))
+    port = server.server_address[1]
+    try:
+        for _ in range(2):  # two slow requests whose clients go away at once
+            with socket.create_connection(("127.0.0.1", port)) as s:
+                s.sendall(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
+        deadline = time.monotonic() + 10
+        while len(started) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        status, headers, _ = request(port, "GET", "/slow")
+        assert status == 503 and headers["retry-after"] == "1"  # both slots still held by running handlers
+        assert request(port, "GET", "/quick")[0] == 200
+        assert request(port, "HEAD", "/slow")[0] == 405  # a slow route that acts answers no HEAD
+        release.set()
+        deadline = time.monotonic() + 10
+        while (status := request(port, "GET", "/slow")[0]) == 503 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert status == 200 and len(started) == 3
+    finally:
+        release.set()
+        server.close()
