@@ -154,6 +154,35 @@ def idle_connections(host: str, port: int, n: int, *, first_bytes: bytes = b"GET
     return out
 
 
+def threads_of(pid: int) -> int:
+    """The number of threads process ``pid`` runs (Linux /proc)."""
+    import re
+    from pathlib import Path
+
+    m = re.search(r"^Threads:\s+(\d+)", Path(f"/proc/{pid}/status").read_text(), re.M)
+    assert m is not None
+    return int(m.group(1))
+
+
+def loris_flood(pid: int, port: int, probe: Any, *, n: int = 3000, first_bytes: bytes = b"GET /metrics HTTP/1.1\r\n",
+                ) -> dict[str, Any]:
+    """Hold ``n`` idle half-requests open against process ``pid`` on 127.0.0.1:``port``, then call ``probe()``
+    (a real request). Returns the connections made, the threads before and during the flood, the probe's
+    answer and how long it took; every flood socket is closed before it returns."""
+    baseline = threads_of(pid)
+    loris = idle_connections("127.0.0.1", port, n, first_bytes=first_bytes)
+    try:
+        time.sleep(1.0)
+        t0 = time.monotonic()
+        answer = probe()
+        took = time.monotonic() - t0
+        threads = threads_of(pid)
+    finally:
+        for s in loris:
+            s.close()
+    return {"connections": len(loris), "baseline": baseline, "threads": threads, "answer": answer, "seconds": took}
+
+
 def zmq_garbage(endpoint: str, *, count: int = 200, seconds: float = 5.0) -> threading.Thread:
     """A thread publishing ``count`` multipart messages that are not KV events (wrong frame counts, short
     sequences, random payloads) on ``endpoint`` (binds), spread over at most ``seconds``."""

@@ -125,3 +125,15 @@ def fake_module(name: str) -> Iterator[types.ModuleType]:
         yield mod
     finally:
         sys.modules.pop(name, None)
+
+
+def paged_workload(tiny_model, n: int, *, seed: int, sys_tokens: tuple[int, int]):  # type: ignore[no-untyped-def]
+    """A mini-engine workload on ``tiny_model``: (`PagedLlama`, requests, HF generate()'s tokens per request id,
+    the EOS id). One thread, so the oracle and the engine compute alike."""
+    from kvguardian.paged.model import PagedLlama
+    from kvguardian.repro.cross_request import make_workload, one_thread, oracle
+
+    with one_thread():
+        reqs, _ = make_workload(n, tiny_model.config.vocab_size, seed=seed, sys_tokens=sys_tokens)
+        expected = oracle(tiny_model, reqs)
+    return PagedLlama(tiny_model), reqs, expected, tiny_model.generation_config.eos_token_id

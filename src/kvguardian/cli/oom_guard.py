@@ -4,7 +4,8 @@
     kv-guardian oom-guard --cgroup /sys/fs/cgroup/memory/mygroup
     kv-guardian oom-guard --pod-uid $POD_UID --cgroup-root /host/cgroup --host 0.0.0.0   # in Kubernetes
 
-Serves /ready (the readiness probe), /drain (preStop), /metrics and /status; see `kvguardian.oom.sidecar`.
+Serves /ready (the readiness probe), /drain (preStop), /metrics and /status on kv-guardian's bounded HTTP
+server, with TLS and basic auth from --web-config; see `kvguardian.oom.sidecar`.
 It cannot evict inside vLLM or SGLang: it turns readiness false and drains. Exit codes: 0 on SIGTERM or
 after --duration, 2 for bad input (no such PID or cgroup, no memory limit, watermarks out of order), 3 when
 something it needs is missing (NVML) or the target went away while watched.
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
 import threading
 import time
@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from kvguardian._errors import EXIT_ENVIRONMENT, EXIT_OK, UsageError
+from kvguardian.cli.signals import stopping
+from kvguardian.cli.web_options import add_web_config, web_config
 
 NAME = "oom-guard"
 HELP = "sidecar pre-OOM guard for a server we cannot hook: /ready turns false and /drain waits before an OOM kill"
@@ -53,6 +55,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--settle", type=float, default=5.0, help="without --metrics, how long /drain waits (default 5)")
     p.add_argument("--once", action="store_true", help="sample once, print the status as JSON and exit")
     p.add_argument("--duration", type=float, metavar="S", help="stop after S seconds")
+    add_web_config(p)
 
 
 class _FixedLimit:
@@ -90,7 +93,7 @@ def build(args: argparse.Namespace) -> Any:
     """The `Sidecar` the arguments describe (bad input raises `UsageError` with the fix)."""
     from kvguardian.oom.guard import OOMGuard
     from kvguardian.oom.policy import Watermarks
-    from kvguardian.oom.sidecar import Sidecar
+    from kvguardian.oom.sidecar import Sidecar, Target
     from kvguardian.oom.signals.nvml import NvmlSignal
 
     wm = Watermarks(evict=args.evict, drain=args.drain, shed=args.shed, hysteresis=args.hysteresis)
@@ -111,8 +114,24 @@ def build(args: argparse.Namespace) -> Any:
         cg = _FixedLimit(cg, min(first.limit, args.memory_limit_mb << 20))
     signals = [cg, *(NvmlSignal(i) for i in args.nvml_index)]
     oom = OOMGuard(signals, watermarks=wm, interval=args.interval)
-    return Sidecar(oom, pid=args.pid, cgroup=cg_dir, metrics_url=args.metrics,
+    return Sidecar(oom, Target(pid=args.pid, cgroup=cg_dir, metrics_url=args.metrics),
                    drain_deadline=args.drain_deadline, settle=args.settle)
+
+
+def _serve(sidecar: Any, args: argparse.Namespace) -> str:
+    """Start the sidecar's HTTP server; its base URL. Bad addresses and certificates are one line."""
+    from kvguardian.exporters.http import bind_fix
+
+    if not 0 <= args.port < 65536:
+        raise UsageError(f"--port {args.port} is not a TCP port; fix: use 0-65535 (0 picks a free one)")
+    web = web_config(args)
+    try:
+        host, port = sidecar.serve(args.host, args.port, web=web)
+    except OSError as exc:
+        fix = bind_fix(exc, port_flag="--port", host_flag="--host")
+        raise UsageError(f"cannot serve on {args.host}:{args.port}: {exc.strerror or exc}; fix: {fix}",
+                         exit_code=EXIT_ENVIRONMENT) from None
+    return f"{sidecar.scheme}://{f'[{host}]' if ':' in host else host}:{port}"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -122,25 +141,25 @@ def run(args: argparse.Namespace) -> int:
         oom.sample()
         print(json.dumps(oom.status(), indent=2))
         return EXIT_OK
-    host, port = sidecar.serve(args.host, args.port)
+    url = _serve(sidecar, args)
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     oom.start()
-    sys.stderr.write(f"kv-guardian oom-guard: watching {oom.signals[0].read().source}; /ready /drain /metrics on "
-                     f"http://{host}:{port} (it cannot evict inside the server: it drains)\n")
-    sys.stderr.flush()
     t0 = time.monotonic()
     try:
-        while not stop.wait(min(args.interval, 0.5)):
-            gone = sidecar.target_gone()
-            if gone is not None:
-                oom.sample("manual", wait=True)  # the kernel's count after the exit (the cgroup may outlive it)
-                kills = sidecar.oom_kills()
-                sys.stderr.write(f"kv-guardian oom-guard: {gone} (the kernel counted {kills} OOM kill(s) in its "
-                                 "cgroup); stopping\n")
-                return EXIT_ENVIRONMENT
-            if args.duration is not None and time.monotonic() - t0 >= args.duration:
-                break
+        with stopping(stop.set):  # SIGINT, SIGTERM and SIGHUP stop it (exit 0)
+            sys.stderr.write(f"kv-guardian oom-guard: watching {oom.signals[0].read().source}; /ready /drain /metrics "
+                             f"on {url} (it cannot evict inside the server: it drains)\n")
+            sys.stderr.flush()
+            while not stop.wait(min(args.interval, 0.5)):
+                gone = sidecar.target.gone()
+                if gone is not None:
+                    oom.sample("manual", wait=True)  # the kernel's count after the exit (the cgroup may outlive it)
+                    kills = sidecar.oom_kills()
+                    sys.stderr.write(f"kv-guardian oom-guard: {gone} (the kernel counted {kills} OOM kill(s) in its "
+                                     "cgroup); stopping\n")
+                    return EXIT_ENVIRONMENT
+                if args.duration is not None and time.monotonic() - t0 >= args.duration:
+                    break
     finally:
         oom.stop()
         sidecar.close()

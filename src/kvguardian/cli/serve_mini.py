@@ -2,6 +2,11 @@
 
 A target for ``kv-guardian audit cache-sharing``, ``kv-guardian run``, the exporter (``/metrics``) and the
 pre-OOM guard, that needs no GPU and no download: a tiny random-weight Llama with a byte-level tokenizer.
+
+With ``--oom`` the server runs the in-process pre-OOM guard (`kvguardian.oom`): this process's memory cgroup
+(when it has a limit), the pool's occupancy and, with a KV budget (``--kv-budget-mb``, ``KVG_KV_BUDGET_MB``
+or ``NV_GPU_KV_CACHE_MB``), the ledger's KV bytes are its signals; ``/ready``, ``/drain`` and ``/oom`` are
+served, new requests get 503 + Retry-After while it drains, and ``/metrics`` carries ``kvguardian_oom_*``.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ import argparse
 import signal
 import sys
 import threading
+from typing import Any
 
 from kvguardian._errors import EXIT_OK, UsageError, require
 from kvguardian.cli.web_options import add_web_config, web_config
@@ -43,7 +49,53 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="check every pool operation (KVG2xx findings on /metrics), the residue check included")
     p.add_argument("--guard", action="store_true",
                    help="feed the pool's cached blocks into a kv-guardian Guard's ledger (kvguardian_kv_* on /metrics)")
+    oom = p.add_argument_group("pre-OOM guard (in process)")
+    oom.add_argument("--oom", action="store_true",
+                     help="guard the server: evict the prefix cache, then drain (/ready false, 503 + Retry-After) "
+                          "before the memory limit; serves /ready, /drain and /oom")
+    oom.add_argument("--oom-evict", type=float, default=0.92, metavar="RATIO", help="evict watermark (default 0.92)")
+    oom.add_argument("--oom-drain", type=float, default=0.97, metavar="RATIO", help="drain watermark (default 0.97)")
+    oom.add_argument("--oom-shed", type=float, default=0.99, metavar="RATIO",
+                     help="shed watermark: while draining, end the newest requests (default 0.99)")
+    oom.add_argument("--oom-interval", type=float, default=0.05, metavar="S",
+                     help="seconds between samples (default 0.05; every pool allocation samples too)")
+    oom.add_argument("--oom-preempt", action="store_true",
+                     help="preempt the newest running request (recomputed later) as the last eviction step")
+    oom.add_argument("--kv-budget-mb", type=int, metavar="MB",
+                     help="the pod's KV budget (default: KVG_KV_BUDGET_MB or NV_GPU_KV_CACHE_MB); implies --guard")
     add_web_config(p)
+
+
+_OOM_OPTIONS = {"oom_evict": 0.92, "oom_drain": 0.97, "oom_shed": 0.99, "oom_interval": 0.05, "oom_preempt": False,
+                "kv_budget_mb": None}
+
+
+def _guards(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The `kvguardian.Guard` (``--guard``, or a KV budget to count against) and the `OOMGuard` (``--oom``)
+    the arguments ask for, each None when not asked for.
+
+    Raises:
+        UsageError: an ``--oom-*`` option without ``--oom``, watermarks out of order, a bad KV budget.
+    """
+    from kvguardian.oom.budget import kv_budget
+
+    if not args.oom:
+        for name, default in _OOM_OPTIONS.items():
+            if getattr(args, name) != default:
+                raise UsageError(f"--{name.replace('_', '-')} configures the pre-OOM guard; fix: add --oom")
+    budget = kv_budget(args.kv_budget_mb) if args.oom else None
+    guard = None
+    if args.guard or budget is not None:
+        from kvguardian import Guard
+
+        guard = Guard()
+    if not args.oom:
+        return guard, None
+    from kvguardian.oom.guard import OOMGuard
+    from kvguardian.oom.policy import Watermarks
+
+    wm = Watermarks(evict=args.oom_evict, drain=args.oom_drain, shed=args.oom_shed)
+    return guard, OOMGuard.for_process(guard, budget_mb=args.kv_budget_mb, watermarks=wm, interval=args.oom_interval)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -61,19 +113,16 @@ def run(args: argparse.Namespace) -> int:
         max_model_len=args.max_model_len, hidden=args.hidden, layers=args.layers, threads=args.threads,
         debug=args.debug, scrub=args.scrub,
     )
-    guard = None
-    if args.guard:
-        from kvguardian import Guard
-
-        guard = Guard()
-    app = create_app(config, web=web, guard=guard)
+    guard, oom = _guards(args)
+    app = create_app(config, web=web, guard=guard, oom=oom, oom_preempt=args.oom_preempt)
     stop = threading.Event()
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
     with serve_asgi(app, host=args.host, port=args.port, config=web, lifespan="on") as url:
         keys = len(app.state.mini.keys.tenants)
+        guarded = f"; pre-OOM guard on {', '.join(s.name for s in oom.signals)}" if oom is not None else ""
         sys.stderr.write(f"kv-guardian serve-mini: serving {url}/v1 (model {args.model_name}, cache "
-                         f"{args.cache_mode}, {keys} API key(s)); Ctrl-C to stop\n")
+                         f"{args.cache_mode}, {keys} API key(s){guarded}); Ctrl-C to stop\n")
         sys.stderr.flush()
         try:
             while not stop.wait(1.0):

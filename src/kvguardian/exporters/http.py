@@ -1,15 +1,23 @@
-"""The exporters' HTTP server: ``/metrics``, a short index at ``/``, 404 elsewhere; bounded by construction.
+"""kv-guardian's HTTP server: ``/metrics``, a short index at ``/``, the routes a command adds, 404 elsewhere;
+bounded by construction. Every endpoint kv-guardian serves without an ASGI app runs on it (the exporters,
+``watch --exporter-port``, ``redis exporter``, the ``oom-guard`` sidecar).
 
 prometheus_client's ``start_http_server`` answers every path with the metrics, refuses HEAD, and runs one
 thread per connection with no read timeout (3,000 idle half-requests made 2,717 threads and stalled scrapes
-for seconds). This server is one asyncio loop on one thread plus a small pool that renders expositions:
+for seconds). This server is one asyncio loop on one thread plus a small pool that renders expositions and
+runs quick routes:
 
 - at most ``max_connections`` connections; a new one beyond that closes the oldest connection still waiting
   for its request, so idle or trickling clients can never lock a scraper out;
-- a request's head must arrive within ``header_timeout`` seconds and fit ``max_header_bytes``; a kept-alive
-  connection closes after ``idle_timeout`` seconds without a request;
+- a request's head must arrive within ``header_timeout`` seconds and fit ``max_header_bytes``, its body (read
+  and dropped: no route takes one) within the same time and ``max_body_bytes``; a kept-alive connection
+  closes after ``idle_timeout`` seconds without a request;
 - ``GET``/``HEAD`` ``/metrics`` (any query) → the exposition (content negotiated as prometheus_client does),
-  ``/`` → a short text index, other paths → 404, other methods → 405 with ``Allow: GET, HEAD``;
+  ``/`` → a short text index, each `route` → its handler (``HEAD`` where the route allows it), other
+  paths → 404, other methods → 405 with ``Allow``;
+- a ``slow`` route (one that waits, e.g. the sidecar's ``/drain``) runs on its own daemon thread, at most
+  ``slow_requests`` at once (503 + ``Retry-After`` beyond), so it never holds up scrapes or probes nor the
+  process's exit;
 - with a `kvguardian.exporters.webconfig.WebConfig` (``--web-config``): TLS (the handshake bounded by
   ``header_timeout``) and basic auth on every path (401 without valid credentials; bcrypt runs in the render
   pool, never on the loop).
@@ -23,20 +31,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import json
 import socket
 import threading
 import time
+import urllib.parse
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Limits", "MetricsHTTPServer", "bind_fix"]
+__all__ = ["HTTPRequest", "Limits", "MetricsHTTPServer", "Response", "bind_fix"]
 
-_INDEX = (b"kv-guardian exporter\n\n/metrics  Prometheus metrics (GET or HEAD)\n")
 _REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed",
-            408: "Request Timeout", 431: "Request Header Fields Too Large", 500: "Internal Server Error",
-            505: "HTTP Version Not Supported"}
+            408: "Request Timeout", 411: "Length Required", 413: "Content Too Large",
+            431: "Request Header Fields Too Large", 500: "Internal Server Error", 503: "Service Unavailable",
+            504: "Gateway Timeout", 505: "HTTP Version Not Supported"}
 
 
 def bind_fix(exc: OSError, *, port_flag: str = "", host_flag: str = "") -> str:
@@ -49,26 +60,59 @@ def bind_fix(exc: OSError, *, port_flag: str = "", host_flag: str = "") -> str:
 
 
 @dataclass(frozen=True)
-class _Response:
+class Response:
+    """What a route answers."""
+
     status: int
     body: bytes
     content_type: str = "text/plain; charset=utf-8"
-    extra: tuple[tuple[str, str], ...] = ()
+    extra: tuple[tuple[str, str], ...] = ()  # more headers
+
+    @classmethod
+    def json(cls, status: int, obj: Any) -> Response:
+        return cls(status, json.dumps(obj).encode(), "application/json")
+
+
+@dataclass(frozen=True)
+class HTTPRequest:
+    """What a route's handler gets: the method, the path, the query (``parse_qs``) and the headers (lower-case
+    names). The body, if any, was read and dropped."""
+
+    method: str
+    path: str
+    query: dict[str, list[str]] = field(default_factory=dict)
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+Handler = Callable[[HTTPRequest], Response]
+
+
+@dataclass(frozen=True)
+class _Route:
+    handler: Handler
+    methods: tuple[str, ...]
+    slow: bool
+    doc: str
 
 
 @dataclass(frozen=True)
 class Limits:
-    """What one exporter spends on its clients, at most."""
+    """What one server spends on its clients, at most."""
 
     max_connections: int = 64  # open connections; the oldest still reading its request goes first
-    header_timeout: float = 10.0  # seconds for a request line and headers to arrive
+    header_timeout: float = 10.0  # seconds for a request line and headers (and a body) to arrive
     idle_timeout: float = 30.0  # seconds a kept-alive connection may wait for its next request
     max_header_bytes: int = 16 * 1024
-    render_threads: int = 2  # threads rendering expositions (a scrape never blocks the loop)
+    max_body_bytes: int = 64 * 1024
+    render_threads: int = 2  # threads rendering expositions and running quick routes (never the loop)
+    slow_requests: int = 4  # slow routes running at once, each on its own daemon thread
 
 
 class MetricsHTTPServer:
-    """Serve ``registry`` (anything prometheus_client's encoders take) on ``host:port`` from a daemon thread."""
+    """Serve ``registry`` (anything prometheus_client's encoders take; None: no ``/metrics``) on ``host:port``
+    from a daemon thread, with the routes added by `route`. ``title`` heads the index at ``/``."""
+
+    title = "kv-guardian exporter"
 
     def __init__(self, registry: Any, host: str = "127.0.0.1", port: int = 0, limits: Limits | None = None, *,
                  web: Any = None) -> None:
@@ -92,11 +136,24 @@ class MetricsHTTPServer:
         self._loop = asyncio.new_event_loop()
         self._waiting: OrderedDict[asyncio.Task[None], asyncio.StreamWriter] = OrderedDict()  # reading a request
         self._tasks: set[asyncio.Task[None]] = set()  # every open connection
+        self._slow = 0  # slow routes running (only the loop's thread counts them)
+        self._routes: dict[str, _Route] = {}
+        if registry is not None:
+            self.route("/metrics", self._metrics, doc="Prometheus metrics")
         self._started = threading.Event()
         self._server: asyncio.AbstractServer | None = None
         self._thread = threading.Thread(target=self._serve, name="kvg-metrics-http", daemon=True)
         self._thread.start()
         self._started.wait(10)
+
+    def route(self, path: str, handler: Handler, *, methods: tuple[str, ...] = ("GET", "HEAD"), slow: bool = False,
+              doc: str = "") -> None:
+        """Answer ``path`` (exactly; any query) with ``handler`` for ``methods`` (a ``HEAD`` is answered like a
+        ``GET`` without its body; leave it out for a route that acts, such as a drain).
+        ``handler`` runs off the loop: in the render pool, or with ``slow`` on a daemon thread of its own.
+        A handler that raises answers 500. Add routes before clients know the address."""
+        allowed = tuple(dict.fromkeys(methods))
+        self._routes[path] = _Route(handler, allowed, slow, doc)
 
     # ------------------------------------------------------------------ lifecycle
     def _serve(self) -> None:
@@ -161,7 +218,7 @@ class MetricsHTTPServer:
             self._waiting.pop(task, None)
             if head is None:
                 return
-            keep = await self._answer(head, writer)
+            keep = await self._answer(head, reader, writer)
             if not keep:
                 return
             timeout = self.limits.idle_timeout
@@ -173,56 +230,117 @@ class MetricsHTTPServer:
         except asyncio.TimeoutError:
             return None
         except asyncio.LimitOverrunError:
-            await self._send(writer, _Response(431, b"request headers too large\n"), keep=False)
+            await self._send(writer, Response(431, b"request headers too large\n"), keep=False)
             return None
         except asyncio.IncompleteReadError:  # the client went away
             return None
 
-    async def _answer(self, head: bytes, writer: asyncio.StreamWriter) -> bool:
+    async def _answer(self, head: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
         """Answer one request; whether the connection stays open."""
         lines = head.decode("latin-1").split("\r\n")
         parts = lines[0].split(" ")
         if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
-            await self._send(writer, _Response(400, b"bad request\n"), keep=False)
+            await self._send(writer, Response(400, b"bad request\n"), keep=False)
             return False
         method, target, version = parts
         headers = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:] if ln)}
+        refused = await self._read_body(headers, reader)
+        if refused is not None:
+            await self._send(writer, refused, keep=False)
+            return False
         keep = headers.get("connection", "").lower() != "close" and version == "HTTP/1.1"
         if not await self._authorized(headers.get("authorization")):
             from kvguardian.exporters.webconfig import REALM
 
-            await self._send(writer, _Response(401, b"unauthorized\n", extra=(("WWW-Authenticate", REALM),)),
+            await self._send(writer, Response(401, b"unauthorized\n", extra=(("WWW-Authenticate", REALM),)),
                              keep=keep)
             return keep
-        if method not in ("GET", "HEAD"):
-            await self._send(writer, _Response(405, b"use GET or HEAD\n", extra=(("Allow", "GET, HEAD"),)), keep=keep)
-            return keep
-        path = target.split("?", 1)[0]
-        if path == "/metrics":
-            response = await self._metrics(headers.get("accept", ""))
-        elif path == "/":
-            response = _Response(200, _INDEX)
-        else:
-            response = _Response(404, b"not found: try /metrics\n")
-        await self._send(writer, response, keep=keep, head=method == "HEAD")
+        path, _, query = target.partition("?")
+        request = HTTPRequest(method, path, urllib.parse.parse_qs(query), headers)
+        await self._send(writer, await self._dispatch(request), keep=keep, head=method == "HEAD")
         return keep
+
+    async def _read_body(self, headers: dict[str, str], reader: asyncio.StreamReader) -> Response | None:
+        """Read and drop the request's body; the response that refuses it, or None."""
+        if "transfer-encoding" in headers:
+            return Response(411, b"send a Content-Length (no route takes a chunked body)\n")
+        try:
+            length = int(headers.get("content-length", "0"))
+        except ValueError:
+            return Response(400, b"bad Content-Length\n")
+        if not 0 <= length <= self.limits.max_body_bytes:
+            return Response(413, b"request body too large\n")
+        if length:
+            try:
+                await asyncio.wait_for(reader.readexactly(length), self.limits.header_timeout)
+            except (asyncio.TimeoutError, asyncio.IncompleteReadError):
+                return Response(408, b"request body too slow\n")
+        return None
+
+    async def _dispatch(self, request: HTTPRequest) -> Response:
+        route = self._routes.get(request.path)
+        if request.path == "/" and route is None:
+            route = _Route(self._index, ("GET", "HEAD"), False, "")
+        if route is None:
+            return Response(404, f"not found; try {' '.join(sorted(self._routes))}\n".encode())
+        if request.method not in route.methods:
+            allow = ", ".join(route.methods)
+            return Response(405, f"use {allow}\n".encode(), extra=(("Allow", allow),))
+        try:
+            if not route.slow:
+                return await self._loop.run_in_executor(self._pool, route.handler, request)
+            return await self._run_slow(route.handler, request)
+        except Exception as exc:  # a handler (or a collector) that raises: one 500, the server goes on
+            return Response(500, f"error answering {request.path}: {type(exc).__name__}\n".encode())
+
+    async def _run_slow(self, handler: Handler, request: HTTPRequest) -> Response:
+        """Run ``handler`` on a thread of its own. The slot it takes is given back when the thread ends, not
+        when the client goes away: clients that send a slow request and leave cannot pile up threads."""
+        if self._slow >= self.limits.slow_requests:
+            return Response(503, b"busy: too many slow requests at once\n", extra=(("Retry-After", "1"),))
+        self._slow += 1
+        done: asyncio.Future[Response] = self._loop.create_future()
+
+        def run() -> None:
+            try:
+                out: Any = handler(request)
+            except Exception as exc:
+                out = exc
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                self._loop.call_soon_threadsafe(self._slow_done, done, out)
+
+        try:
+            threading.Thread(target=run, name="kvg-http-slow", daemon=True).start()
+        except BaseException:
+            self._slow -= 1
+            raise
+        return await done
+
+    def _slow_done(self, fut: asyncio.Future[Response], out: Any) -> None:
+        self._slow -= 1
+        if fut.done():  # the connection was closed meanwhile
+            return
+        if isinstance(out, BaseException):
+            fut.set_exception(out)
+        else:
+            fut.set_result(out)
+
+    def _index(self, _request: HTTPRequest) -> Response:
+        rows = [f"{path:<9} {r.doc} ({' or '.join(r.methods)})" for path, r in sorted(self._routes.items())]
+        return Response(200, (f"{self.title}\n\n" + "\n".join(rows) + "\n").encode())
 
     async def _authorized(self, header: str | None) -> bool:
         if self.web is None or not self.web.auth:
             return True
         return bool(await self._loop.run_in_executor(self._pool, self.web.check_header, header))
 
-    async def _metrics(self, accept: str) -> _Response:
+    def _metrics(self, request: HTTPRequest) -> Response:
         from prometheus_client.exposition import choose_encoder
 
-        encoder, content_type = choose_encoder(accept)
-        try:
-            body = await self._loop.run_in_executor(self._pool, encoder, self.registry)
-        except Exception as exc:  # a collector that raises: one 500, the server goes on
-            return _Response(500, f"error rendering metrics: {type(exc).__name__}\n".encode())
-        return _Response(200, body, content_type)
+        encoder, content_type = choose_encoder(request.headers.get("accept", ""))
+        return Response(200, encoder(self.registry), content_type)
 
-    async def _send(self, writer: asyncio.StreamWriter, r: _Response, *, keep: bool, head: bool = False) -> None:
+    async def _send(self, writer: asyncio.StreamWriter, r: Response, *, keep: bool, head: bool = False) -> None:
         lines = [f"HTTP/1.1 {r.status} {_REASONS.get(r.status, '')}", f"Content-Type: {r.content_type}",
                  f"Content-Length: {len(r.body)}",
                  f"Date: {time.strftime('%a, %d %b %Y %H:%M:%S GMT', time.gmtime())}",

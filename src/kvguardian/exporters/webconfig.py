@@ -15,12 +15,10 @@ redis_exporter and Prometheus itself read::
 Unknown keys are refused (exporter-toolkit reads the file strictly), so a typo never silently leaves an
 endpoint open. One `WebConfig` serves both server kinds kv-guardian runs:
 
-- the exporters (``kv-guardian exporter``, ``redis exporter``, ``watch``, `start_exporter`) are served by
-  `kvguardian.exporters.http.MetricsHTTPServer`, which takes a `WebConfig` for TLS (handshake bounded) and
-  basic auth (bcrypt off its event loop);
-- WSGI apps: `serve_wsgi` starts a threaded server whose TLS handshake runs in the connection's own thread
-  with a timeout; `BasicAuthWSGI` answers 401 without valid credentials.
-- ASGI (the mini OpenAI server, sidecars, middlewares others add): `uvicorn_ssl_options` for uvicorn and
+- the exporters (``kv-guardian exporter``, ``redis exporter``, ``watch``, `start_exporter`) and the
+  ``oom-guard`` sidecar are served by `kvguardian.exporters.http.MetricsHTTPServer`, which takes a
+  `WebConfig` for TLS (handshake bounded) and basic auth (bcrypt off its event loop);
+- ASGI (the mini OpenAI server, the OOM demo server, middlewares others add): `uvicorn_ssl_options` for uvicorn and
   `BasicAuthASGI` as a middleware, checking bcrypt off the event loop.
 
 Checks cost one bcrypt verification (~60 ms at cost 10) per distinct credential; successes are cached (a
@@ -42,23 +40,19 @@ import ssl
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterable, Iterator, MutableMapping
+from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from socketserver import ThreadingMixIn
 from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from kvguardian._errors import EXIT_ENVIRONMENT, UsageError, require
 
 __all__ = [
     "BasicAuthASGI",
-    "BasicAuthWSGI",
     "WebConfig",
     "basic_user",
     "load_web_config",
     "serve_asgi",
-    "serve_wsgi",
 ]
 
 _TLS_VERSIONS = {
@@ -76,7 +70,6 @@ _TLS_KEYS = {"cert_file", "key_file", "client_auth_type", "client_ca_file", "min
              "cipher_suites", "curve_preferences", "prefer_server_cipher_suites"}
 _TOP_KEYS = {"tls_server_config", "basic_auth_users", "http_server_config"}
 _CACHE_LIMIT = 256
-_HANDSHAKE_TIMEOUT = 10.0
 REALM = 'Basic realm="kv-guardian", charset="UTF-8"'
 
 
@@ -274,73 +267,6 @@ def _users(where: str, users: Any) -> dict[str, bytes]:
                              "print(bcrypt.hashpw(b\"PASSWORD\", bcrypt.gensalt()).decode())'")
         out[str(user)] = h
     return out
-
-
-# ---------------------------------------------------------------------------------------------- WSGI
-WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
-
-
-class BasicAuthWSGI:
-    """WSGI middleware: 401 with ``WWW-Authenticate`` unless the request carries valid credentials."""
-
-    def __init__(self, app: WSGIApp, config: WebConfig) -> None:
-        self.app = app
-        self.config = config
-
-    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-        if self.config.check_header(environ.get("HTTP_AUTHORIZATION")):
-            return self.app(environ, start_response)
-        body = b"401 Unauthorized\n"
-        start_response("401 Unauthorized", [("Content-Type", "text/plain; charset=utf-8"),
-                                             ("Content-Length", str(len(body))), ("WWW-Authenticate", REALM)])
-        return [body]
-
-
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:  # no per-request lines on stderr
-        return
-
-
-class _TLSThreadingServer(ThreadingMixIn, WSGIServer):
-    """A threaded WSGI server; with TLS, each accepted socket is wrapped in the connection's own thread."""
-
-    daemon_threads = True
-    ssl_ctx: ssl.SSLContext | None = None
-
-    def finish_request(self, request: Any, client_address: Any) -> None:
-        if self.ssl_ctx is not None:
-            request.settimeout(_HANDSHAKE_TIMEOUT)
-            try:
-                request = self.ssl_ctx.wrap_socket(request, server_side=True)
-            except (OSError, ssl.SSLError):  # a plain-HTTP client, a bad certificate, a stalled handshake
-                request.close()
-                return
-        super().finish_request(request, client_address)
-
-
-def serve_wsgi(app: WSGIApp, host: str, port: int, config: WebConfig) -> tuple[Any, threading.Thread]:
-    """Serve ``app`` on ``host:port`` in a daemon thread with ``config``'s TLS and basic auth; returns the
-    server (``server_address``, ``shutdown()``, ``server_close()``) and its thread.
-
-    Raises:
-        UsageError: the certificate cannot be loaded, or the port cannot be bound (exit code 3).
-    """
-    ctx = config.ssl_context()
-    wrapped = BasicAuthWSGI(app, config) if config.auth else app
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-
-    class _Server(_TLSThreadingServer):
-        address_family = family
-        ssl_ctx = ctx
-
-    try:
-        httpd = make_server(host, port, wrapped, server_class=_Server, handler_class=_QuietHandler)
-    except OSError as exc:
-        raise UsageError(f"cannot serve on {host}:{port}: {exc.strerror or exc}; fix: pick a free port",
-                         exit_code=EXIT_ENVIRONMENT) from None
-    thread = threading.Thread(target=httpd.serve_forever, name="kvguardian-web", daemon=True)
-    thread.start()
-    return httpd, thread
 
 
 # ---------------------------------------------------------------------------------------------- ASGI

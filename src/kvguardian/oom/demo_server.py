@@ -116,8 +116,8 @@ def create_app(*, guarded: bool = True, interval: float = 0.02, num_blocks: int 
     from kvguardian.oom.signals.cgroup import cgroup_signal_for_pid
     from kvguardian.paged import PagedKVPool
     from kvguardian.paged.engine import Engine, Request
+    from kvguardian.paged.loop import EngineLoop
     from kvguardian.paged.model import PagedLlama
-    from kvguardian.paged.serve import EngineLoop
     from kvguardian.repro.models import build_llama
 
     torch.set_num_threads(1)

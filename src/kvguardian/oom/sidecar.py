@@ -12,6 +12,10 @@ optionally, its GPUs (NVML) and its metrics page, and serves:
   the endpoint removal to reach the load balancers) and says it could not see the server;
 - ``GET /metrics``: the guard's Prometheus metrics; ``GET /status``: its state as JSON.
 
+It is served by kv-guardian's bounded server (`kvguardian.exporters.http.MetricsHTTPServer`: bounded
+connections, header and idle timeouts, 404 elsewhere, HEAD), with TLS and basic auth from ``--web-config``:
+``/drain`` stops the server behind it, so expose the sidecar beyond the pod only with credentials.
+
 What it cannot do, plainly: it cannot evict anything inside vLLM or SGLang (their KV lives in their own
 preallocated pool, and their prefix caches are theirs), nor reject a request itself (it is not in the
 request path). It prevents admission (readiness) and drains before the kernel's OOM killer would act.
@@ -19,19 +23,18 @@ request path). It prevents admission (readiness) and drains before the kernel's 
 
 from __future__ import annotations
 
-import json
 import logging
-import threading
+import math
 import time
-import urllib.parse
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kvguardian.exporters.http import HTTPRequest, MetricsHTTPServer, Response
 from kvguardian.oom.guard import OOMGuard
 
-__all__ = ["RUNNING_METRICS", "Sidecar", "process_alive", "running_requests"]
+__all__ = ["RUNNING_METRICS", "Sidecar", "Target", "process_alive", "running_requests"]
 
 log = logging.getLogger("kvguardian.oom")
 
@@ -53,22 +56,15 @@ def running_requests(metrics_url: str, timeout: float = 2.0) -> float | None:
     return sum(s.value for s in samples) if samples else None
 
 
-class Sidecar:
-    """The guard, a target to watch, and the HTTP endpoints."""
+@dataclass(frozen=True)
+class Target:
+    """The server the sidecar guards: its process, its cgroup directory, its metrics page (each optional)."""
 
-    def __init__(self, oom: OOMGuard, *, pid: int | None = None, cgroup: Path | None = None,
-                 metrics_url: str | None = None, drain_deadline: float = 60.0, settle: float = 5.0) -> None:
-        self.oom = oom
-        self.pid = pid
-        self.cgroup = cgroup
-        self.metrics_url = metrics_url
-        self.drain_deadline = drain_deadline
-        self.settle = settle
-        self.server: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
+    pid: int | None = None
+    cgroup: Path | None = None
+    metrics_url: str | None = None
 
-    # ------------------------------------------------------------------ the target
-    def target_gone(self) -> str | None:
+    def gone(self) -> str | None:
         """Why the target is gone (a line), or None while it is there."""
         if self.pid is not None and not process_alive(self.pid):
             return f"target process {self.pid} exited"
@@ -76,95 +72,86 @@ class Sidecar:
             return f"target cgroup {self.cgroup} was removed"
         return None
 
+
+class Sidecar:
+    """The guard, a target to watch, and the HTTP endpoints."""
+
+    def __init__(self, oom: OOMGuard, target: Target | None = None, *, drain_deadline: float = 60.0,
+                 settle: float = 5.0) -> None:
+        self.oom = oom
+        self.target = target or Target()
+        self.drain_deadline = drain_deadline
+        self.settle = settle
+        self.server: MetricsHTTPServer | None = None
+
     def oom_kills(self) -> int:
         return int(sum(r.extra.get("oom_kill", 0) for r in self.oom.readings))
 
     def _idle(self) -> Callable[[], bool]:
-        if self.metrics_url is not None:
-            url = self.metrics_url
+        url = self.target.metrics_url
+        if url is not None:
             return lambda: running_requests(url) == 0
         t0 = time.monotonic()
         return lambda: time.monotonic() - t0 >= self.settle
 
     def drain(self, deadline: float | None = None) -> dict[str, Any]:
         out = self.oom.drain(self.drain_deadline if deadline is None else deadline, idle=self._idle(), poll=0.2)
-        if self.metrics_url is None:
+        if self.target.metrics_url is None:
             out["note"] = f"no --metrics: waited {self.settle:g}s for the endpoint removal, could not see the server"
         return out
 
     # ------------------------------------------------------------------ HTTP
-    def serve(self, host: str, port: int) -> tuple[str, int]:
-        """Start the HTTP server in a thread; returns the bound (host, port)."""
-        self.server = ThreadingHTTPServer((host, port), _handler(self))
-        self.server.daemon_threads = True
-        self._thread = threading.Thread(target=self.server.serve_forever, name="kvguardian-sidecar", daemon=True)
-        self._thread.start()
-        bound = self.server.server_address
-        return str(bound[0]), int(bound[1])
+    def serve(self, host: str, port: int, *, web: Any = None) -> tuple[str, int]:
+        """Start the HTTP server (its own thread), with ``web``'s TLS and basic auth (a
+        `kvguardian.exporters.webconfig.WebConfig`); returns the bound (host, port).
 
-    def close(self) -> None:
-        if self.server is not None:
-            self.server.shutdown()
-            self.server.server_close()
-            self.server = None
-
-    def metrics_text(self) -> tuple[bytes, str]:
+        Raises:
+            OSError: the address cannot be bound. UsageError: the certificate cannot be loaded.
+        """
         from prometheus_client import CollectorRegistry
-        from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
         from kvguardian.oom.metrics import OOMCollector
 
         registry = CollectorRegistry()
         registry.register(OOMCollector(self.oom))
-        return generate_latest(registry), CONTENT_TYPE_LATEST
+        server = MetricsHTTPServer(registry, host, port, web=web)
+        server.title = "kv-guardian oom-guard"
+        server.route("/ready", self._ready, doc="readiness: 503 while draining")
+        server.route("/drain", self._drain, methods=("GET", "POST"), slow=True,
+                     doc="preStop: stop admitting, wait for 0 running requests (?deadline=S)")
+        server.route("/status", self._status, doc="the guard's state as JSON")
+        self.server = server
+        return str(server.server_address[0]), int(server.server_address[1])
 
+    @property
+    def scheme(self) -> str:
+        return self.server.scheme if self.server is not None else "http"
 
-def _handler(sidecar: Sidecar) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        server_version = "kv-guardian-oom-guard"
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            self.server = None
 
-        def log_message(self, format: str, *args: Any) -> None:  # quiet: probes hit this every few seconds
-            return
+    def _ready(self, _request: HTTPRequest) -> Response:
+        oom = self.oom
+        return Response.json(200 if oom.ready else 503, {"ready": oom.ready, "pressure": oom.pressure,
+                                                          "worst_signal": oom.worst.signal if oom.worst else None})
 
-        def _send(self, status: int, body: bytes, ctype: str = "application/json") -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    def _status(self, _request: HTTPRequest) -> Response:
+        return Response.json(200, {**self.oom.status(), "target_pid": self.target.pid,
+                                   "metrics_url": self.target.metrics_url})
 
-        def _json(self, status: int, obj: Any) -> None:
-            self._send(status, json.dumps(obj).encode())
-
-        def do_GET(self) -> None:
-            url = urllib.parse.urlsplit(self.path)
-            oom = sidecar.oom
-            if url.path == "/ready":
-                self._json(200 if oom.ready else 503, {"ready": oom.ready, "pressure": oom.pressure,
-                                                        "worst_signal": oom.worst.signal if oom.worst else None})
-            elif url.path == "/drain":
-                self._drain(url.query)
-            elif url.path == "/metrics":
-                body, ctype = sidecar.metrics_text()
-                self._send(200, body, ctype)
-            elif url.path == "/status":
-                self._json(200, {**oom.status(), "target_pid": sidecar.pid, "metrics_url": sidecar.metrics_url})
-            else:
-                self._json(404, {"error": "not found; endpoints: /ready /drain /metrics /status"})
-
-        do_POST = do_GET
-
-        def _drain(self, query: str) -> None:
-            q = urllib.parse.parse_qs(query)
+    def _drain(self, request: HTTPRequest) -> Response:
+        deadline = None
+        if "deadline" in request.query:
             try:
-                deadline = float(q["deadline"][0]) if "deadline" in q else None
+                deadline = float(request.query["deadline"][0])
             except ValueError:
-                self._json(400, {"error": "deadline must be a number of seconds, e.g. /drain?deadline=60"})
-                return
-            out = sidecar.drain(deadline)
-            self._json(200 if out["drained"] else 504, out)
-
-    return Handler
+                deadline = -1.0
+            if not 0 <= deadline < math.inf:
+                return Response.json(400, {"error": "deadline must be a number of seconds, e.g. /drain?deadline=60"})
+        out = self.drain(deadline)
+        return Response.json(200 if out["drained"] else 504, out)
 
 
 def process_alive(pid: int) -> bool:

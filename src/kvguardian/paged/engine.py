@@ -152,10 +152,11 @@ class Engine:
     (a prompt longer than that runs alone).
 
     `run` takes a batch of requests to completion; a server `submit`s requests and calls `step` in a loop
-    (`kvguardian.paged.serve`). ``lock`` is held while the pool's tables change (scheduling and freeing), so
-    another thread (the pre-OOM guard) can evict cached blocks safely. `request_preempt` and `request_shed`
-    are carried out at the next step: preempted requests are recomputed later (none is dropped); shed ones
-    end with ``seq.error`` set.
+    (`kvguardian.paged.loop.EngineLoop`). ``lock`` is held while the pool's tables change (scheduling and
+    freeing), so another thread (the pre-OOM guard) can evict cached blocks safely. `request_preempt` and
+    `request_shed` may be called from any thread and are carried out at the next step: preempted requests
+    are recomputed later (none is dropped); shed ones end with ``seq.error`` set. `abort` is for the thread
+    that steps, between steps.
     """
 
     def __init__(self, model: PagedLlama, scheduler: Scheduler, *, max_num_seqs: int = 8,
@@ -204,6 +205,15 @@ class Engine:
             k = max(min(n, len(self.running) + len(self.waiting) - self._shed_asked), 0)
             self._shed_asked += k
         return k
+
+    def abort(self, request_id: str) -> Sequence | None:
+        """Take ``request_id`` out of the engine now and give its blocks back (a client that went away); the
+        sequence, or None when it is not in the engine. Call it between steps, from the thread that steps."""
+        with self.lock:
+            seq = next((s for s in (*self.running, *self.waiting) if s.rid == request_id), None)
+            if seq is not None:
+                self._remove(seq)
+        return seq
 
     def run(self, requests: Iterable[Request]) -> EngineResult:
         """Submit every request at once and step until all have finished."""
@@ -277,14 +287,20 @@ class Engine:
             n, self._shed_asked = self._shed_asked, 0
         victims = sorted((*self.running, *self.waiting), key=lambda s: s.arrival, reverse=True)[:n]
         for seq in victims:
-            held = seq in self.running or seq.preemptions > 0  # the scheduler holds state for it
-            (self.running if seq in self.running else self.waiting).remove(seq)
-            if held:
-                self.scheduler.finish([seq])
+            self._remove(seq)
             seq.finished = True
             seq.error = "shed under memory pressure (the server was draining and memory still rose)"
         self.shed += len(victims)
         return victims
+
+    def _remove(self, seq: Sequence) -> None:
+        """Out of the queues; the scheduler frees what it holds for it (blocks, or a table opened by an
+        admission that found no room)."""
+        running = seq in self.running
+        held = running or seq.preemptions > 0 or self.pool.has_table(seq.rid)
+        (self.running if running else self.waiting).remove(seq)
+        if held:
+            self.scheduler.finish([seq])
 
     def _preempt(self, victim: Sequence, waiting: deque[Sequence]) -> None:
         self.scheduler.preempt(victim)

@@ -8,11 +8,10 @@ import json
 import re
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
-from kvg_hostile import idle_connections
+from kvg_hostile import loris_flood
 from kvg_testing import cli_command, wait_for_line
 from kvguardian import Guard
 from kvguardian.exporters.server import start_exporter
@@ -47,35 +46,23 @@ def test_metrics_only_at_metrics_an_index_at_root_404_elsewhere_head_allowed():
         assert status == 405 and headers["allow"] == "GET, HEAD"
 
 
-def _threads(pid: int) -> int:
-    return int(re.search(r"^Threads:\s+(\d+)", Path(f"/proc/{pid}/status").read_text(), re.M).group(1))
-
-
 def test_thousands_of_idle_half_requests_neither_make_threads_nor_stall_scrapes(tmp_path):
     """Item 15: 3,000 idle half-requests made 2,717 threads (≈ 118 MB) and scrapes timed out for ~5 s."""
     report = tmp_path / "r.json"
     report.write_text(Report().to_json())
     proc = subprocess.Popen(cli_command("exporter", "--port", "0", "--report", str(report)),
                             stderr=subprocess.PIPE, text=True)
-    loris = []
     try:
         port = int(re.search(r"127\.0\.0\.1:(\d+)", wait_for_line(proc.stderr, "serving")).group(1))
-        baseline = _threads(proc.pid)
-        loris = idle_connections("127.0.0.1", port, 3000)
-        time.sleep(1.0)
-        t0 = time.monotonic()
-        status, _, body = request(port, "GET", "/metrics", timeout=10)
-        scrape_s = time.monotonic() - t0
-        threads = _threads(proc.pid)
+        flood = loris_flood(proc.pid, port, lambda: request(port, "GET", "/metrics", timeout=10))
     finally:
-        for s in loris:
-            s.close()
         proc.terminate()
         proc.wait(10)
-    assert len(loris) > 2500, "the flood really happened"
+    assert flood["connections"] > 2500, "the flood really happened"
+    status, _, body = flood["answer"]
     assert status == 200 and b"kvguardian_findings" in body
-    assert threads <= baseline + 4, f"{threads} threads after the flood ({baseline} before)"
-    assert scrape_s < 10  # a hang bound, not a speed figure: before the fix the scrape timed out
+    assert flood["threads"] <= flood["baseline"] + 4, flood
+    assert flood["seconds"] < 10  # a hang bound, not a speed figure: before the fix the scrape timed out
 
 
 def _serve(args: list[str]) -> tuple[subprocess.Popen[str], int]:
@@ -171,3 +158,44 @@ def test_a_bad_bind_address_says_to_fix_the_address_not_the_port(kv_cli, tmp_pat
     finally:
         server.close()
     assert rc == 3 and "fix: pick a free port (0 picks one)" in err, err
+
+
+def test_slow_routes_are_bounded_even_when_their_clients_leave():
+    """A slow route (the sidecar's /drain) runs on a thread of its own, at most `slow_requests` at once; the
+    slot comes back when the handler ends, so clients that ask and leave cannot pile up threads, and quick
+    routes are answered meanwhile."""
+    import socket
+    import threading
+
+    from kvguardian.exporters.http import Limits, MetricsHTTPServer, Response
+
+    release, started = threading.Event(), []
+
+    def slow(_request):
+        started.append(1)
+        release.wait(30)
+        return Response(200, b"done\n")
+
+    server = MetricsHTTPServer(None, "127.0.0.1", 0, Limits(slow_requests=2))
+    server.route("/slow", slow, methods=("GET",), slow=True)
+    server.route("/quick", lambda _r: Response(200, b"ok\n"))
+    port = server.server_address[1]
+    try:
+        for _ in range(2):  # two slow requests whose clients go away at once
+            with socket.create_connection(("127.0.0.1", port)) as s:
+                s.sendall(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
+        deadline = time.monotonic() + 10
+        while len(started) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        status, headers, _ = request(port, "GET", "/slow")
+        assert status == 503 and headers["retry-after"] == "1"  # both slots still held by running handlers
+        assert request(port, "GET", "/quick")[0] == 200
+        assert request(port, "HEAD", "/slow")[0] == 405  # a slow route that acts answers no HEAD
+        release.set()
+        deadline = time.monotonic() + 10
+        while (status := request(port, "GET", "/slow")[0]) == 503 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert status == 200 and len(started) == 3
+    finally:
+        release.set()
+        server.close()

@@ -117,3 +117,42 @@ def test_thresholds_from_the_article_are_kept_with_a_reason():
     assert "min_over_time(kvguardian_kv_fragmentation_ratio[1h]) > 0.3" in text
     assert "The article's residency threshold, 0.65, kept" in text
     assert "The article's fragmentation threshold, 0.3, kept" in text
+
+
+def test_every_kvguardian_metric_the_rules_read_is_in_the_exporter_catalog():
+    from kvguardian.exporters.catalog import names
+
+    exported = set(names())
+    read = {m for r in (*ALERTS.values(), *RECORDS.values()) for m in re.findall(r"\bkvguardian_\w+", r["expr"])}
+    assert read and read <= exported, sorted(read - exported)
+
+
+def test_the_pre_oom_guards_state_has_alerts():
+    """Issue 14: evicting, draining, shedding, budget use and OOM kills each alert, on the guard's own metrics."""
+    wanted = {"KVGuardianEvictingContinuously": "kvguardian_oom_evictions_total",
+              "KVGuardianDraining": "kvguardian_oom_draining",
+              "KVGuardianSheddingRequests": "kvguardian_oom_shed_requests_total",
+              "KVGuardianMemoryPressureHigh": "kvguardian_memory_pressure_ratio",
+              "KVGuardianOOMKilled": "kvguardian_memory_oom_kills_total",
+              "KVGuardianMemorySignalDown": "kvguardian_memory_signal_up"}
+    for alert, metric in wanted.items():
+        assert metric in ALERTS[alert]["expr"], alert
+
+
+def test_a_pressure_alert_without_the_floor_fails_the_sawtooth_test(tmp_path):
+    """The tests can fail: the raw pressure at the evict watermark (no floor) fires at a traffic peak where
+    eviction holds the line, and the sawtooth test says so."""
+    promtool = require_binary("promtool")
+    raw = RULES.read_text().replace("min_over_time(kvguardian_memory_pressure_ratio[15m])",
+                                    "kvguardian_memory_pressure_ratio")
+    assert raw != RULES.read_text()
+    (tmp_path / "rules").mkdir()
+    (tmp_path / "rules" / "kvguardian-rules.yml").write_text(raw)
+    (tmp_path / "tests").mkdir()
+    name = "KVGuardianMemoryPressureHigh.test.yml"
+    test = tmp_path / "tests" / name
+    test.write_text((ROOT / "deploy" / "prometheus" / "tests" / name).read_text()
+                    .replace("../kvguardian-rules.yml", str(tmp_path / "rules" / "kvguardian-rules.yml")))
+    proc = subprocess.run([promtool, "test", "rules", str(test)], capture_output=True, text=True)
+    assert proc.returncode != 0
+    assert "alertname: KVGuardianMemoryPressureHigh, time: 39m" in proc.stdout + proc.stderr  # the sawtooth fired

@@ -7,22 +7,19 @@ import copy
 import pytest
 
 from kvg_oom import Knob
+from kvg_testing import paged_workload
 from kvguardian.guard import Guard
 from kvguardian.oom.engine import guard_engine
 from kvguardian.oom.guard import OOMGuard
 from kvguardian.oom.hf_cache import BoundedPrefixCache, cache_nbytes
 from kvguardian.paged import PagedKVPool
 from kvguardian.paged.engine import Engine, OwnershipScheduler
-from kvguardian.paged.model import PagedLlama
-from kvguardian.repro.cross_request import make_workload, one_thread, oracle
+from kvguardian.repro.cross_request import one_thread
 
 
 @pytest.fixture(scope="module")
 def work(tiny_model):
-    with one_thread():
-        reqs, _ = make_workload(8, tiny_model.config.vocab_size, seed=11, sys_tokens=(24, 40))
-        expected = oracle(tiny_model, reqs)
-    return PagedLlama(tiny_model), reqs, expected, tiny_model.generation_config.eos_token_id
+    return paged_workload(tiny_model, 8, seed=11, sys_tokens=(24, 40))
 
 
 def test_preemption_under_pressure_recomputes_and_loses_nothing(work):

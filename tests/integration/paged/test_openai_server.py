@@ -155,3 +155,47 @@ def test_a_guard_gets_the_pools_cached_blocks_as_ledger_entries():
             time.sleep(0.05)
     assert n == 6  # 100 tokens: 6 full blocks of 16, each a ledger entry
     assert guard.check().findings == []  # cached blocks are declared retention, not leaks
+
+
+def _open_stream(host, port, max_tokens):
+    c = http.client.HTTPConnection(host, port, timeout=30)
+    c.request("POST", "/v1/completions", json.dumps({"model": "kvg-mini", "prompt": "q" * 64,
+                                                     "max_tokens": max_tokens, "stream": True}),
+              {"Authorization": "Bearer sk-a", "Content-Type": "application/json"})
+    return c
+
+
+def _go_away(c):
+    c.sock.shutdown(socket.SHUT_RDWR)
+    c.close()
+
+
+def _until(cond, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_a_client_gone_before_its_first_token_is_aborted_while_it_waits():
+    """One request runs at a time: the second waits for its first token; its client leaves; it is taken out
+    of the queue at once (before, it stayed queued until the request ahead of it ended, 4.7 s here)."""
+    app = create_app(MiniConfig(api_keys=KEYS, num_blocks=300, max_num_seqs=1))
+    with serve_asgi(app, lifespan="on") as url:
+        mini = app.state.mini
+        host, port = url.split("//")[1].split(":")
+        busy = _open_stream(host, int(port), 4000)
+        r = busy.getresponse()
+        assert r.readline().startswith(b"data:")
+        waiting = _open_stream(host, int(port), 8)
+        _until(lambda: mini.loop.snapshot()["waiting"] == 1)
+        t0 = time.monotonic()
+        _go_away(waiting)
+        _until(lambda: mini.loop.snapshot()["aborted"] == 1)
+        snap = mini.loop.snapshot()
+        assert snap["running"] == 1 and snap["waiting"] == 0, (snap, time.monotonic() - t0)  # the busy one runs on
+        _go_away(busy)
+        r.close()
+        _until(lambda: mini.loop.snapshot()["running"] == 0)  # aborted too (or ended at EOS meanwhile)
+        with mini.loop.lock:
+            assert mini.pool.metrics()["blocks_referenced"] == 0 and mini.pool.check_invariants() == []

@@ -2,19 +2,16 @@
 
 import pytest
 
+from kvg_testing import paged_workload
 from kvguardian.paged import PagedKVPool
 from kvguardian.paged.engine import Engine, OwnershipScheduler
-from kvguardian.paged.model import PagedLlama
-from kvguardian.repro.cross_request import make_workload, one_thread, oracle
+from kvguardian.repro.cross_request import one_thread
 from kvguardian.repro.slot_scheduler import SlotScheduler
 
 
 @pytest.fixture(scope="module")
 def setup(tiny_model):
-    with one_thread():
-        reqs, _ = make_workload(12, tiny_model.config.vocab_size, seed=5, sys_tokens=(40, 56))
-        expected = oracle(tiny_model, reqs)
-    return PagedLlama(tiny_model), reqs, expected, tiny_model.generation_config.eos_token_id
+    return paged_workload(tiny_model, 12, seed=5, sys_tokens=(40, 56))
 
 
 def run(setup, scheduler_factory, *, num_blocks=256, caching=True, debug=True, on_fault="raise", max_num_seqs=6):

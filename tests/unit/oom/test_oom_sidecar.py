@@ -1,7 +1,10 @@
-"""The sidecar's endpoints over real HTTP (a guard on a signal we set, a metrics page we serve), and the
-``kv-guardian oom-guard`` command's bad input: one line and an exit code each."""
+"""The sidecar's endpoints over real HTTP (a guard on a signal we set, a metrics page we serve), on the bounded
+server every kv-guardian endpoint shares (thousands of idle half-requests, TLS and basic auth from
+--web-config), and the ``kv-guardian oom-guard`` command's bad input: one line and an exit code each."""
 
 import json
+import re
+import subprocess
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -9,9 +12,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 
+from kvg_hostile import loris_flood
 from kvg_oom import Knob
+from kvg_tenancy import USERS, assert_guarded, client_ctx, get, web_config_file
+from kvg_testing import cli_command, wait_for_line
 from kvguardian.oom.guard import OOMGuard
-from kvguardian.oom.sidecar import Sidecar, process_alive, running_requests
+from kvguardian.oom.sidecar import Sidecar, Target, process_alive, running_requests
 
 pytest.importorskip("prometheus_client")
 
@@ -60,7 +66,7 @@ def test_running_requests_reads_vllm_and_treats_a_dead_server_as_idle(engine):
 
 def test_ready_drain_status_and_metrics_over_http(engine):
     knob = Knob(used=100)
-    side = Sidecar(OOMGuard([knob], interval=0.02), metrics_url=engine.url, drain_deadline=10)
+    side = Sidecar(OOMGuard([knob], interval=0.02), Target(metrics_url=engine.url), drain_deadline=10)
     host, port = side.serve("127.0.0.1", 0)
     base = f"http://{host}:{port}"
     side.oom.start()
@@ -81,21 +87,99 @@ def test_ready_drain_status_and_metrics_over_http(engine):
         st = httpx.get(f"{base}/status").json()
         assert st["shutdown"] and not st["ready"] and st["metrics_url"] == engine.url
         assert httpx.get(f"{base}/ready").status_code == 503  # after preStop: not ready for good
-        assert httpx.get(f"{base}/drain?deadline=x").status_code == 400
+        for bad in ("x", "nan", "-1", "inf"):
+            assert httpx.get(f"{base}/drain?deadline={bad}").status_code == 400, bad
         assert httpx.get(f"{base}/nope").status_code == 404
+        head = httpx.head(f"{base}/ready")
+        assert head.status_code == 503 and head.content == b"" and int(head.headers["content-length"]) > 10
+        r = httpx.post(f"{base}/ready")
+        assert r.status_code == 405 and r.headers["allow"] == "GET, HEAD"
+        assert b"/drain" in httpx.get(f"{base}/").content
     finally:
         side.oom.stop()
         side.close()
 
 
+def test_a_head_request_never_drains():
+    """HEAD is for looking: a crawler or a monitor's HEAD /drain must not take the server out of service."""
+    side = Sidecar(OOMGuard([Knob(used=100)]), Target(), settle=0.1)
+    host, port = side.serve("127.0.0.1", 0)
+    try:
+        r = httpx.head(f"http://{host}:{port}/drain")
+        assert r.status_code == 405 and r.headers["allow"] == "GET, POST"
+        assert side.oom.ready and not side.oom.status()["shutdown"]
+        assert httpx.head(f"http://{host}:{port}/status").status_code == 200
+    finally:
+        side.close()
+
+
 def test_drain_deadline_is_504_while_the_engine_still_runs(engine):
-    side = Sidecar(OOMGuard([Knob(used=100)]), metrics_url=engine.url)
+    side = Sidecar(OOMGuard([Knob(used=100)]), Target(metrics_url=engine.url))
     host, port = side.serve("127.0.0.1", 0)
     try:
         r = httpx.get(f"http://{host}:{port}/drain?deadline=0.3", timeout=10)
         assert r.status_code == 504 and r.json()["drained"] is False
     finally:
         side.close()
+
+
+def test_a_drain_in_progress_holds_up_neither_probes_nor_scrapes(engine):
+    side = Sidecar(OOMGuard([Knob(used=100)]), Target(metrics_url=engine.url))
+    host, port = side.serve("127.0.0.1", 0)
+    base = f"http://{host}:{port}"
+    try:
+        with httpx.Client(timeout=20) as c:
+            drains = [threading.Thread(target=c.get, args=(f"{base}/drain?deadline=2",)) for _ in range(4)]
+            for t in drains:
+                t.start()
+            time.sleep(0.3)  # the four drains wait for the engine (it keeps 2 requests running)
+            t0 = time.monotonic()
+            assert c.get(f"{base}/ready").status_code == 503  # shut down by the drains, answered at once
+            assert c.get(f"{base}/metrics").status_code == 200
+            busy = c.get(f"{base}/drain?deadline=1")  # a fifth slow request beyond the four allowed
+            assert time.monotonic() - t0 < 1.5  # a hang bound: nothing waited for the drains
+            assert busy.status_code == 503 and busy.headers["retry-after"] == "1"
+            for t in drains:
+                t.join(10)
+    finally:
+        side.close()
+
+
+def test_thousands_of_idle_half_requests_neither_make_threads_nor_stall_probes(tmp_path):
+    """The sidecar was a ThreadingHTTPServer: one thread per connection and no read timeout."""
+    d = v1_cgroup(tmp_path, 1 << 30)
+    proc = subprocess.Popen(cli_command("oom-guard", "--cgroup", str(d), "--port", "0", "--duration", "120"),
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        port = int(re.search(r"127\.0\.0\.1:(\d+)", wait_for_line(proc.stderr, "/ready")).group(1))
+        flood = loris_flood(proc.pid, port, lambda: get("127.0.0.1", port, "/ready", None),
+                            first_bytes=b"GET /ready HTTP/1.1\r\n")
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    assert flood["connections"] > 2500, "the flood really happened"
+    status, _, body = flood["answer"]
+    assert status == 200 and json.loads(body)["ready"] is True
+    assert flood["threads"] <= flood["baseline"] + 4, flood
+    assert flood["seconds"] < 10  # a hang bound, not a speed figure
+    assert proc.returncode == 0  # SIGTERM: exit 0 (the documented code)
+
+
+def test_oom_guard_serves_tls_and_basic_auth_from_web_config(tmp_path):
+    d = v1_cgroup(tmp_path, 1 << 30)
+    web = web_config_file(tmp_path, USERS)
+    proc = subprocess.Popen(cli_command("oom-guard", "--cgroup", str(d), "--port", "0", "--web-config", str(web),
+                                        "--duration", "120"), stderr=subprocess.PIPE, text=True)
+    try:
+        line = wait_for_line(proc.stderr, "/ready")
+        port = int(re.search(r"https://127\.0\.0\.1:(\d+)", line).group(1))
+        ctx = client_ctx(tmp_path)
+        for path in ("/ready", "/status", "/metrics"):
+            assert_guarded("127.0.0.1", port, path, ctx)
+        assert get("127.0.0.1", port, "/drain?deadline=0", ctx)[0] == 401  # preStop needs the credentials too
+    finally:
+        proc.terminate()
+        proc.wait(10)
 
 
 def test_without_metrics_drain_waits_the_settle_time_and_says_so():
@@ -136,6 +220,9 @@ def v1_cgroup(tmp_path, limit, name="grp"):
     (["--cgroup", "{limited}", "--metrics", "ftp://x"], 2, "not an http(s) URL"),
     (["--cgroup", "{limited}", "--nvml-index", "0"], 3, "NVML"),
     (["--pod-uid", "../etc", "--cgroup-root", "{tmp}"], 2, "not a pod UID"),
+    (["--cgroup", "{limited}", "--port", "70000"], 2, "--port 70000 is not a TCP port"),
+    (["--cgroup", "{limited}", "--host", "203.0.113.7"], 3, "fix: bind an address of this machine"),
+    (["--cgroup", "{limited}", "--web-config", "{tmp}/nope.yml"], 2, "--web-config"),
 ])
 def test_oom_guard_bad_input_is_one_line_and_an_exit_code(kv_cli, tmp_path, args, code, message):
     if "--nvml-index" in args:

@@ -7,6 +7,13 @@ Server-Sent Events, as OpenAI and vLLM stream), ``/v1/models``, ``/health``, ``/
 The model is a tiny random-weight Llama run by `PagedLlama` with a byte-level tokenizer (token = byte + 3),
 so every prompt token costs a real prefill: a prefix-cache hit is measurably faster, as on a real server.
 ``app.state.mini`` is the `MiniServer` (engine loop, pool, config) for middlewares that wrap the app.
+
+With the pre-OOM guard (``create_app(config, oom=OOMGuard.for_process(guard))``, or ``kv-guardian serve-mini
+--oom``) the engine is wired to it (`kvguardian.oom.engine.guard_engine`: the pool's occupancy is a signal,
+its prefix cache is evicted first, shed requests end early) and the app gets `kvguardian.oom.asgi.install`'s
+``/ready``, ``/drain`` and ``/oom``: while draining, a new request gets 503 + ``Retry-After``; a request shed
+before its first token gets the same 503 (streamed or not), one shed mid-stream an SSE error event of type
+``overloaded``.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +33,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from kvguardian._errors import UsageError, require
 from kvguardian.exporters.webconfig import BasicAuthASGI, WebConfig, basic_user
-from kvguardian.paged.openai.loop import EngineLoop
+from kvguardian.paged.loop import EngineLoop, Stopped
 from kvguardian.paged.openai.tenancy import CACHE_MODES, KeyRing, namespace_of
 
 __all__ = ["MiniConfig", "MiniServer", "create_app"]
@@ -69,7 +76,8 @@ class MiniConfig:
 class MiniServer:
     """The model, pool, engine loop and key ring behind one app."""
 
-    def __init__(self, config: MiniConfig, web: WebConfig | None = None, guard: Any = None) -> None:
+    def __init__(self, config: MiniConfig, web: WebConfig | None = None, guard: Any = None, oom: Any = None,
+                 *, oom_preempt: bool = False) -> None:
         config.validate()
         self.config = config
         self.web = web or WebConfig()
@@ -77,6 +85,11 @@ class MiniServer:
         self.created = int(time.time())
         self.pool, engine = _build_engine(config)
         self.guard = guard
+        self.oom = oom
+        if oom is not None:
+            from kvguardian.oom.engine import guard_engine
+
+            guard_engine(oom, engine, name="mini", preempt=oom_preempt)
         self.feed: Any = None
         if guard is not None:  # the pool's prefix-cache blocks become ledger entries (kvguardian_kv_* metrics)
             from kvguardian.paged.ledger_feed import LedgerFeed
@@ -98,7 +111,25 @@ class MiniServer:
         registry = CollectorRegistry(auto_describe=True)
         ledger = self.guard.ledger if self.guard is not None else None
         registry.register(KVGuardianCollector(ledger, pools={"mini": _LockedPool(self)}, findings=self._findings))
+        if self.oom is not None:
+            from kvguardian.oom.metrics import OOMCollector
+
+            registry.register(OOMCollector(self.oom))
         return registry
+
+    def start(self) -> None:
+        """Start the engine thread and the guard's sampling thread (idempotent)."""
+        self.loop.start()
+        if self.oom is not None:
+            self.oom.start()
+
+    def close(self) -> None:
+        if self.oom is not None:
+            self.oom.stop()
+        self.loop.close()
+
+    def retry_after(self) -> float:
+        return float(self.oom.retry_after) if self.oom is not None else 1.0
 
     def _findings(self) -> tuple[Sequence[Any], float]:
         with self.loop.lock:
@@ -216,23 +247,29 @@ def _error(status: int, message: str, kind: str, param: str | None = None) -> An
 
 
 # ---------------------------------------------------------------------------------------------- the app
-def create_app(config: MiniConfig | None = None, *, web: WebConfig | None = None, guard: Any = None) -> Any:
+def create_app(config: MiniConfig | None = None, *, web: WebConfig | None = None, guard: Any = None,
+               oom: Any = None, oom_preempt: bool = False) -> Any:
     """The FastAPI app of a new `MiniServer` (its engine thread starts with the app's lifespan, or at the first
     request when run without one). With ``web`` basic auth, every path outside ``/v1`` needs it; ``/v1`` needs
     an API key (or, with no keys configured, the basic-auth user, who is then the tenant). With a
     `kvguardian.Guard`, the pool's cached blocks are fed into its ledger after every engine step and
-    ``/metrics`` exports the ledger too."""
+    ``/metrics`` exports the ledger too.
+
+    With ``oom`` (a `kvguardian.oom.OOMGuard`, e.g. ``OOMGuard.for_process(guard)``, which also watches the
+    guard's ledger against a KV budget), the engine and the app are wired to it (see the module's docstring);
+    ``oom_preempt`` adds preempting the newest running request as the last eviction step. ``/metrics`` and
+    ``/health`` are answered while it drains; ``/ready`` and ``/drain`` need basic auth when ``web`` has users."""
     from kvguardian.exporters.server import mount_metrics
 
-    server = MiniServer(config or MiniConfig(), web, guard)
+    server = MiniServer(config or MiniConfig(), web, guard, oom, oom_preempt=oom_preempt)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Any) -> AsyncIterator[None]:
-        server.loop.start()
+        server.start()
         try:
             yield
         finally:
-            server.loop.close()
+            server.close()
 
     app = FastAPI(title="kv-guardian mini server", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
@@ -264,13 +301,19 @@ def create_app(config: MiniConfig | None = None, *, web: WebConfig | None = None
             comp = parse_completion(body, server)
         except BadRequest as exc:
             return _error(exc.status, str(exc), exc.kind, exc.param)
-        server.loop.start()
+        server.start()
         stream = _Stream(server, tenant, comp)
         if comp.stream:
-            return StreamingResponse(stream.sse(), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
+            first = await stream.first(request.receive)
+            if first is not None:
+                return first
+            return _SSEResponse(stream)
         return await stream.whole()
 
+    if oom is not None:  # inside basic auth: /drain stops the server, so it needs the credentials too
+        from kvguardian.oom.asgi import install
+
+        install(app, oom, exempt=("/metrics", "/health"))
     if server.web.auth:  # /v1 has its own keys; with none configured, basic auth guards it too
         app.add_middleware(BasicAuthASGI, config=server.web,  # type: ignore[arg-type]
                            exempt=(lambda path: path.startswith("/v1/")) if server.keys.required else None)
@@ -287,24 +330,75 @@ class _Stream:
         self.comp = comp
         self.id = f"cmpl-{uuid.uuid4().hex}"
         self.created = int(time.time())
-        self.queue: asyncio.Queue[tuple[int | None, bool, str | None]] = asyncio.Queue()
+        self.queue: asyncio.Queue[tuple[int | None, bool, Stopped | None]] = asyncio.Queue()
         loop = asyncio.get_running_loop()
         shared = namespace_of(server.config.cache_mode, tenant, comp.salt)
         req = Request(self.id, tenant, tuple(comp.prompt), comp.max_tokens, shared=shared)
 
-        def deliver(token: int | None, finished: bool, error: str | None) -> None:  # engine thread
-            loop.call_soon_threadsafe(self.queue.put_nowait, (token, finished, error))
+        def deliver(token: int | None, finished: bool, stopped: Stopped | None) -> None:  # engine thread
+            loop.call_soon_threadsafe(self.queue.put_nowait, (token, finished, stopped))
 
         server.loop.submit(req, deliver)
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self.tokens = 0
         self.finished = False
+        self._peeked: tuple[int | None, bool, Stopped | None] | None = None
+
+    async def _next(self) -> tuple[int | None, bool, Stopped | None]:
+        if self._peeked is not None:
+            item, self._peeked = self._peeked, None
+        else:
+            item = await self.queue.get()
+        self.finished = item[1]
+        return item
+
+    async def first(self, receive: Callable[[], Awaitable[Any]]) -> Any:
+        """Wait for the first event: the error response when the request ended before its first token (503 +
+        Retry-After when it was shed) or the client went away meanwhile (``receive``, the request's ASGI
+        receive, says ``http.disconnect``: the request is aborted), else None (the stream can start; the event
+        is kept for `sse`)."""
+        nxt = asyncio.ensure_future(self._next())
+        gone = asyncio.ensure_future(_disconnect(receive))
+        got = False
+        try:
+            await asyncio.wait({nxt, gone}, return_when=asyncio.FIRST_COMPLETED)
+            got = nxt.done()
+        finally:  # also when cancelled (the server stops)
+            for task in (nxt, gone):
+                if not task.done():
+                    task.cancel()
+            if not got:
+                self.close()
+        if not got:  # nobody reads this answer
+            return _error(499, "the client closed the request", "client_closed_request")
+        item = nxt.result()
+        if item[2] is not None:
+            return self._stopped(item[2])
+        self._peeked = item
+        self.finished = False
+        return None
+
+    def close(self) -> None:
+        """Abort the request unless it finished (the client went away): stop generating, free its blocks."""
+        if not self.finished:
+            self.server.loop.abort(self.id)
+
+    def _stopped(self, stopped: Stopped) -> Any:
+        if stopped.reason != "shed":
+            return _error(500, stopped.message, "server_error")
+        from kvguardian.oom.asgi import overloaded_body, retry_after_header
+        from kvguardian.oom.guard import Overloaded
+
+        retry = self.server.retry_after()
+        body = overloaded_body(Overloaded(stopped.message, retry_after=retry, reason="shed"))
+        return JSONResponse(body, status_code=503, headers={"Retry-After": retry_after_header(retry)})
 
     def _text(self, token: int | None) -> str:
         if token is None:
             return ""
         self.tokens += 1
-        return self.decoder.decode(bytes([token - SPECIAL]) if token >= SPECIAL else b"")
+        byte = token - SPECIAL  # the specials and the id above the bytes decode to nothing
+        return self.decoder.decode(bytes([byte]) if 0 <= byte < 256 else b"")
 
     def _reason(self, token: int | None) -> str:
         return "stop" if token == 2 else "length"
@@ -321,9 +415,11 @@ class _Stream:
     async def sse(self) -> AsyncIterator[bytes]:
         try:
             while not self.finished:
-                token, self.finished, error = await self.queue.get()
-                if error is not None:
-                    yield _sse({"error": {"message": error, "type": "server_error", "code": 500}})
+                token, _, stopped = await self._next()
+                if stopped is not None:
+                    kind = "overloaded" if stopped.reason == "shed" else "server_error"
+                    code = 503 if stopped.reason == "shed" else 500
+                    yield _sse({"error": {"message": stopped.message, "type": kind, "code": code}})
                     break
                 text = self._text(token) + (self.decoder.decode(b"", final=True) if self.finished else "")
                 yield _sse(self._chunk(text, self._reason(token) if self.finished else None))
@@ -331,25 +427,45 @@ class _Stream:
                 yield _sse({**self._chunk("", None), "choices": [], "usage": self._usage()})
             yield b"data: [DONE]\n\n"
         finally:
-            if not self.finished:  # the client went away: stop generating, free the blocks
-                self.server.loop.abort(self.id)
+            self.close()  # the client went away: stop generating, free the blocks
 
     async def whole(self) -> Any:
         parts: list[str] = []
         token: int | None = None
         try:
             while not self.finished:
-                token, self.finished, error = await self.queue.get()
-                if error is not None:
-                    return _error(500, error, "server_error")
+                token, _, stopped = await self._next()
+                if stopped is not None:
+                    return self._stopped(stopped)
                 parts.append(self._text(token))
         finally:
-            if not self.finished:
-                self.server.loop.abort(self.id)
+            self.close()
         parts.append(self.decoder.decode(b"", final=True))
         out = self._chunk("".join(parts), self._reason(token))
         out["usage"] = self._usage()
         return out
+
+
+class _SSEResponse(StreamingResponse):
+    """The stream as Server-Sent Events. However the response ends (finished, the client gone before the body
+    started or during it), the request is aborted unless it finished: a generator Starlette never started
+    would run no ``finally``."""
+
+    def __init__(self, stream: _Stream) -> None:
+        super().__init__(stream.sse(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        self._stream = stream
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._stream.close()
+
+
+async def _disconnect(receive: Callable[[], Awaitable[Any]]) -> None:
+    """Return when the client disconnects (the body was read already: the next message is the disconnect)."""
+    while (await receive()).get("type") != "http.disconnect":
+        await asyncio.sleep(0.05)  # a server that answers at once with empty bodies is polled, not spun
 
 
 def _sse(obj: dict[str, Any]) -> bytes:
