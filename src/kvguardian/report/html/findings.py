@@ -63,7 +63,7 @@ def _chain(chain: Sequence[str]) -> str:
 def _full(f: FindingView) -> str:
     head = (el("span", text(f.id), class_="fid") + " " + el("span", text(f.name), class_="fname") + " "
             + el("span", text(f.severity), class_=f"badge sev-{f.severity}"))
-    parts = [el("h4", head), el("p", text(f.message), class_="msg")]
+    parts = [el("h3", head, class_="fhead"), el("p", text(f.message), class_="msg")]
     if f.origin:
         parts.append(el("p", "in " + text(f.origin), class_="origin"))
     parts.append(_chain(f.holder_chain))
@@ -107,7 +107,7 @@ def render_findings(findings: Sequence[FindingView]) -> str:
                      + text(f" ×{len(items)}{root}"))
         body = "".join(_full(f) for f in items[:_FULL_PER_GROUP])
         if len(items) > _FULL_PER_GROUP:
-            body += el("h4", text(f"{len(items) - _FULL_PER_GROUP} more like these"), class_="sub") \
+            body += el("h3", text(f"{len(items) - _FULL_PER_GROUP} more like these"), class_="sub") \
                 + _rows(items[_FULL_PER_GROUP:])
         out.append(el("details", summary + body, class_="group", open=i < 8, data_id=first.id,
                       data_severity=first.severity, data_count=len(items)))
