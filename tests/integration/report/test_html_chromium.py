@@ -158,6 +158,7 @@ def _scan() -> dict:
                  "no_ttl_keys": (1000 - 40 * i) * i // 12, "cold_keys": 10 * i,
                  "ttl": {"none": (1000 - 40 * i) * i // 12, "lt_1h": 300, "lt_1d": 200},
                  "idle_s": {"p50": 30 * (i + 1), "p90": 3600, "max": 86400 * (i + 1)},
+                 "idle_buckets": {"lt_1m": 10 * i, "lt_1h": 500, "ge_30d": 40 * i},
                  "top_keys": [{"key": f"session:<b>{i}</b>", "bytes": 900, "type": "hash", "ttl_ms": None}]}
                 for i, name in enumerate("abcdefghijkl")]
     return {"schema": "kv-guardian/redis-scan", "version": 1, "target": "redis://127.0.0.1:6379/0", "started": 1.7e9,

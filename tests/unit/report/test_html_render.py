@@ -126,7 +126,11 @@ def test_redis_scan_and_diff_pages():
             "finished": 2.0, "complete": True, "patterns": patterns, "findings": [], "warnings": ["w1"]}
     html = render_html(scan)
     assert html.count('class="tile-g"') == 40
-    assert 'class="pattern"' in html and html.count('class="bin"') == 8 * 30
+    assert 'class="pattern"' in html and html.count('class="bin"') == 8 * 30  # TTL bins; idle as p50/p90/max
+    assert html.count('class="quantile"') == 3 * 30
+    patterns[0]["idle_buckets"] = {"lt_1m": 3, "lt_1h": 7, "ge_30d": 1}  # scans that have the idle histogram
+    html = render_html(scan)
+    assert html.count('class="bin"') == 8 * 30 + 7 and html.count('class="quantile"') == 3 * 29
     assert "sess:&lt;b&gt;0&lt;/b&gt;" in html
     rows = [{"pattern": f"p{i}", "bytes_delta": (i - 5) * 100, "keys_delta": i, "bytes_old": 1, "bytes_new": 2}
             for i in range(10)]

@@ -1,8 +1,9 @@
 """Redis: a treemap of key patterns by bytes coloured by their share of keys without a TTL, each pattern's TTL
 histogram and idle times, and for a diff the growth of each pattern.
 
-A scan keeps, per pattern, a TTL histogram in fixed buckets and idle-time quantiles (p50, p90, max) - the idle
-chart draws those three marks on a log time axis, which is what the scan measured.
+A scan keeps, per pattern, a TTL histogram in fixed buckets, an idle-time histogram (``idle_buckets``, the same
+ranges) and idle-time quantiles (p50, p90, max). Scans written before ``idle_buckets`` existed get the three
+quantiles drawn as marks on a log time axis; under an LFU policy there are access counters, not idle times.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ MAX_TILES = 200
 MAX_PANELS = 30
 MAX_GROWTH_ROWS = 40
 TTL_ORDER = ("none", "lt_1m", "lt_10m", "lt_1h", "lt_1d", "lt_7d", "lt_30d", "ge_30d")
+IDLE_ORDER = ("lt_1m", "lt_10m", "lt_1h", "lt_1d", "lt_7d", "lt_30d", "ge_30d")
 TTL_LABELS = {"none": "no TTL", "lt_1m": "< 1 min", "lt_10m": "< 10 min", "lt_1h": "< 1 h", "lt_1d": "< 1 d",
               "lt_7d": "< 7 d", "lt_30d": "< 30 d", "ge_30d": "≥ 30 d"}
 
@@ -88,12 +90,18 @@ def _bars(title: str, labels: Sequence[str], counts: Sequence[int], klass: str, 
                       + el("text", text(lab), x=num(x + bw / 2), y=num(h - bottom + 12), class_="tick small",
                            text_anchor="middle"),
                       class_="bin", data_count=c))
-    return el("svg", el("title", text(title), id=f"{chart_id}-title") + "".join(out), id=chart_id,
+    caption = el("text", text(title.split(" of the keys of ")[0]), x=num(left), y=10, class_="tick small")
+    return el("svg", el("title", text(title), id=f"{chart_id}-title") + caption + "".join(out), id=chart_id,
               class_="chart mini", role="img", aria_labelledby=f"{chart_id}-title", viewBox=f"0 0 {num(w)} {num(h)}",
               width=num(w), height=num(h))
 
 
 def _idle(p: Mapping[str, Any], chart_id: str) -> str:
+    hist = p.get("idle_buckets")
+    if isinstance(hist, Mapping):
+        return _bars(f"idle time since the last read of the keys of {p['pattern']}",
+                     [TTL_LABELS[k] for k in IDLE_ORDER], [_int(hist.get(k)) for k in IDLE_ORDER], "idle",
+                     chart_id)
     q = p.get("idle_s")
     if not isinstance(q, Mapping):
         f = p.get("lfu_freq")
