@@ -167,3 +167,34 @@ def test_history_reader_rejects_other_versions():
     with pytest.raises(UsageError, match="timeline version 9"):
         read_history({**tl, "version": 9})
     assert classify(synthetic_report(3)).audits[0].timeline is not None
+
+
+def test_html_reporter_draws_the_result_and_keeps_the_command_output():
+    import io
+
+    from kvguardian.findings import Finding, Report
+    from kvguardian.report.html.reporter import HtmlReporter
+
+    out = io.StringIO()
+    rep = HtmlReporter(out)
+    rep.heading("<b>scan</b>")
+    rep.text("3 patterns")
+    rep.table("top patterns", ["pattern", "keys"], [["s:<i>x</i>", 3], ["t:{uuid}", 5]])
+    rep.finding(Finding("KVG102", "error", "live line"))
+    rep.result(synthetic_report(8, leak_every=2))
+    rep.close()
+    html = out.getvalue()
+    assert 'data-total="4"' in html and 'class="lanes-figure"' in html  # the result, drawn as a report
+    assert "Command output" in html and "&lt;b&gt;scan&lt;/b&gt;" in html and "s:&lt;i&gt;x&lt;/i&gt;" in html
+    # no result: the findings it was given (or saw live) are the page
+    out = io.StringIO()
+    rep = HtmlReporter(out)
+    rep.finding(Finding("KVG207", "warning", "idle KV"))
+    rep.close()
+    assert 'data-total="1"' in out.getvalue()
+    out = io.StringIO()
+    rep = HtmlReporter(out)
+    rep.findings(Report(findings=[Finding("KVG102", "error", "m")]))
+    rep.result({"rows": "not a report"})  # a result no report kind matches
+    rep.close()
+    assert 'data-total="1"' in out.getvalue()

@@ -158,10 +158,12 @@ def _sections(doc: Document) -> list[tuple[str, str, str]]:
     return out
 
 
-def render_page(doc: Document) -> str:
-    """The whole HTML file of ``doc``."""
+def render_page(doc: Document, *, output: str = "") -> str:
+    """The whole HTML file of ``doc``; ``output`` (markup) is what the command printed for people, shown last."""
     style, script = _asset("page.css"), _asset("page.js")
     sections = _sections(doc)
+    if output:
+        sections.append(("output", "Command output", el("div", output, class_="output")))
     body = []
     toc = []
     for sid, title, content in sections:
