@@ -14,20 +14,11 @@ import ast
 import re
 from typing import Any
 
-__all__ = ["redact_data", "redact_key", "redact_text"]
+from kvguardian.tensors.holders.edges import key_repr
+
+__all__ = ["redact_data", "redact_text"]
 
 _STEP = re.compile(r"dict\[((?:'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|[^\[\]'\"])*)\]")
-
-
-def redact_key(key: object) -> str:
-    """A dictionary key as a redacted holder-chain step shows it."""
-    if isinstance(key, str):
-        return f"<str len={len(key)}>"
-    if isinstance(key, tuple):
-        return "(" + ", ".join(redact_key(k) for k in key[:4]) + (", …" if len(key) > 4 else "") + ")"
-    if isinstance(key, (int, float, bool)) or key is None:
-        return "<key>"
-    return f"<{type(key).__name__}>"
 
 
 def _step(match: re.Match[str]) -> str:
@@ -38,7 +29,7 @@ def _step(match: re.Match[str]) -> str:
         key = ast.literal_eval(inner)
     except (ValueError, SyntaxError, MemoryError, RecursionError):
         return "dict[<key>]"
-    return f"dict[{redact_key(key)}]"
+    return f"dict[{key_repr(key, True)}]"
 
 
 def redact_text(text: str) -> str:
