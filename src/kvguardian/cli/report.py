@@ -27,7 +27,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="write the KV history as a PyTorch memory snapshot (python -m torch.cuda._memory_viz "
                         "trace_plot OUT.pickle -o kv.html)")
     p.add_argument("--trace", metavar="OUT.json", help="write the KV history as a Chrome/Perfetto trace")
-    p.add_argument("--redact", action="store_true", help="hide dictionary keys in holder chains, as --redact does")
+    p.add_argument("--redact", action="store_true",
+                   help="show the report as --redact would have written it: dictionary keys in holder chains "
+                        "hidden, Redis key names and patterns hashed")
 
 
 def _writable(path: str, flag: str) -> None:

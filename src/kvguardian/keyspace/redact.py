@@ -18,7 +18,7 @@ from kvguardian.keyspace.patterns import OVERFLOW
 from kvguardian.keyspace.result import ScanResult
 from kvguardian.keyspace.tokens import DELIMITERS, tokenize
 
-__all__ = ["Redactor", "redact_result"]
+__all__ = ["Redactor", "redact_result", "redact_value"]
 
 _PLACEHOLDER = re.compile(r"\{(?:uuid|ts_s|ts_ms|ts_us|ts_ns|date|ip|hex|b64|rand|int|str|tag|other)\}")
 
@@ -52,15 +52,16 @@ class Redactor:
         return "".join(tok if tok in DELIMITERS or tok == "…" else self.token(tok) for tok in tokenize(key))
 
 
-def _redact_value(r: Redactor, k: str, v: Any) -> Any:
+def redact_value(r: Redactor, k: str, v: Any) -> Any:
+    """``v`` (found under key ``k``) with every ``pattern`` and key-name field inside it redacted."""
     if k == "pattern" and isinstance(v, str):
         return r.pattern(v)
     if k in ("key", "example_key", "example_cold_key") and (v is None or isinstance(v, str)):
         return r.key(v)
     if isinstance(v, dict):
-        return {kk: _redact_value(r, kk, vv) for kk, vv in v.items()}
+        return {kk: redact_value(r, kk, vv) for kk, vv in v.items()}
     if isinstance(v, list):
-        return [_redact_value(r, k, x) for x in v]
+        return [redact_value(r, k, x) for x in v]
     return v
 
 
@@ -69,7 +70,7 @@ def redact_result(result: ScanResult, redactor: Redactor | None = None) -> ScanR
     from the copy (`verdicts.scan_findings`) so their messages only ever see redacted names."""
     r = redactor or Redactor()
     out = ScanResult.from_dict(result.to_dict())
-    out.patterns = [_redact_value(r, "", p) for p in out.patterns]
+    out.patterns = [redact_value(r, "", p) for p in out.patterns]
     out.findings = []
     out.redacted = True
     return out

@@ -198,3 +198,20 @@ def test_html_reporter_draws_the_result_and_keeps_the_command_output():
     rep.result({"rows": "not a report"})  # a result no report kind matches
     rep.close()
     assert 'data-total="1"' in out.getvalue()
+
+
+def test_redact_a_redis_scan_like_scan_redact():
+    from kvguardian.keyspace.redact import Redactor
+
+    scan = {"schema": "kv-guardian/redis-scan", "version": 1, "target": "redis://127.0.0.1:1/0", "started": 1.0,
+            "finished": 2.0, "patterns": [{"pattern": "tenant-alice:{uuid}", "keys": 20, "bytes": 10,
+                                           "example_key": "tenant-alice:4f1c",
+                                           "top_keys": [{"key": "tenant-alice:4f1c", "bytes": 5}]}],
+            "findings": [{"id": "KVG305", "severity": "info", "message": "20 keys of tenant-alice:{uuid} have no TTL",
+                          "evidence": {"pattern": "tenant-alice:{uuid}", "example_key": "tenant-alice:4f1c"}}]}
+    out = redact_data(scan)
+    assert "alice" not in json.dumps(out)
+    hashed = Redactor().pattern("tenant-alice:{uuid}")
+    assert out["patterns"][0]["pattern"] == hashed and hashed in out["findings"][0]["message"]
+    assert out["redacted"] is True and "alice" in json.dumps(scan)  # a copy: the input is untouched
+    assert "alice" not in render_html(out)
