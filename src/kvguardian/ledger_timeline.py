@@ -6,6 +6,7 @@ resolution instead of a growing list.
   neighbouring pairs are merged - the sample with more bytes alive is kept, so a peak is never lost - and the
   *stride* doubles: from then on a sample stands for twice the interval, request ends closer together than a
   quarter of it fold into the last sample (again keeping the peak), and the interval samples come half as often.
+  Until the first merge every request end is a sample of its own.
 - **Lanes**: each request's start, end, the bytes it owned when it ended, and when the last of its KV was freed;
   at most ``lanes`` (the oldest ended lane is forgotten first and counted).
 
@@ -62,7 +63,7 @@ class Timeline:
         self.interval_s = interval_s
         self.stride = 1
         self.samples: list[list[float]] = []
-        self.next_due = origin + interval_s  # clock value of the next interval sample
+        self.next_due = origin  # clock value of the next interval sample (the first is due at once)
         self.lanes: OrderedDict[str, Lane] = OrderedDict()
         self.lane_capacity = lanes
         self.lanes_dropped = 0
@@ -79,8 +80,8 @@ class Timeline:
         t = now - self.origin
         row = [t, float(live), float(retained), float(orphaned), float(released)]
         samples = self.samples
-        step = self.interval_s * self.stride
-        if request_end and samples and t - samples[-1][0] < step / 4:
+        fold = 0.0 if self.stride == 1 else self.interval_s * self.stride / 4
+        if request_end and samples and t - samples[-1][0] < fold:
             last = samples[-1]
             if row[1] + row[2] + row[3] >= last[1] + last[2] + last[3]:
                 samples[-1] = row

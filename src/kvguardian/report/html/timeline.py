@@ -1,6 +1,6 @@
 """The KV timeline: bytes by state over time (stacked: orphaned, retained, live), the bytes released so far
 (a line on the right axis), request starts and ends as rugs under the plot, and the KVG103 trend line where
-it fired.
+it fired. Values are steps, nothing is interpolated: a sample is drawn over the interval up to it.
 
 Each series is a ``<g class="series" data-series="live">`` with a ``<title>``; the legend is HTML text; a
 ``<details>`` holds the numbers as a table for readers who cannot see the chart.
@@ -26,10 +26,22 @@ _RUG_BINS = 240
 _TABLE_ROWS = 60
 
 
+def _steps(ts: Sequence[float], values: Sequence[float]) -> list[tuple[float, float]]:
+    """Each sample drawn over the interval that led up to it (step-before): samples are taken at request ends
+    and at interval ends, where a request's KV peaks, so the step shows the bytes the interval reached."""
+    pts: list[tuple[float, float]] = []
+    for i, (t, v) in enumerate(zip(ts, values)):
+        if i:
+            pts.append((ts[i - 1], v))
+        pts.append((t, v))
+    return pts
+
+
 def _polygon(samples: Sequence[Sample], chart: Chart, lower: Sequence[float], upper: Sequence[float]) -> str:
     x, y = chart.x, chart.y
-    top = [f"{num(x(s.t))},{num(y(u))}" for s, u in zip(samples, upper)]
-    bottom = [f"{num(x(s.t))},{num(y(lo))}" for s, lo in zip(reversed(samples), reversed(lower))]
+    ts = [s.t for s in samples]
+    top = [f"{num(x(t))},{num(y(v))}" for t, v in _steps(ts, upper)]
+    bottom = [f"{num(x(t))},{num(y(v))}" for t, v in reversed(_steps(ts, lower))]
     return " ".join(top + bottom)
 
 
@@ -50,7 +62,8 @@ def _areas(samples: Sequence[Sample], chart: Chart) -> list[str]:
 def _released(samples: Sequence[Sample], chart: Chart) -> tuple[str, Scale]:
     top = max((s.released for s in samples), default=0.0) or 1.0
     ry = Scale(0.0, top * 1.05, chart.plot_height, 0.0)
-    pts = " ".join(f"{num(chart.x(s.t))},{num(ry(s.released))}" for s in samples)
+    pts = " ".join(f"{num(chart.x(t))},{num(ry(v))}" for t, v in _steps([s.t for s in samples],
+                                                                         [s.released for s in samples]))
     title = el("title", text(f"released so far: {human_bytes(samples[-1].released if samples else 0)}"))
     line = el("polyline", "", points=pts, class_="line st-released")
     return el("g", title + line, class_="series", data_series="released", data_peak=int(top)), ry
