@@ -14,7 +14,7 @@ from kvguardian._errors import UsageError
 from kvguardian.report.document import Audit, Document
 from kvguardian.report.history import History, read_history
 
-__all__ = ["KVAudit", "kv_audits", "write_memory_snapshot_of", "write_trace_of"]
+__all__ = ["KVAudit", "kv_audits", "write_memory_snapshot_of", "write_outputs", "write_trace_of"]
 
 
 @dataclass(frozen=True)
@@ -64,3 +64,25 @@ def write_trace_of(audits: list[KVAudit], path: str | Path) -> int:
     return write_trace([TraceAudit(k.audit.label, k.history,
                                    [{"id": f.id, "name": f.name, "severity": f.severity, "message": f.message}
                                     for f in k.audit.findings]) for k in audits], path)
+
+
+def write_outputs(doc: Document, *, html: str | None = None, memory_snapshot: str | None = None,
+                  trace: str | None = None) -> list[str]:
+    """Write the HTML page, the memory snapshot and the trace of ``doc`` that are asked for; one line per file
+    written. Raises `UsageError` before writing anything when an export is asked for and ``doc`` has no KV
+    timeline."""
+    from kvguardian.report.html import write_html
+
+    audits = kv_audits(doc, "--memory-snapshot/--trace") if (memory_snapshot or trace) else []
+    done = []
+    if html:
+        n = write_html(doc, html)
+        done.append(f"{html} ({n:,} bytes, {len(doc.findings)} finding(s))")
+    if memory_snapshot:
+        n = write_memory_snapshot_of(audits, memory_snapshot)
+        done.append(f"{memory_snapshot} ({n:,} bytes; view: python -m torch.cuda._memory_viz trace_plot "
+                    f"{memory_snapshot} -o kv.html)")
+    if trace:
+        n = write_trace_of(audits, trace)
+        done.append(f"{trace} ({n:,} bytes; open in Perfetto or chrome://tracing)")
+    return done

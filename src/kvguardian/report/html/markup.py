@@ -2,7 +2,8 @@
 
 Everything shown in a report comes from outside kv-guardian (request ids, key names, holder-chain steps,
 exception texts). `text` is the only way data enters the page: control, bidi and zero-width characters are
-written as visible escapes (``\\x1b``, ``\\u202e``), lone surrogates too, and ``<&>"'`` become entities, so a
+written as visible escapes (``\\x1b``, ``\\u202e``) as on the terminal, lone surrogates too, credentials are
+masked, and ``<&>"'`` become entities, so a
 request id ``<script>alert(1)</script>`` is shown as those characters and never parsed. `el` builds an element
 from already-safe content and escaped attributes; nothing else in the package writes ``<`` itself except the
 fixed markup of the page shell.
@@ -14,28 +15,19 @@ import html
 import re
 from collections.abc import Iterable
 
+from kvguardian.report.escape import visible
+
 __all__ = ["attrs", "el", "join", "num", "text", "truncate"]
 
-# C0/C1 controls, DEL, bidi overrides/isolates, line/paragraph separators, zero-width space, BOM, surrogates
-_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200b\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069\ufeff"
-                     "\ud800-\udfff]")
-_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
-
-
-def _escape(match: re.Match[str]) -> str:
-    ch = match.group()
-    named = _NAMED.get(ch)
-    if named is not None:
-        return named
-    code = ord(ch)
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+_SURROGATE = re.compile("[\ud800-\udfff]")  # lone surrogates (JSON allows them; UTF-8 cannot encode them)
 
 
 def text(value: object) -> str:
-    """``str(value)`` as HTML text (also safe inside a quoted attribute): unsafe characters as visible escapes,
-    markup characters as entities."""
-    s = value if isinstance(value, str) else str(value)
-    return html.escape(_UNSAFE.sub(_escape, s), quote=True)
+    """``str(value)`` as HTML text (also safe inside a quoted attribute): credentials masked and unsafe
+    characters as visible escapes (`kvguardian.report.escape.visible`), lone surrogates as ``\\udXXX``, markup
+    characters as entities."""
+    shown = _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", visible(value))
+    return html.escape(shown, quote=True)
 
 
 def truncate(value: object, limit: int) -> str:

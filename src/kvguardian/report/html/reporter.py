@@ -8,8 +8,10 @@ findings it reported. Every string is data: it goes through `markup.text`.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import IO, Any
 
 from kvguardian._errors import UsageError
@@ -17,8 +19,9 @@ from kvguardian.findings import Finding, Report
 from kvguardian.report.document import classify
 from kvguardian.report.html.markup import el, text, truncate
 from kvguardian.report.html.page import render_page
+from kvguardian.report.reporter import Tone
 
-__all__ = ["HtmlReporter"]
+__all__ = ["HtmlReporter", "html_file"]
 
 _MAX_BLOCKS = 2_000
 _MAX_ROWS = 1_000
@@ -28,9 +31,11 @@ _MAX_LIVE = 10_000
 class HtmlReporter:
     """Buffers a command's output and writes the page at `close` (to ``stream``, stdout by default)."""
 
-    def __init__(self, stream: IO[str] | None = None, *, source: str = "command output") -> None:
+    def __init__(self, stream: IO[str] | None = None, *, source: str = "command output",
+                 path: str | os.PathLike[str] | None = None) -> None:
         self.stream = stream
         self.source = source
+        self.path = path  # write the page to this file (whole, or not at all) instead of a stream
         self.blocks: list[str] = []
         self.dropped = 0
         self.payload: Mapping[str, Any] | None = None
@@ -46,7 +51,7 @@ class HtmlReporter:
     def heading(self, text_: str) -> None:
         self._add(el("h3", text(text_)))
 
-    def text(self, line: str, *, tone: str = "plain") -> None:
+    def text(self, line: str, *, tone: Tone = "plain") -> None:
         self._add(el("p", text(line), class_=f"out tone-{tone}") if line else "")
 
     def table(self, title: str, columns: Sequence[str], rows: Iterable[Sequence[object]]) -> None:
@@ -91,6 +96,24 @@ class HtmlReporter:
         return render_page(doc, output=output)
 
     def close(self) -> None:
-        out = self.stream if self.stream is not None else sys.stdout
-        out.write(self.page())
-        out.flush()
+        """Write the page. To a file: a temporary file next to it, renamed over it, so a reader never sees half
+        a page. Raises `UsageError` when the file cannot be written (the command's other output is done)."""
+        page = self.page()
+        if self.path is None:
+            out = self.stream if self.stream is not None else sys.stdout
+            out.write(page)
+            out.flush()
+            return
+        target = Path(self.path)
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        try:
+            tmp.write_text(page, encoding="utf-8")
+            os.replace(tmp, target)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            raise UsageError(f"cannot write --html {str(target)!r}: {exc.strerror or exc}") from None
+
+
+def html_file(path: str | os.PathLike[str]) -> HtmlReporter:
+    """An `HtmlReporter` that writes its page to ``path`` when it closes (``--html FILE``)."""
+    return HtmlReporter(source=Path(path).name, path=path)
