@@ -28,6 +28,7 @@ from kvguardian.ledger.releases import ReleaseQueue
 from kvguardian.ledger.snapshot import LedgerSnapshot
 from kvguardian.ledger.table import EntryTable
 from kvguardian.ledger.tensors import TensorEntries
+from kvguardian.ledger.timeline import Timeline, timeline_json
 from kvguardian.ledger.totals import LedgerTotals
 
 if TYPE_CHECKING:
@@ -45,6 +46,10 @@ class Ledger:
         event_capacity: events kept before the oldest are dropped (and counted as dropped).
         request_history: ended requests remembered after their last entry was released.
         series_capacity: request-end samples kept for the growth trend test.
+        timeline_capacity: samples of KV bytes by state kept for the report's timeline (`kvguardian.ledger.
+            timeline`: when full, pairs are merged and the sampling interval doubles).
+        timeline_interval: seconds between the timeline's interval samples (besides one per request end).
+        timeline_lanes: requests whose span the timeline keeps.
         clock: monotonic clock, injectable for tests.
     """
 
@@ -54,6 +59,9 @@ class Ledger:
         event_capacity: int = 65_536,
         request_history: int = 4_096,
         series_capacity: int = 4_096,
+        timeline_capacity: int = 2_048,
+        timeline_interval: float = 1.0,
+        timeline_lanes: int = 4_096,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if event_capacity < 1 or request_history < 1 or series_capacity < 1:
@@ -70,6 +78,9 @@ class Ledger:
         self._grad_obs: deque[dict[str, Any]] = deque(maxlen=256)
         self.instrumentation_errors: Counter[str] = Counter()
         self._unknown: dict[str, str] = {}  # class a source audits through a generic path -> why (bounded)
+        self._timeline = Timeline(clock(), capacity=timeline_capacity, interval_s=timeline_interval,
+                                  lanes=timeline_lanes)
+        self._table.on_request_freed = self._timeline.freed
 
     # ------------------------------------------------------------------ public state
     @property
@@ -102,15 +113,32 @@ class Ledger:
     def begin_request(self, request_id: str, tenant: str | None = None, *, implicit: bool = False) -> RequestInfo:
         """Start a request. Raises `UsageError` if a request with this id is still active."""
         with self._lock:
-            return self._table.begin_request(request_id, tenant, implicit, self._clock())
+            now = self._clock()
+            info = self._table.begin_request(request_id, tenant, implicit, now)
+            self._timeline.begin(request_id, tenant, now)
+            if self._timeline.due(now):
+                self._sample(now)
+            return info
 
     def end_request(self, request_id: str) -> RequestInfo:
         """End a request: its live entries become retained (declared) or orphaned; sample ended bytes."""
         with self._lock:
             now = self._clock()
+            self._table.settle()
+            self._sample(now, request_end=True)  # the request's KV still live: its peak shows on the timeline
             info = self._table.end_request(request_id, now)
             self._series.append((now, request_id, self._table.totals.ended_bytes))
+            by_id = self._table.by_id
+            self._timeline.end(request_id, now, sum(by_id[e].storage_bytes for e in info.entry_ids if e in by_id))
+            self._sample(now, request_end=True)
             return info
+
+    def _sample(self, now: float, *, request_end: bool = False) -> None:
+        """A timeline sample of the totals (O(1)); the caller holds the lock."""
+        totals = self._table.totals
+        by_state = totals.bytes
+        self._timeline.sample(now, by_state[EntryState.LIVE], by_state[EntryState.RETAINED],
+                              by_state[EntryState.ORPHANED], totals.released_bytes, request_end=request_end)
 
     def request(self, request_id: str) -> RequestInfo | None:
         return self._table.requests.get(request_id)
@@ -171,6 +199,8 @@ class Ledger:
                 grad = (rec is not None and rec.grad) or grad
             if self._releases.freed and not self._table.batch:
                 self._table.drain()
+                if self._timeline.due(now):  # about once per decode step: the step's old storages were freed
+                    self._sample(now)
         finally:
             lock.release()
         return grad
@@ -189,8 +219,12 @@ class Ledger:
         finally:
             with self._lock:
                 table.batch -= 1
-                if not table.batch and self._releases.freed:
-                    table.drain()
+                if not table.batch:
+                    if self._releases.freed:
+                        table.drain()
+                    now = self._clock()  # once per forward: the interval sample, when due
+                    if self._timeline.due(now):
+                        self._sample(now)
 
     def set_filled(self, slots: Iterable[Hashable], filled_tokens: int) -> None:
         """The entries filling ``slots`` hold ``filled_tokens`` tokens now (a source read its counters)."""
@@ -331,6 +365,17 @@ class Ledger:
                 released_bytes=table.totals.released_bytes,
                 unknown_classes=dict(self._unknown),
             )
+
+    def timeline(self, snap: LedgerSnapshot) -> dict[str, Any]:
+        """The report's KV timeline (`kvguardian.report.history` schema) with a sample taken now: samples,
+        request lanes with what outlived each request (from ``snap``), the buffered events, the entries alive."""
+        with self._lock:
+            self._table.settle()
+            now = self._clock()
+            self._sample(now)
+            events = list(self._events.buffer)
+            return timeline_json(self._timeline, now, snap.records, events,
+                                 events_seen=len(events) + self._events.dropped, events_dropped=self._events.dropped)
 
     def totals(self) -> LedgerTotals:
         """Bytes and entries by state, the two ratios and the counters, without a pass over the entries or the

@@ -108,9 +108,8 @@ class Tee:
             self.reporters[-1].close()
 
 
-def make_reporter(fmt: str = "console", stream: IO[str] | None = None, *, html: str | None = None) -> Reporter:
-    """A reporter of format ``fmt`` writing to ``stream`` (stdout by default); with ``html``, a `Tee` that also
-    writes the HTML page to that file (`kvguardian.report.html.reporter.html_file`) when it closes.
+def _format(fmt: str) -> Any:
+    """The reporter class of format ``fmt`` (imported by name from `FORMATS`).
 
     Raises:
         UsageError: ``fmt`` is not a key of `FORMATS`.
@@ -119,11 +118,20 @@ def make_reporter(fmt: str = "console", stream: IO[str] | None = None, *, html: 
     if target is None:
         raise UsageError(f"unknown output format {fmt!r}; use one of: {', '.join(FORMATS)}")
     module, _, cls = target.partition(":")
-    reporter: Reporter = getattr(importlib.import_module(module), cls)(stream)
-    if html:
-        from kvguardian.report.html.reporter import html_file
+    return getattr(importlib.import_module(module), cls)
 
-        return Tee(reporter, html_file(html))
+
+def make_reporter(fmt: str = "console", stream: IO[str] | None = None, *, html: str | None = None) -> Reporter:
+    """A reporter of format ``fmt`` writing to ``stream`` (stdout by default); with ``html``, a `Tee` that also
+    writes the HTML page to that file when it closes.
+
+    Raises:
+        UsageError: ``fmt`` is not a key of `FORMATS`.
+    """
+    reporter: Reporter = _format(fmt)(stream)
+    if html:
+        page: Reporter = _format("html")(path=html)
+        return Tee(reporter, page)
     return reporter
 
 

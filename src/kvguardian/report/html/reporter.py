@@ -34,7 +34,7 @@ class HtmlReporter:
     def __init__(self, stream: IO[str] | None = None, *, source: str = "command output",
                  path: str | os.PathLike[str] | None = None) -> None:
         self.stream = stream
-        self.source = source
+        self.source = Path(path).name if path is not None and source == "command output" else source
         self.path = path  # write the page to this file (whole, or not at all) instead of a stream
         self.blocks: list[str] = []
         self.dropped = 0
@@ -116,4 +116,4 @@ class HtmlReporter:
 
 def html_file(path: str | os.PathLike[str]) -> HtmlReporter:
     """An `HtmlReporter` that writes its page to ``path`` when it closes (``--html FILE``)."""
-    return HtmlReporter(source=Path(path).name, path=path)
+    return HtmlReporter(path=path)

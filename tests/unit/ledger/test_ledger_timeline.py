@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from kvguardian._errors import UsageError
-from kvguardian.ledger_timeline import Timeline
+from kvguardian.ledger.timeline import Timeline
 from kvguardian.report.history import read_history
 
 
@@ -60,7 +60,7 @@ def test_bad_settings_are_refused():
 
 
 def test_json_follows_the_history_schema():
-    from kvguardian.ledger_timeline import timeline_json
+    from kvguardian.ledger.timeline import timeline_json
 
     tl = Timeline(100.0, capacity=32)
     tl.begin("r1", None, 100.0)
@@ -71,3 +71,73 @@ def test_json_follows_the_history_schema():
     hist = read_history(timeline_json(tl, 103.0, [], [], events_seen=0, events_dropped=0))
     assert [(s.t, s.live, s.orphaned) for s in hist.samples] == [(1.0, 10, 0), (2.0, 0, 10)]
     assert hist.requests[0].end == 2.0 and hist.now == 3.0
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _ledger(clock, **kw):
+    from kvguardian.ledger import Ledger
+
+    return Ledger(clock=clock, **kw)
+
+
+def test_the_ledger_samples_request_ends_and_lanes_know_when_kv_was_freed():
+    clock = _Clock()
+    led = _ledger(clock)
+    for i in range(3):
+        req = led.begin_request(f"r{i}", tenant="acme")
+        led.add_entry(("blk", i), nbytes=100, request=req, kind="block", source="test", layer=i)
+        clock.t += 0.1
+        led.end_request(f"r{i}")
+        clock.t += 0.1
+        if i != 1:
+            led.release_entry(("blk", i))  # r1 keeps its KV
+    clock.t += 5
+    hist = read_history(led.timeline(led.snapshot()))
+    by_id = {r.id: r for r in hist.requests}
+    assert [(r.start, r.end) for r in hist.requests] == [(0.0, pytest.approx(0.1)), (pytest.approx(0.2), 0.3),
+                                                         (pytest.approx(0.4), pytest.approx(0.5))]
+    assert by_id["r0"].released == pytest.approx(0.2) and by_id["r0"].state == "released"
+    assert by_id["r1"].released is None and by_id["r1"].state == "orphaned"
+    assert by_id["r1"].after_end == {1: 100} and by_id["r1"].bytes == 100
+    peaks = [s.live for s in hist.samples]
+    assert max(peaks) == 100  # each request's KV at its end, before it became orphaned
+    assert hist.samples[-1].orphaned == 100 and hist.samples[-1].released == 200
+    assert hist.entries[0].request == "r1" and hist.entries[0].state == "orphaned"
+    assert [e.kind for e in hist.events].count("release") == 2
+
+
+def test_a_week_long_ledger_stays_bounded():
+    clock = _Clock()
+    led = _ledger(clock, timeline_capacity=128, timeline_lanes=64)
+    for i in range(20_000):  # a request every 30 s for a week
+        req = led.begin_request(f"r{i}")
+        led.add_entry(i, nbytes=64, request=req, kind="block", source="test")
+        clock.t += 1.0
+        led.end_request(f"r{i}")
+        led.release_entry(i)
+        clock.t += 29.0
+        with led.observe_batch():  # a forward: the interval sample, when due
+            pass
+    tl = led.timeline(led.snapshot())
+    assert len(tl["samples"]) < 128 and len(tl["requests"]) == 64
+    assert tl["requests_seen"] == 20_000 and tl["requests_dropped"] == 20_000 - 64
+    assert tl["samples"][-1][0] == pytest.approx(20_000 * 30, rel=0.01)
+    led._timeline.check()
+
+
+def test_kvg103_carries_its_trend_line_for_the_timeline():
+    from kvguardian.detectors.growth import theil_sen, trend_line
+
+    window = [(1000.0 + i, f"r{i}", 100 * i + (7 if i % 3 else 0)) for i in range(32)]
+    slope = theil_sen([b for _, _, b in window])
+    (t0, b0), (t1, b1) = trend_line(window, slope)
+    assert (t0, t1) == (1000.0, 1031.0)
+    assert b0 == pytest.approx(0, abs=8) and b1 == pytest.approx(3100, abs=8)
+    assert trend_line([], 1.0) == []
