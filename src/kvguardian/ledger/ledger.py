@@ -116,8 +116,7 @@ class Ledger:
             now = self._clock()
             info = self._table.begin_request(request_id, tenant, implicit, now)
             self._timeline.begin(request_id, tenant, now)
-            if self._timeline.due(now):
-                self._sample(now)
+            self._timeline.tick(now, self._table.totals)
             return info
 
     def end_request(self, request_id: str) -> RequestInfo:
@@ -125,20 +124,13 @@ class Ledger:
         with self._lock:
             now = self._clock()
             self._table.settle()
-            self._sample(now, request_end=True)  # the request's KV still live: its peak shows on the timeline
+            self._timeline.take(now, self._table.totals, request_end=True)  # still live: the peak shows
             info = self._table.end_request(request_id, now)
             self._series.append((now, request_id, self._table.totals.ended_bytes))
             by_id = self._table.by_id
             self._timeline.end(request_id, now, sum(by_id[e].storage_bytes for e in info.entry_ids if e in by_id))
-            self._sample(now, request_end=True)
+            self._timeline.take(now, self._table.totals, request_end=True)
             return info
-
-    def _sample(self, now: float, *, request_end: bool = False) -> None:
-        """A timeline sample of the totals (O(1)); the caller holds the lock."""
-        totals = self._table.totals
-        by_state = totals.bytes
-        self._timeline.sample(now, by_state[EntryState.LIVE], by_state[EntryState.RETAINED],
-                              by_state[EntryState.ORPHANED], totals.released_bytes, request_end=request_end)
 
     def request(self, request_id: str) -> RequestInfo | None:
         return self._table.requests.get(request_id)
@@ -199,8 +191,7 @@ class Ledger:
                 grad = (rec is not None and rec.grad) or grad
             if self._releases.freed and not self._table.batch:
                 self._table.drain()
-                if self._timeline.due(now):  # about once per decode step: the step's old storages were freed
-                    self._sample(now)
+                self._timeline.tick(now, self._table.totals)  # about once per decode step (its old storages freed)
         finally:
             lock.release()
         return grad
@@ -222,9 +213,7 @@ class Ledger:
                 if not table.batch:
                     if self._releases.freed:
                         table.drain()
-                    now = self._clock()  # once per forward: the interval sample, when due
-                    if self._timeline.due(now):
-                        self._sample(now)
+                    self._timeline.tick(self._clock(), table.totals)  # once per forward: the interval sample, if due
 
     def set_filled(self, slots: Iterable[Hashable], filled_tokens: int) -> None:
         """The entries filling ``slots`` hold ``filled_tokens`` tokens now (a source read its counters)."""
@@ -282,7 +271,9 @@ class Ledger:
         """A non-tensor entry was released by its source (a freed block, an expired key)."""
         with self._lock:
             rec = self._table.live(key, "release each entry once")
-            self._table.release(rec, self._clock(), detail)
+            now = self._clock()
+            self._table.release(rec, now, detail)
+            self._timeline.tick(now, self._table.totals)  # a pool has no forward: its frees carry the samples
 
     # ------------------------------------------------------------------ retention marks
     def retain_keys(self, keys: Iterable[Hashable], reason: str) -> int:
@@ -348,8 +339,10 @@ class Ledger:
         with self._lock:
             table = self._table
             table.settle()
+            now = self._clock()
+            self._timeline.tick(now, self._table.totals)
             return LedgerSnapshot(
-                taken=self._clock(),
+                taken=now,
                 generation=table.generation,
                 records=tuple(r.copy() for r in table.by_id.values()),
                 requests={k: v.copy() for k, v in table.requests.items()},
@@ -372,7 +365,7 @@ class Ledger:
         with self._lock:
             self._table.settle()
             now = self._clock()
-            self._sample(now)
+            self._timeline.take(now, self._table.totals)
             events = list(self._events.buffer)
             return timeline_json(self._timeline, now, snap.records, events,
                                  events_seen=len(events) + self._events.dropped, events_dropped=self._events.dropped)
@@ -384,6 +377,7 @@ class Ledger:
         with self._lock:
             table = self._table
             table.settle()
+            self._timeline.tick(self._clock(), table.totals)  # scrapes come on an interval, also when idle
             by_bytes, by_n, residency, fragmentation = table.totals.as_totals()
             return LedgerTotals(
                 bytes_by_state=by_bytes,

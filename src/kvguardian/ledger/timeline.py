@@ -10,8 +10,12 @@ resolution instead of a growing list.
 - **Lanes**: each request's start, end, the bytes it owned when it ended, and when the last of its KV was freed;
   at most ``lanes`` (the oldest ended lane is forgotten first and counted).
 
-The caller (the ledger, under its lock) feeds it O(1) numbers it already keeps; `Timeline.due` is one float
-comparison. `timeline_json` is the report's ``summary["timeline"]`` (schema: `kvguardian.report.history`).
+The caller (the ledger, under its lock) feeds it the running totals it already keeps (O(1)); `Timeline.tick`
+is one float comparison when no sample is due. The ledger has no thread of its own: the first ledger call after
+an interval sample falls due takes it (a forward's end, a decode step's releases, a request's start, a pool's
+free, a scrape's totals, a check's snapshot). Bytes by state change only inside ledger calls, so a sample taken
+late still holds the value its whole interval had, and an idle stretch is one step on the chart.
+`timeline_json` is the report's ``summary["timeline"]`` (schema: `kvguardian.report.history`).
 """
 
 from __future__ import annotations
@@ -20,9 +24,13 @@ import time
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvguardian._errors import UsageError
+from kvguardian.ledger.records import EntryState
+
+if TYPE_CHECKING:
+    from kvguardian.ledger.totals import StateTotals
 
 __all__ = ["Lane", "Timeline", "timeline_json"]
 
@@ -74,12 +82,25 @@ class Timeline:
         """Whether an interval sample is due (one comparison: callers test it on paths that run often)."""
         return now >= self.next_due
 
+    def take(self, now: float, totals: StateTotals, *, request_end: bool = False) -> None:
+        """A sample of the ledger's running totals (O(1): they are kept as entries change)."""
+        by_state = totals.bytes
+        self.sample(now, by_state[EntryState.LIVE], by_state[EntryState.RETAINED], by_state[EntryState.ORPHANED],
+                    totals.released_bytes, request_end=request_end)
+
+    def tick(self, now: float, totals: StateTotals) -> None:
+        """The interval sample, when due (one float comparison when it is not)."""
+        if now >= self.next_due:
+            self.take(now, totals)
+
     def sample(self, now: float, live: int, retained: int, orphaned: int, released: int, *,
                request_end: bool = False) -> None:
         """Record the bytes by state at ``now``. A request end close to the last sample folds into it."""
         t = now - self.origin
         row = [t, float(live), float(retained), float(orphaned), float(released)]
         samples = self.samples
+        if samples and samples[-1] == row:  # the same instant twice (a report right after a sample)
+            return
         fold = 0.0 if self.stride == 1 else self.interval_s * self.stride / 4
         if request_end and samples and t - samples[-1][0] < fold:
             last = samples[-1]

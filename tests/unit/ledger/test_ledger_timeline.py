@@ -141,3 +141,26 @@ def test_kvg103_carries_its_trend_line_for_the_timeline():
     assert (t0, t1) == (1000.0, 1031.0)
     assert b0 == pytest.approx(0, abs=8) and b1 == pytest.approx(3100, abs=8)
     assert trend_line([], 1.0) == []
+
+
+def test_interval_samples_come_from_scrapes_and_pool_frees_while_no_request_ends():
+    clock = _Clock()
+    led = _ledger(clock, timeline_interval=10.0)
+    req = led.begin_request("long", tenant=None)
+    for i in range(6):  # a pool frees blocks of a request that never ends
+        led.add_entry(("blk", i), nbytes=10, request=req, kind="block", source="test")
+    for i in range(6):
+        clock.t += 10.0
+        led.release_entry(("blk", i))
+    frees = [(s[0], s[1]) for s in led.timeline(led.snapshot())["samples"]]
+    assert [t for t, _ in frees] == [0.0, 10.0, 20.0, 30.0, 40.0, 50.0, 60.0]
+    assert [b for _, b in frees][1:] == [50, 40, 30, 20, 10, 0]
+    n = len(frees)
+    for _ in range(60):  # idle for ten minutes, scraped every 10 s
+        clock.t += 10.0
+        led.totals()
+    samples = led.timeline(led.snapshot())["samples"]
+    assert len(samples) == n + 60 and samples[-1][0] == 660.0  # one per scrape; the report's own is the same
+    clock.t += 3.0
+    led.totals()  # not due
+    assert [s[0] for s in led.timeline(led.snapshot())["samples"][-2:]] == [660.0, 663.0]  # the report's sample
