@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from kvguardian._errors import EXIT_OK, UsageError
 from kvguardian.report.escape import visible
@@ -43,7 +44,16 @@ def run(args: argparse.Namespace) -> int:
     for path, flag in outputs:
         if path:
             check_writable(path, flag)
-    doc = load_document(args.file, redact=args.redact)
+    doc = load_document(args.file, redact=redact_report if args.redact else None)
     for line in write_outputs(doc, html=args.output, memory_snapshot=args.memory_snapshot, trace=args.trace):
         sys.stderr.write(visible(f"kv-guardian report: wrote {line}") + "\n")
     return EXIT_OK
+
+
+def redact_report(data: Any) -> Any:
+    """A copy of report JSON ``data`` as its producer's ``--redact`` would have written it: Redis scans and
+    diffs by `kvguardian.keyspace.redact`, KV reports by `kvguardian.report.redact` (holder-chain keys)."""
+    from kvguardian.keyspace.redact import is_keyspace_json, redact_keyspace_json
+    from kvguardian.report.redact import redact_chains
+
+    return redact_keyspace_json(data) if is_keyspace_json(data) else redact_chains(data)

@@ -371,8 +371,7 @@ class Ledger:
             now = self._clock()
             self._timeline.take(now, self._table.totals)
             events = list(self._events.buffer)
-            return timeline_json(self._timeline, now, snap.records, events,
-                                 events_seen=len(events) + self._events.dropped, events_dropped=self._events.dropped)
+            return timeline_json(self._timeline, now, snap.records, events, events_dropped=self._events.dropped)
 
     def totals(self) -> LedgerTotals:
         """Bytes and entries by state, the two ratios and the counters, without a pass over the entries or the

@@ -85,19 +85,19 @@ class Timeline:
     def take(self, now: float, totals: StateTotals, *, request_end: bool = False) -> None:
         """A sample of the ledger's running totals (O(1): they are kept as entries change)."""
         by_state = totals.bytes
-        self.sample(now, by_state[EntryState.LIVE], by_state[EntryState.RETAINED], by_state[EntryState.ORPHANED],
-                    totals.released_bytes, request_end=request_end)
+        self.sample(now, (by_state[EntryState.LIVE], by_state[EntryState.RETAINED], by_state[EntryState.ORPHANED],
+                          totals.released_bytes), request_end=request_end)
 
     def tick(self, now: float, totals: StateTotals) -> None:
         """The interval sample, when due (one float comparison when it is not)."""
         if now >= self.next_due:
             self.take(now, totals)
 
-    def sample(self, now: float, live: int, retained: int, orphaned: int, released: int, *,
-               request_end: bool = False) -> None:
-        """Record the bytes by state at ``now``. A request end close to the last sample folds into it."""
-        t = now - self.origin
-        row = [t, float(live), float(retained), float(orphaned), float(released)]
+    def sample(self, now: float, by_state: tuple[int, int, int, int], *, request_end: bool = False) -> None:
+        """Record the bytes ``(live, retained, orphaned, released so far)`` at ``now``. A request end close to the
+        last sample folds into it."""
+        row = [now - self.origin, *map(float, by_state)]
+        t = row[0]
         samples = self.samples
         if samples and samples[-1] == row:  # the same instant twice (a report right after a sample)
             return
@@ -206,9 +206,11 @@ def _event_json(e: Any, origin: float) -> dict[str, Any]:
 
 
 def timeline_json(tl: Timeline, now: float, records: Sequence[Any], events: Sequence[Any], *,
-                  events_seen: int, events_dropped: int) -> dict[str, Any]:
+                  events_dropped: int) -> dict[str, Any]:
     """The report's ``summary["timeline"]``: samples, lanes with what outlived each request, the newest
-    events and the entries alive now (`records`: the snapshot's; `events`: the ledger's buffer)."""
+    events and the entries alive now (`records`: the snapshot's; `events`: the ledger's buffer, which dropped
+    ``events_dropped`` older ones)."""
+    events_seen = len(events) + events_dropped
     after, state = _after_end(records)
     origin = tl.origin
     alive = [{"entry": r.entry_id, "request": r.request_id, "tenant": r.tenant, "layer": r.layer, "kind": r.kind,

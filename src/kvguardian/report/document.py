@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+import sys
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,15 @@ from typing import Any
 from kvguardian._errors import UsageError
 
 __all__ = ["REPORT_SCHEMA", "SCAN_SCHEMA", "Audit", "Document", "FindingView", "classify", "load_document",
-           "parse_document"]
+           "parse_document", "tool_version"]
+
+Redact = Callable[[Any], Any]  # report JSON -> the same JSON with names hidden
+
+
+def tool_version() -> str:
+    """This kv-guardian's version, for what a renderer writes. Read from the package, which Python imports before
+    any of its modules (``from kvguardian import __version__`` here would point an import up the layers)."""
+    return str(getattr(sys.modules.get("kvguardian"), "__version__", "unknown"))
 
 REPORT_SCHEMA = 1  # kvguardian.findings.SCHEMA_VERSION: the versions this renderer reads
 SCAN_SCHEMA = ("kv-guardian/redis-scan", 1)
@@ -85,9 +94,10 @@ class Document:
 
 
 # ---------------------------------------------------------------------------------------------- reading
-def load_document(path: str | Path, *, redact: bool = False) -> Document:
-    """Read and classify a report file; with ``redact``, as the producers' ``--redact`` would have written it
-    (`kvguardian.report.redact`). Raises `UsageError` (one line: the file, the problem, the fix)."""
+def load_document(path: str | Path, *, redact: Redact | None = None) -> Document:
+    """Read and classify a report file; with ``redact`` (a function from report JSON to report JSON: the
+    command's ``--redact``, `kvguardian.cli.report.redact_report`), each document passed through it first.
+    Raises `UsageError` (one line: the file, the problem, the fix)."""
     p = Path(path)
     where = f"report file {str(p)!r}"
     try:
@@ -101,12 +111,11 @@ def load_document(path: str | Path, *, redact: bool = False) -> Document:
     return parse_document(body, source=p.name, where=where, redact=redact)
 
 
-def parse_document(body: str, *, source: str = "report", where: str = "the report", redact: bool = False) -> Document:
+def parse_document(body: str, *, source: str = "report", where: str = "the report",
+                   redact: Redact | None = None) -> Document:
     """Classify JSON text (one document, or JSON lines of the pytest plugin)."""
     if not body.strip():
         raise UsageError(f"{where} is empty; {_WRITE_AGAIN}")
-    from kvguardian.report.redact import redact_data
-
     try:
         data = json.loads(body)
     except json.JSONDecodeError as exc:
@@ -114,12 +123,12 @@ def parse_document(body: str, *, source: str = "report", where: str = "the repor
         if lines is None:
             raise UsageError(f"{where} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}); it may "
                              f"be truncated or damaged: write it again ({_WRITE_AGAIN})") from None
-        if redact:
-            lines = ([redact_data(d) for d in lines[0]], lines[1])
+        if redact is not None:
+            lines = ([redact(d) for d in lines[0]], lines[1])
         return _pytest_document(lines, source, where)
     except RecursionError:
         raise UsageError(f"{where} nests JSON too deeply to be a kv-guardian report; {_WRITE_AGAIN}") from None
-    return classify(redact_data(data) if redact else data, source=source, where=where)
+    return classify(redact(data) if redact is not None else data, source=source, where=where)
 
 
 def _json_lines(body: str) -> tuple[list[Any], list[int]] | None:

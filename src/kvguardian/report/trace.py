@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvguardian import __version__
+from kvguardian.report.document import tool_version
 from kvguardian.report.history import History, RequestSpan
 
 __all__ = ["TraceAudit", "chrome_trace", "write_trace"]
@@ -127,7 +127,7 @@ def chrome_trace(audits: Sequence[TraceAudit]) -> dict[str, Any]:
                            "s": "g", "pid": pid, "tid": 0, "ts": _us(hist.end),
                            "args": {"severity": f.get("severity"), "message": f.get("message")}})
     return {"traceEvents": events, "displayTimeUnit": "ms",
-            "otherData": {"tool": "kv-guardian", "version": __version__}}
+            "otherData": {"tool": "kv-guardian", "version": tool_version()}}
 
 
 def write_trace(audits: Sequence[TraceAudit], path: str | Path) -> int:

@@ -18,9 +18,9 @@ def test_a_week_of_samples_stays_within_capacity_and_keeps_the_peak():
     while t < week:
         t += 1.0
         if t == peak_at:  # a request ends at the peak: sampled whatever the stride
-            tl.sample(t, 10_000_000, 0, int(t), int(t) * 10, request_end=True)
+            tl.sample(t, (10_000_000, 0, int(t), int(t) * 10), request_end=True)
         elif tl.due(t):
-            tl.sample(t, 1000, 0, int(t), int(t) * 10)
+            tl.sample(t, (1000, 0, int(t), int(t) * 10))
     tl.check()
     assert len(tl.samples) < 256
     assert tl.stride >= 2048  # a sample now stands for ~40 minutes
@@ -32,10 +32,10 @@ def test_a_week_of_samples_stays_within_capacity_and_keeps_the_peak():
 def test_request_ends_fold_into_the_last_sample_when_close():
     tl = Timeline(0.0, capacity=64, interval_s=1.0)
     for i in range(10):  # a short run: every request end is a sample
-        tl.sample(i / 100, 100, 0, i, i, request_end=True)
+        tl.sample(i / 100, (100, 0, i, i), request_end=True)
     assert len(tl.samples) == 10
     for i in range(10_000):  # 10,000 request ends within 10 seconds
-        tl.sample(1 + i / 1000, 100 + (500 if i == 7000 else 0), 0, i, i, request_end=True)
+        tl.sample(1 + i / 1000, (100 + (500 if i == 7000 else 0), 0, i, i), request_end=True)
     assert len(tl.samples) < 64 and tl.stride > 1
     assert max(s[1] for s in tl.samples) == 600  # the peak request end is kept
     assert tl.samples[-1][4] == 9999  # released so far: the latest
@@ -64,11 +64,11 @@ def test_json_follows_the_history_schema():
 
     tl = Timeline(100.0, capacity=32)
     tl.begin("r1", None, 100.0)
-    tl.sample(101.0, 10, 0, 0, 0)
+    tl.sample(101.0, (10, 0, 0, 0))
     assert not tl.due(101.5) and tl.due(102.0)
     tl.end("r1", 102.0, owned_bytes=10)
-    tl.sample(102.0, 0, 0, 10, 0, request_end=True)
-    hist = read_history(timeline_json(tl, 103.0, [], [], events_seen=0, events_dropped=0))
+    tl.sample(102.0, (0, 0, 10, 0), request_end=True)
+    hist = read_history(timeline_json(tl, 103.0, [], [], events_dropped=0))
     assert [(s.t, s.live, s.orphaned) for s in hist.samples] == [(1.0, 10, 0), (2.0, 0, 10)]
     assert hist.requests[0].end == 2.0 and hist.now == 3.0
 

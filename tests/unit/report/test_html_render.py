@@ -9,6 +9,7 @@ import re
 import pytest
 
 from kvg_reports import synthetic_report
+from kvguardian.cli.report import redact_report as redact_data
 from kvguardian.report.document import FindingView, classify
 from kvguardian.report.history import read_history
 from kvguardian.report.html import render_html
@@ -16,7 +17,7 @@ from kvguardian.report.html.decimate import buckets, pick, thin_rows
 from kvguardian.report.html.holders import build_tree, fold_step, render_tree
 from kvguardian.report.html.markup import text
 from kvguardian.report.html.treemap import squarify
-from kvguardian.report.redact import redact_data, redact_text
+from kvguardian.report.redact import redact_text
 
 
 def _finding(chain, rid="r", nbytes=10, fid="KVG102"):

@@ -17,9 +17,8 @@ from collections.abc import Sequence
 from functools import cache
 from importlib import resources
 
-from kvguardian import __version__
 from kvguardian._errors import UsageError
-from kvguardian.report.document import Audit, Document
+from kvguardian.report.document import Audit, Document, tool_version
 from kvguardian.report.history import read_history
 from kvguardian.report.html.findings import counts, render_counts, render_findings
 from kvguardian.report.html.heatmap import render_heatmap
@@ -173,7 +172,8 @@ def render_page(doc: Document, *, output: str = "") -> str:
             body.append(content)
         toc.append(el("li", el("a", text(title or "KV audit"), href=f"#{sid}")))
     nav = el("nav", el("ul", "".join(toc)), class_="toc", aria_label="sections")
-    footer = el("footer", text(f"Rendered by kv-guardian {__version__} from {doc.source}. Self-contained: no network "
+    version = tool_version()
+    footer = el("footer", text(f"Rendered by kv-guardian {version} from {doc.source}. Self-contained: no network "
                                "request is made or allowed (Content-Security-Policy); charts are SVG and work without "
                                "JavaScript."))
     head = ("<meta charset=\"utf-8\">"
