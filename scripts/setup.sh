@@ -135,13 +135,24 @@ if [ "$SERVICES" = 1 ]; then
   command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
   command -v redis-cli >/dev/null 2>&1 || need+=(redis-tools)
   command -v promtool >/dev/null 2>&1 || need+=(prometheus)
-  command -v chromium >/dev/null 2>&1 || need+=(chromium)
+  # the HTML report's browser tests drive Debian's chromium at this path through Playwright (from PyPI, with
+  # --dev); Playwright's own browser download is never used (it needs the network at test time)
+  [ -x /usr/bin/chromium ] || need+=(chromium)
+  compgen -G "/usr/share/fonts/*/*/*.ttf" >/dev/null || need+=(fonts-dejavu-core)  # text in the screenshots
   if [ "${#need[@]}" -gt 0 ]; then
     say "installing system packages: ${need[*]}"
     SUDO=""
     [ "$(id -u)" = 0 ] || SUDO="sudo"
     $SUDO apt-get update -qq >/dev/null
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+  fi
+  if ! /usr/bin/chromium --headless --no-sandbox --disable-gpu --version >/dev/null 2>&1; then
+    echo "setup.sh: /usr/bin/chromium does not start; fix: apt-get install --reinstall chromium" >&2
+    [ "$IN_CI" = 1 ] && exit 3
+  fi
+  if [ "$DEV" = 1 ] && ! "$VPY" -c 'import playwright.sync_api, axe_playwright_python' >/dev/null 2>&1; then
+    echo "setup.sh: playwright or axe-playwright-python is missing from $VENV; fix: scripts/setup.sh --dev" >&2
+    [ "$IN_CI" = 1 ] && exit 3
   fi
 fi
 say "ready: $VENV"

@@ -264,6 +264,8 @@ class Guard:
         if self._modules:
             out["custom_models"] = [mt.describe() for mt in self._modules]
         out["retention"] = self.retention.summary()
+        out["versions"] = _versions()
+        out["timeline"] = self.ledger.timeline(snap)
         return out
 
     def reuse_rate(self, *, last: int | None = None, seconds: float | None = None) -> dict[str, Any]:
@@ -275,3 +277,16 @@ class Guard:
         """Both windows (count- and time-based) as configured on the guard."""
         return {"by_count": self.reuse_rate(last=self.reuse_window),
                 "by_time": self.reuse_rate(seconds=self.reuse_seconds)}
+
+
+def _versions() -> dict[str, str | None]:
+    """What the report was made with: kv-guardian, Python, and torch/transformers when the program uses them."""
+    import platform
+    import sys
+
+    def of(module: str) -> str | None:  # only modules already imported: nothing is imported to ask
+        mod = sys.modules.get(module)
+        return None if mod is None else str(getattr(mod, "__version__", None))
+
+    return {"kv-guardian": of("kvguardian"), "python": platform.python_version(), "torch": of("torch"),
+            "transformers": of("transformers")}

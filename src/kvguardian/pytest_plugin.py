@@ -26,6 +26,7 @@ command line                ini                   meaning
 ``--kv-holder-seconds=S``   ``kv_holder_seconds`` wall-clock safety net of the holder-chain search per test (120)
 ``--kv-redact``             ``kv_redact``         hide dictionary keys in holder chains
 ``--kv-report=FILE``        ``kv_report``         append each checked test's findings to FILE (JSON lines)
+``--kv-html=FILE``          ``kv_html``           write the session's checked tests as one HTML report at the end
 ==========================  ====================  =============================================================
 """
 
@@ -43,6 +44,7 @@ from kvguardian.findings import Report, Severity
 __all__ = ["KVGuardianPlugin", "kv_guard", "leak_failure_text"]
 
 _SEVERITIES = ("info", "warning", "error")
+_HTML_TIMELINES = 200  # checked tests whose timeline the --kv-html page keeps regardless of findings
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -64,6 +66,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                   default="120")
     parser.addini("kv_redact", "hide dictionary keys in holder chains", type="bool", default=False)
     parser.addini("kv_report", "append each checked test's findings to this file (JSON lines)", default="")
+    group.addoption("--kv-html", default=None, metavar="FILE",
+                    help="write the checked tests as one self-contained HTML report at the end (ini: kv_html)")
+    parser.addini("kv_html", "write the checked tests as one HTML report at the end", default="")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -111,13 +116,16 @@ class KVGuardianPlugin:
             raise pytest.UsageError("kv_holder_seconds must be a number of seconds > 0, e.g. 3.0")
         self.redact = bool(_option(config, "kv_redact", "kv_redact"))
         self.report_path = _option(config, "kv_report", "kv_report") or None
-        if self.report_path:  # one usage error at session start, not a FileNotFoundError in every test
-            from kvguardian.report.output import check_writable
+        self.html_path = _option(config, "kv_html", "kv_html") or None
+        self.checked: list[dict[str, Any]] = []  # each checked test's report, for --kv-html (bounded, see _keep)
+        from kvguardian.report.output import check_writable
 
-            try:
-                check_writable(self.report_path, "--kv-report")
-            except UsageError as exc:
-                raise pytest.UsageError(str(exc)) from None
+        for flag, path in (("--kv-report", self.report_path), ("--kv-html", self.html_path)):
+            if path:  # one usage error at session start, not a FileNotFoundError in every test
+                try:
+                    check_writable(path, flag)
+                except UsageError as exc:
+                    raise pytest.UsageError(str(exc)) from None
 
     def new_guard(self) -> Any:
         from kvguardian.guard import Guard
@@ -163,10 +171,33 @@ class KVGuardianPlugin:
         return result
 
     def _write(self, item: pytest.Item, report: Report) -> None:
+        if self.html_path:
+            self._keep({"test": item.nodeid, **report.to_dict()})
         if not self.report_path:
             return
         with open(self.report_path, "a") as fh:
             fh.write(json.dumps({"test": item.nodeid, **report.to_dict()}, default=str) + "\n")
+
+    def _keep(self, line: dict[str, Any]) -> None:
+        """Keep a test's report for the HTML page; past `_HTML_TIMELINES` tests, only those with findings keep
+        their timeline (the page draws at most that many), so a long session does not grow the plugin."""
+        if len(self.checked) >= _HTML_TIMELINES and not line.get("findings"):
+            line = {**line, "summary": {k: v for k, v in (line.get("summary") or {}).items() if k != "timeline"}}
+        self.checked.append(line)
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if not self.html_path or not self.checked:
+            return
+        from kvguardian.report.document import parse_document
+        from kvguardian.report.html import write_html
+
+        body = "\n".join(json.dumps(line, default=str) for line in self.checked)
+        doc = parse_document(body, source="pytest session", where="the session's reports")
+        write_html(doc, self.html_path)
+        tr = self.config.pluginmanager.get_plugin("terminalreporter")
+        if tr is not None:
+            tr.write_line(f"kv-guardian: HTML report of {len(self.checked)} checked test(s): {self.html_path}")
 
 
 @pytest.fixture

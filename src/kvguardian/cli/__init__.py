@@ -37,6 +37,7 @@ COMMANDS: dict[str, str] = {
     "device-plugin": "kvguardian.cli.device_plugin",
     "serve-mini": "kvguardian.cli.serve_mini",
     "audit": "kvguardian.cli.audit",
+    "report": "kvguardian.cli.report",
 }
 
 

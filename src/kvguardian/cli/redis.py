@@ -6,6 +6,7 @@ Works without torch: ``pip install 'kv-guardian[redis]'``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import signal
 import sys
@@ -18,7 +19,7 @@ from kvguardian.cli.signals import Ending, interrupting, stopping
 from kvguardian.cli.web_options import add_web_config, web_config
 from kvguardian.findings import Report, Severity
 from kvguardian.report.escape import visible
-from kvguardian.report.output import check_writable
+from kvguardian.report.output import add_html_option, check_writable
 from kvguardian.report.reporter import reporting
 
 NAME = "redis"
@@ -49,6 +50,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     diff.add_argument("old", metavar="OLD.json")
     diff.add_argument("new", metavar="NEW.json")
     diff.add_argument("--json", action="store_true", help="print rows and findings as JSON")
+    add_html_option(diff)
     diff.add_argument("--top", type=int, default=20, help="patterns shown in the table (default 20)")
     _verdict_arguments(diff)
     diff.set_defaults(redis_run=run_diff)
@@ -70,6 +72,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _output_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the result as JSON (the schema redis diff reads)")
     p.add_argument("--output", "-o", metavar="FILE", help="also write the JSON result to FILE")
+    add_html_option(p)
     p.add_argument("--prometheus", metavar="FILE", help="write the Prometheus exposition to FILE ('-': stdout)")
     p.add_argument("--compare", metavar="OLD.json", help="also report growth against an earlier scan")
     p.add_argument("--top", type=int, default=20, help="patterns shown in the table (default 20)")
@@ -120,7 +123,7 @@ def _options(args: argparse.Namespace) -> Any:
     for flag, value, low in (("--top", args.top, 1), ("--min-keys", args.min_keys, 0)):
         if value < low:
             raise UsageError(f"{flag} {value} must be >= {low}")
-    for flag, name in (("--output", "output"), ("--prometheus", "prometheus")):
+    for flag, name in (("--output", "output"), ("--prometheus", "prometheus"), ("--html", "html")):
         path = getattr(args, name, None)
         if path:  # checked before the sweep, so a finished sweep is never thrown away for a bad path
             check_writable(path, flag)
@@ -174,6 +177,8 @@ def emit_scan(args: argparse.Namespace, result: Any, old: Any, *, command: str, 
         _write(args.prometheus, exposition(result))
     if args.json or args.prometheus != "-":
         _show(args, result, diff_out)
+    elif args.html:  # the exposition is on stdout: the HTML report alone
+        _show(args, result, diff_out, html_only=True)
     return _scan_exit(args, result, command, ending or Ending())
 
 
@@ -185,10 +190,13 @@ def _compare(args: argparse.Namespace, old: Any, result: Any) -> tuple[Any, Any,
     return rows, growth, warnings
 
 
-def _show(args: argparse.Namespace, result: Any, diff_out: tuple[Any, Any, Any] | None) -> None:
+def _show(args: argparse.Namespace, result: Any, diff_out: tuple[Any, Any, Any] | None, *,
+          html_only: bool = False) -> None:
     from kvguardian.keyspace.render import print_diff, print_scan
+    from kvguardian.report.html.reporter import html_file
 
-    with reporting("json" if args.json else "console") as out:
+    with (contextlib.closing(html_file(args.html)) if html_only else
+          reporting("json" if args.json else "console", html=args.html)) as out:
         print_scan(result, out, top=args.top)
         if diff_out is not None:
             print_diff(diff_out[0], Report(findings=diff_out[1]), diff_out[2], out, top=args.top)
@@ -215,10 +223,12 @@ def run_diff(args: argparse.Namespace) -> int:
     from kvguardian.keyspace.result import load_result
     from kvguardian.keyspace.verdicts import Thresholds, diff
 
+    if args.html:
+        check_writable(args.html, "--html")
     old, new = load_result(args.old), load_result(args.new)
     rows, findings, warnings = diff(old, new, Thresholds(min_keys=args.min_keys))
     report = Report(findings=findings, summary={"old": args.old, "new": args.new})
-    with reporting("json" if args.json else "console") as out:
+    with reporting("json" if args.json else "console", html=args.html) as out:
         print_diff(rows, report, warnings, out, top=args.top)
         out.result({"rows": rows, "warnings": warnings, **report.to_dict()})
     return _exit_code(report, args.fail_on)

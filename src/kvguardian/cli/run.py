@@ -42,7 +42,7 @@ from kvguardian._errors import EXIT_ENVIRONMENT, EXIT_INTERNAL, EXIT_OK, UsageEr
 from kvguardian.findings import Finding, Report, Severity
 from kvguardian.report.console import ConsoleReporter
 from kvguardian.report.escape import dumps, visible
-from kvguardian.report.output import check_writable
+from kvguardian.report.output import add_html_option, check_writable
 
 NAME = "run"
 HELP = "audit an unmodified Python program's KV caches (like `memray run`): kv-guardian run -- python app.py"
@@ -56,6 +56,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="wall-clock safety net of the holder-chain search at exit; it is bounded by objects "
                         "visited (default: %(default)s)")
     p.add_argument("--redact", action="store_true", help="hide dictionary keys in holder chains")
+    add_html_option(p)
+    p.add_argument("--memory-snapshot", metavar="OUT.pickle",
+                   help="also write the KV history as a PyTorch memory snapshot (python -m "
+                        "torch.cuda._memory_viz trace_plot OUT.pickle -o kv.html)")
+    p.add_argument("--trace", metavar="OUT.json", help="also write the KV history as a Chrome/Perfetto trace")
     p.add_argument("--quiet", action="store_true", help="no summary on stderr (the report file is still written)")
     p.add_argument("program", nargs=argparse.REMAINDER, metavar="-- PROGRAM [ARGS...]",
                    help="the program to run, after --")
@@ -130,8 +135,10 @@ def _program(args: argparse.Namespace) -> list[str]:
         raise UsageError("no program to run; fix: kv-guardian run -- python app.py [args...]")
     if not args.holder_seconds > 0 or args.holder_seconds == float("inf"):
         raise UsageError(f"--holder-seconds {args.holder_seconds} must be a number > 0; fix: e.g. 3")
-    if args.report:
-        check_writable(args.report, "--report")
+    for flag, path in (("--report", args.report), ("--html", args.html),
+                       ("--memory-snapshot", args.memory_snapshot), ("--trace", args.trace)):
+        if path:
+            check_writable(path, flag)
     return cmd
 
 
@@ -164,9 +171,28 @@ def run(args: argparse.Namespace) -> int:
             Path(args.report).write_text(dumps(report.to_dict()) + "\n")
         except OSError as exc:  # checked before the start; gone since: say so, keep the program's code
             _say(f"error: cannot write --report {args.report}: {exc.strerror or exc}")
+    _write_views(args, report)
     if not args.quiet:
         print_summary(report, audit, ConsoleReporter(stderr=True))
     return exit_code(report, audit, outcome.returncode, Severity.parse(args.fail_on), quiet=args.quiet)
+
+
+def _write_views(args: argparse.Namespace, report: Report) -> None:
+    """``--html``, ``--memory-snapshot``, ``--trace`` of the merged report; a failure is one line (the program's
+    exit code is kept)."""
+    if not (args.html or args.memory_snapshot or args.trace):
+        return
+    from kvguardian.report.document import classify
+    from kvguardian.report.exports import write_outputs
+
+    source = Path(args.report).name if args.report else "kv-guardian run"
+    try:
+        for line in write_outputs(classify(report.to_dict(), source=source), html=args.html,
+                                  memory_snapshot=args.memory_snapshot, trace=args.trace):
+            if not args.quiet:
+                _say(f"wrote {line}")
+    except (OSError, UsageError) as exc:
+        _say(f"error: {getattr(exc, 'strerror', None) or exc}")
 
 
 def _names(signals: list[int]) -> list[str]:

@@ -11,6 +11,7 @@ from kvguardian.cli.signals import stopping
 from kvguardian.cli.web_options import add_web_config, web_config
 from kvguardian.findings import Finding, Severity
 from kvguardian.report.console import ConsoleReporter
+from kvguardian.report.output import add_html_option, check_writable
 from kvguardian.report.reporter import Reporter, make_reporter
 
 NAME = "watch"
@@ -34,6 +35,7 @@ def _positive(kind: type, *, zero: bool = False) -> Any:
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metrics", required=True, metavar="URL", help="the server's Prometheus endpoint (…/metrics)")
+    add_html_option(p)
     p.add_argument("--interval", type=_positive(float), default=5.0, metavar="S",
                    help="seconds between scrapes (default 5)")
     p.add_argument("--grace", type=_positive(float, zero=True), default=60.0, metavar="S",
@@ -91,6 +93,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--exporter-port {args.exporter_port} is not a TCP port; fix: use 0-65535 (0 picks a "
                          "free one)")
     web = web_config(args)  # a bad --web-config fails before the watch starts
+    if args.html:
+        check_writable(args.html, "--html")
     vllm = args.engine == "vllm"
     watch = Watch(
         args.engine, args.metrics, interval=args.interval, grace=args.grace, timeout=args.timeout,
@@ -101,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
         tolerance=0 if vllm else args.tolerance, confirm=2 if vllm else args.confirm,
         events_bind=args.events_bind if vllm else False,
     )
-    out = make_reporter("json" if args.json else "console")
+    out = make_reporter("json" if args.json else "console", html=args.html)
     with stopping(watch.stop) as ending:  # Ctrl-C, SIGTERM and SIGHUP end the watch; the report is still printed
         report = _watch(args, watch, out, web)
     out.findings(report)

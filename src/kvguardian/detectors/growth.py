@@ -31,7 +31,7 @@ from kvguardian.detectors.context import DetectContext
 from kvguardian.findings import Finding, Severity
 from kvguardian.ledger import LedgerSnapshot
 
-__all__ = ["TrendResult", "detect", "mann_kendall", "theil_sen", "trend_test"]
+__all__ = ["TrendResult", "detect", "mann_kendall", "theil_sen", "trend_line", "trend_test"]
 
 WINDOWS = (16, 24, 32, 48, 64, 96, 128, 192, 256)
 
@@ -120,6 +120,16 @@ def trend_test(
     return last
 
 
+def trend_line(window: Sequence[tuple[float, str, int]], slope: float) -> list[list[float]]:
+    """The Theil–Sen line over a window of request-end samples, as its two ends ``[[t0, bytes], [t1, bytes]]``
+    (``time.monotonic()`` times; the report's timeline draws it). Intercept: the median of y - slope·i."""
+    if not window:
+        return []
+    ys = np.asarray([b for _, _, b in window], dtype=float)
+    intercept = float(np.median(ys - slope * np.arange(ys.size)))
+    return [[float(window[0][0]), intercept], [float(window[-1][0]), intercept + slope * (ys.size - 1)]]
+
+
 def detect(snapshot: LedgerSnapshot, ctx: DetectContext) -> list[Finding]:
     series = [float(b) for (_, _, b) in snapshot.retained_series]
     res = trend_test(series, alpha=ctx.growth_alpha, min_growth=ctx.growth_min_bytes)
@@ -142,6 +152,7 @@ def detect(snapshot: LedgerSnapshot, ctx: DetectContext) -> list[Finding]:
                 "confidence": res.confidence,
                 "samples": len(series),
                 "latest_retained_bytes": series[-1] if series else 0,
+                "trend_line": trend_line(snapshot.retained_series[-res.window:], res.slope),
             },
         )
     ]

@@ -10,6 +10,7 @@ within about ±9 %); nothing grows with the number of keys, only with the number
 from __future__ import annotations
 
 import builtins
+import functools
 import heapq
 from typing import Any
 
@@ -30,6 +31,12 @@ _TTL_EDGES = np.array([b for _, b in TTL_BUCKETS[1:-1]], dtype=np.int64)
 NB = 16 + 4 * 44  # histogram buckets: up to 16·2^44 (bytes or seconds)
 TOP_K = 5
 
+#: idle-time buckets (seconds since the last read, exclusive upper bounds; the last is open), for the HTML
+#: report's histogram; read from the log histogram, so a count near an edge may sit in the neighbour (±9 %)
+IDLE_BUCKETS = (("lt_1m", 60), ("lt_10m", 600), ("lt_1h", 3_600), ("lt_1d", 86_400), ("lt_7d", 604_800),
+                ("lt_30d", 2_592_000), ("ge_30d", 0))
+_IDLE_EDGES = np.array([b for _, b in IDLE_BUCKETS[:-1]], dtype=np.float64)
+
 
 def bucket_of(values: np.ndarray) -> np.ndarray:
     """Histogram bucket of non-negative integers: exact below 16, then four buckets per doubling."""
@@ -44,6 +51,18 @@ def bucket_of(values: np.ndarray) -> np.ndarray:
 def _bucket_value(b: int) -> float:
     """A representative value of a bucket (the geometric middle; exact below 16)."""
     return float(b) if b < 16 else 16 * 2 ** ((b - 16 + 0.5) / 4)
+
+
+@functools.cache
+def _coarse() -> np.ndarray:
+    """Fine histogram bucket -> `IDLE_BUCKETS` index."""
+    return np.searchsorted(_IDLE_EDGES, [_bucket_value(b) for b in range(NB)], side="right")
+
+
+def idle_buckets(hist: np.ndarray) -> dict[str, int]:
+    """A pattern's idle-time histogram row in `IDLE_BUCKETS` (seconds)."""
+    counts = np.bincount(_coarse(), weights=hist, minlength=len(IDLE_BUCKETS))
+    return {name: int(c) for (name, _), c in zip(IDLE_BUCKETS, counts)}
 
 
 def quantile(hist: np.ndarray, q: float, vmax: int) -> int | None:
@@ -234,6 +253,7 @@ class PatternStats:
                 "p90": quantile(self.idle_hist[pid], 0.9, imax),
                 "max": imax if n else None,
             },
+            **({"idle_buckets": idle_buckets(self.idle_hist[pid])} if self.idle_metric == "idletime" else {}),
             "types": {name: int(c) for name, c in zip(TYPES, self.types[pid]) if c},
             "top_keys": [
                 {"key": k, "bytes": b, "type": TYPES[t] if 0 <= t < len(TYPES) else "other",

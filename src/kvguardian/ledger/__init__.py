@@ -11,6 +11,7 @@ module         what it owns
 `releases`     the weak reference on each storage and the queue its callback fills
 `totals`       totals kept as entries change (`LedgerTotals`, for scrapes)
 `snapshot`     `LedgerSnapshot`, the immutable copy detectors and sinks read
+`timeline`     the bounded KV timeline (bytes by state over time, request lanes) and its report JSON
 `ledger`       the `Ledger` facade, its lock, and the public methods sources and readers call
 =============  ==============================================================================================
 """

@@ -28,6 +28,7 @@ from kvguardian.ledger.releases import ReleaseQueue
 from kvguardian.ledger.snapshot import LedgerSnapshot
 from kvguardian.ledger.table import EntryTable
 from kvguardian.ledger.tensors import TensorEntries
+from kvguardian.ledger.timeline import Timeline, timeline_json
 from kvguardian.ledger.totals import LedgerTotals
 
 if TYPE_CHECKING:
@@ -45,6 +46,10 @@ class Ledger:
         event_capacity: events kept before the oldest are dropped (and counted as dropped).
         request_history: ended requests remembered after their last entry was released.
         series_capacity: request-end samples kept for the growth trend test.
+        timeline_capacity: samples of KV bytes by state kept for the report's timeline (`kvguardian.ledger.
+            timeline`: when full, pairs are merged and the sampling interval doubles).
+        timeline_interval: seconds between the timeline's interval samples (besides one per request end).
+        timeline_lanes: requests whose span the timeline keeps.
         clock: monotonic clock, injectable for tests.
     """
 
@@ -54,6 +59,9 @@ class Ledger:
         event_capacity: int = 65_536,
         request_history: int = 4_096,
         series_capacity: int = 4_096,
+        timeline_capacity: int = 2_048,
+        timeline_interval: float = 1.0,
+        timeline_lanes: int = 4_096,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if event_capacity < 1 or request_history < 1 or series_capacity < 1:
@@ -70,6 +78,9 @@ class Ledger:
         self._grad_obs: deque[dict[str, Any]] = deque(maxlen=256)
         self.instrumentation_errors: Counter[str] = Counter()
         self._unknown: dict[str, str] = {}  # class a source audits through a generic path -> why (bounded)
+        self._timeline = Timeline(clock(), capacity=timeline_capacity, interval_s=timeline_interval,
+                                  lanes=timeline_lanes)
+        self._table.on_request_freed = self._timeline.freed
 
     # ------------------------------------------------------------------ public state
     @property
@@ -102,14 +113,23 @@ class Ledger:
     def begin_request(self, request_id: str, tenant: str | None = None, *, implicit: bool = False) -> RequestInfo:
         """Start a request. Raises `UsageError` if a request with this id is still active."""
         with self._lock:
-            return self._table.begin_request(request_id, tenant, implicit, self._clock())
+            now = self._clock()
+            info = self._table.begin_request(request_id, tenant, implicit, now)
+            self._timeline.begin(request_id, tenant, now)
+            self._timeline.tick(now, self._table.totals)
+            return info
 
     def end_request(self, request_id: str) -> RequestInfo:
         """End a request: its live entries become retained (declared) or orphaned; sample ended bytes."""
         with self._lock:
             now = self._clock()
+            self._table.settle()
+            self._timeline.take(now, self._table.totals, request_end=True)  # still live: the peak shows
             info = self._table.end_request(request_id, now)
             self._series.append((now, request_id, self._table.totals.ended_bytes))
+            by_id = self._table.by_id
+            self._timeline.end(request_id, now, sum(by_id[e].storage_bytes for e in info.entry_ids if e in by_id))
+            self._timeline.take(now, self._table.totals, request_end=True)
             return info
 
     def request(self, request_id: str) -> RequestInfo | None:
@@ -171,6 +191,9 @@ class Ledger:
                 grad = (rec is not None and rec.grad) or grad
             if self._releases.freed and not self._table.batch:
                 self._table.drain()
+                timeline = self._timeline  # about once per decode step (its old storages freed); inlined tick():
+                if now >= timeline.next_due:  # a call here was +17 bytecodes per update (bench/hook_ops.py)
+                    timeline.take(now, self._table.totals)
         finally:
             lock.release()
         return grad
@@ -189,8 +212,12 @@ class Ledger:
         finally:
             with self._lock:
                 table.batch -= 1
-                if not table.batch and self._releases.freed:
-                    table.drain()
+                if not table.batch:
+                    if self._releases.freed:
+                        table.drain()
+                    now, timeline = self._clock(), self._timeline  # once per forward: the interval sample,
+                    if now >= timeline.next_due:  # if due (tick() inlined)
+                        timeline.take(now, table.totals)
 
     def set_filled(self, slots: Iterable[Hashable], filled_tokens: int) -> None:
         """The entries filling ``slots`` hold ``filled_tokens`` tokens now (a source read its counters)."""
@@ -248,7 +275,9 @@ class Ledger:
         """A non-tensor entry was released by its source (a freed block, an expired key)."""
         with self._lock:
             rec = self._table.live(key, "release each entry once")
-            self._table.release(rec, self._clock(), detail)
+            now = self._clock()
+            self._table.release(rec, now, detail)
+            self._timeline.tick(now, self._table.totals)  # a pool has no forward: its frees carry the samples
 
     # ------------------------------------------------------------------ retention marks
     def retain_keys(self, keys: Iterable[Hashable], reason: str) -> int:
@@ -314,8 +343,10 @@ class Ledger:
         with self._lock:
             table = self._table
             table.settle()
+            now = self._clock()
+            self._timeline.tick(now, self._table.totals)
             return LedgerSnapshot(
-                taken=self._clock(),
+                taken=now,
                 generation=table.generation,
                 records=tuple(r.copy() for r in table.by_id.values()),
                 requests={k: v.copy() for k, v in table.requests.items()},
@@ -332,6 +363,16 @@ class Ledger:
                 unknown_classes=dict(self._unknown),
             )
 
+    def timeline(self, snap: LedgerSnapshot) -> dict[str, Any]:
+        """The report's KV timeline (`kvguardian.report.history` schema) with a sample taken now: samples,
+        request lanes with what outlived each request (from ``snap``), the buffered events, the entries alive."""
+        with self._lock:
+            self._table.settle()
+            now = self._clock()
+            self._timeline.take(now, self._table.totals)
+            events = list(self._events.buffer)
+            return timeline_json(self._timeline, now, snap.records, events, events_dropped=self._events.dropped)
+
     def totals(self) -> LedgerTotals:
         """Bytes and entries by state, the two ratios and the counters, without a pass over the entries or the
         requests: every total is kept as entries and requests change (`kvguardian.ledger.totals`), so a scrape
@@ -339,6 +380,7 @@ class Ledger:
         with self._lock:
             table = self._table
             table.settle()
+            self._timeline.tick(self._clock(), table.totals)  # scrapes come on an interval, also when idle
             by_bytes, by_n, residency, fragmentation = table.totals.as_totals()
             return LedgerTotals(
                 bytes_by_state=by_bytes,

@@ -42,6 +42,7 @@ class EntryTable:
         self.generation = 0  # the model generation new entries belong to
         self.batch = 0  # > 0 inside Ledger.observe_batch(): releases wait for its end
         self.on_release_error: Callable[[str, BaseException], None] | None = None
+        self.on_request_freed: Callable[[str, float], None] | None = None  # (request id, when) its last KV went
         self._next_id = 1
 
     def live(self, key: Hashable, fix: str) -> Record:
@@ -143,6 +144,8 @@ class EntryTable:
                 if rec.state is not EntryState.LIVE and info.ended is not None:
                     self.totals.ended_bytes -= rec.storage_bytes
                 info.entry_ids.discard(eid)
+                if info.ended is not None and not info.entry_ids and self.on_request_freed is not None:
+                    self.on_request_freed(info.request_id, ts)  # the ended request's last KV is gone
         rec.state = EntryState.RELEASED
         rec.released_at = ts
         slot = rec.slot

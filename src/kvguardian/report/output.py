@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from kvguardian._errors import UsageError
 
-__all__ = ["check_writable"]
+__all__ = ["HTML_HELP", "add_html_option", "check_writable"]
 
 
 def check_writable(path: str | os.PathLike[str], flag: str) -> Path:
@@ -34,3 +35,12 @@ def check_writable(path: str | os.PathLike[str], flag: str) -> Path:
         return p
     raise UsageError(f"{flag} {str(path)!r} {problem}; fix: pass a writable file path (checked before starting, "
                      "so no work is lost)")
+
+
+#: the help of every command's ``--html FILE``
+HTML_HELP = "also write the result as one self-contained HTML report (as kv-guardian report draws it)"
+
+
+def add_html_option(p: Any) -> None:
+    """``--html FILE`` on an argparse parser (check it with `check_writable` before the work starts)."""
+    p.add_argument("--html", metavar="FILE", help=HTML_HELP)

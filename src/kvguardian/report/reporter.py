@@ -7,11 +7,13 @@ chosen by the user turns them into a format:
 ==============  ==================================================================================
 ``console``     `kvguardian.report.console.ConsoleReporter`: rich tables and lines on a terminal
 ``json``        `kvguardian.report.json.JsonReporter`: only the result document, as JSON
+``html``        `kvguardian.report.html.reporter.HtmlReporter`: one self-contained HTML page of the result
 ==============  ==================================================================================
 
 Every argument is data, never markup: reporters escape what they show (`kvguardian.report.escape`), so a key
 named ``[/oops]`` or ``"\\x1b[2J"`` prints as itself. To add a format (HTML, say), write a class with these
-methods that takes ``(stream)`` and add one line to `FORMATS`.
+methods that takes ``(stream)`` and add one line to `FORMATS`. `reporting(..., html=FILE)` sends a command's
+output to its format and, as well, to an HTML file (``--html FILE``).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import IO, Any, Literal, Protocol
 from kvguardian._errors import UsageError
 from kvguardian.findings import Finding, Report
 
-__all__ = ["FORMATS", "Reporter", "Tone", "make_reporter", "reporting"]
+__all__ = ["FORMATS", "Reporter", "Tee", "Tone", "make_reporter", "reporting"]
 
 #: How a line of text is meant: plain prose, emphasised, a warning, or an error.
 Tone = Literal["plain", "strong", "warning", "error"]
@@ -33,6 +35,7 @@ Tone = Literal["plain", "strong", "warning", "error"]
 FORMATS: dict[str, str] = {
     "console": "kvguardian.report.console:ConsoleReporter",
     "json": "kvguardian.report.json:JsonReporter",
+    "html": "kvguardian.report.html.reporter:HtmlReporter",
 }
 
 
@@ -64,8 +67,49 @@ class Reporter(Protocol):
         """Finish the output (a buffering format writes it now)."""
 
 
-def make_reporter(fmt: str = "console", stream: IO[str] | None = None) -> Reporter:
-    """A reporter of format ``fmt`` writing to ``stream`` (stdout by default).
+class Tee:
+    """A `Reporter` that hands every call to each of ``reporters`` (the terminal and an HTML file, say)."""
+
+    def __init__(self, *reporters: Reporter) -> None:
+        self.reporters = reporters
+
+    def heading(self, text: str) -> None:
+        for r in self.reporters:
+            r.heading(text)
+
+    def text(self, line: str, *, tone: Tone = "plain") -> None:
+        for r in self.reporters:
+            r.text(line, tone=tone)
+
+    def table(self, title: str, columns: Sequence[str], rows: Iterable[Sequence[object]]) -> None:
+        kept = [list(row) for row in rows]  # an iterator is read once, by the first reporter
+        for r in self.reporters:
+            r.table(title, columns, kept)
+
+    def findings(self, report: Report, *, per_group: int | None = None, limit: int = 50,
+                 more: str = "the JSON report") -> None:
+        for r in self.reporters:
+            r.findings(report, per_group=per_group, limit=limit, more=more)
+
+    def finding(self, finding: Finding) -> None:
+        for r in self.reporters:
+            r.finding(finding)
+
+    def result(self, payload: Mapping[str, Any]) -> None:
+        for r in self.reporters:
+            r.result(payload)
+
+    def close(self) -> None:
+        """Close every reporter, the later ones even when an earlier one fails."""
+        try:
+            for r in self.reporters[:-1]:
+                r.close()
+        finally:
+            self.reporters[-1].close()
+
+
+def _format(fmt: str) -> Any:
+    """The reporter class of format ``fmt`` (imported by name from `FORMATS`).
 
     Raises:
         UsageError: ``fmt`` is not a key of `FORMATS`.
@@ -74,14 +118,27 @@ def make_reporter(fmt: str = "console", stream: IO[str] | None = None) -> Report
     if target is None:
         raise UsageError(f"unknown output format {fmt!r}; use one of: {', '.join(FORMATS)}")
     module, _, cls = target.partition(":")
-    reporter: Reporter = getattr(importlib.import_module(module), cls)(stream)
+    return getattr(importlib.import_module(module), cls)
+
+
+def make_reporter(fmt: str = "console", stream: IO[str] | None = None, *, html: str | None = None) -> Reporter:
+    """A reporter of format ``fmt`` writing to ``stream`` (stdout by default); with ``html``, a `Tee` that also
+    writes the HTML page to that file when it closes.
+
+    Raises:
+        UsageError: ``fmt`` is not a key of `FORMATS`.
+    """
+    reporter: Reporter = _format(fmt)(stream)
+    if html:
+        page: Reporter = _format("html")(path=html)
+        return Tee(reporter, page)
     return reporter
 
 
 @contextmanager
-def reporting(fmt: str = "console", stream: IO[str] | None = None) -> Iterator[Reporter]:
+def reporting(fmt: str = "console", stream: IO[str] | None = None, *, html: str | None = None) -> Iterator[Reporter]:
     """`make_reporter` as a context: the reporter is closed (its output written) when the block ends."""
-    reporter = make_reporter(fmt, stream)
+    reporter = make_reporter(fmt, stream, html=html)
     try:
         yield reporter
     finally:

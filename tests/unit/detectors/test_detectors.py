@@ -51,6 +51,8 @@ def test_growth_detector_reads_the_series():
     series = [(float(i), f"r{i}", 1000 * i) for i in range(20)]
     [f] = [x for x in run_all(snap(series=series), DetectContext()) if x.id == "KVG103"]
     assert f.evidence["slope_bytes_per_request"] == 1000.0 and f.evidence["confidence"] > 0.99999
+    (t0, b0), (t1, b1) = f.evidence["trend_line"]  # over the window that fired, for the report's timeline
+    assert t1 == 19.0 and b1 == 19_000.0 and b0 == 1000.0 * t0 and t1 - t0 == f.evidence["window_requests"] - 1
     assert run_all(snap(series=[(float(i), "r", 5) for i in range(40)]), DetectContext()) == []
 
 

@@ -50,3 +50,16 @@ def test_top_keys_keep_the_largest_and_merge_folds_patterns():
     assert s.row(2)["keys"] == 0
     s.add_batch(np.array([2]), [b"late"], _probe([[0, 5, -1, 0]]))  # a batch mined before the merge
     assert s.row(1)["keys"] == n + 3 and s.row(2)["keys"] == 0
+
+
+def test_idle_buckets_count_every_key_in_its_range():
+    st = PatternStats(cold_after=100)
+    st.ensure(1)
+    idle = [5, 30, 700, 3_000, 200_000, 4_000_000]
+    probe = np.array([[0, 100, -1, i] for i in idle], dtype=np.int64)
+    st.add_batch(np.zeros(len(idle), dtype=np.int64), [b"k%d" % i for i in range(len(idle))], probe)
+    assert st.row(0)["idle_buckets"] == {"lt_1m": 2, "lt_10m": 0, "lt_1h": 2, "lt_1d": 0, "lt_7d": 1, "lt_30d": 0,
+                                         "ge_30d": 1}
+    lfu = PatternStats(cold_after=0, idle_metric="freq")
+    lfu.ensure(1)
+    assert "idle_buckets" not in lfu.row(0)  # LFU counters are not times

@@ -75,5 +75,5 @@ def test_json_without_a_result_writes_the_findings_report():
 def test_an_unknown_format_is_a_usage_error():
     from kvguardian._errors import UsageError
 
-    with pytest.raises(UsageError, match="unknown output format 'html'; use one of: console, json"):
-        make_reporter("html")
+    with pytest.raises(UsageError, match="unknown output format 'xml'; use one of: console, json, html"):
+        make_reporter("xml")

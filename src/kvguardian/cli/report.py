@@ -1,0 +1,59 @@
+"""``kv-guardian report FILE.json -o report.html [--memory-snapshot OUT.pickle] [--trace OUT.json]``.
+
+Renders any report kv-guardian writes (``run --report``, ``Guard.check().to_json()``, ``redis scan --json``,
+``redis diff --json``, ``watch --json``, ``repro NAME --json``, ``pytest --kv-report``) as one self-contained
+HTML file, and exports a KV history as a PyTorch memory snapshot or a Chrome/Perfetto trace. Every output is
+checked before anything is written; a file that cannot be read is one line and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from kvguardian._errors import EXIT_OK, UsageError
+from kvguardian.report.escape import visible
+from kvguardian.report.output import check_writable
+
+NAME = "report"
+HELP = ("render a report JSON as a self-contained HTML page; export its KV history for PyTorch's memory viewer "
+        "or Perfetto")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("file", metavar="FILE.json", help="a report written by kv-guardian (any kind)")
+    p.add_argument("-o", "--output", metavar="HTML", help="write the HTML report here")
+    p.add_argument("--memory-snapshot", metavar="OUT.pickle",
+                   help="write the KV history as a PyTorch memory snapshot (python -m torch.cuda._memory_viz "
+                        "trace_plot OUT.pickle -o kv.html)")
+    p.add_argument("--trace", metavar="OUT.json", help="write the KV history as a Chrome/Perfetto trace")
+    p.add_argument("--redact", action="store_true",
+                   help="show the report as --redact would have written it: dictionary keys in holder chains "
+                        "hidden, Redis key names and patterns hashed")
+
+
+def run(args: argparse.Namespace) -> int:
+    from kvguardian.report.document import load_document
+    from kvguardian.report.exports import write_outputs
+
+    outputs = [(args.output, "-o"), (args.memory_snapshot, "--memory-snapshot"), (args.trace, "--trace")]
+    if not any(path for path, _ in outputs):
+        raise UsageError("nothing to write; fix: kv-guardian report FILE.json -o report.html (and/or "
+                         "--memory-snapshot OUT.pickle, --trace OUT.json)")
+    for path, flag in outputs:
+        if path:
+            check_writable(path, flag)
+    doc = load_document(args.file, redact=redact_report if args.redact else None)
+    for line in write_outputs(doc, html=args.output, memory_snapshot=args.memory_snapshot, trace=args.trace):
+        sys.stderr.write(visible(f"kv-guardian report: wrote {line}") + "\n")
+    return EXIT_OK
+
+
+def redact_report(data: Any) -> Any:
+    """A copy of report JSON ``data`` as its producer's ``--redact`` would have written it: Redis scans and
+    diffs by `kvguardian.keyspace.redact`, KV reports by `kvguardian.report.redact` (holder-chain keys)."""
+    from kvguardian.keyspace.redact import is_keyspace_json, redact_keyspace_json
+    from kvguardian.report.redact import redact_chains
+
+    return redact_keyspace_json(data) if is_keyspace_json(data) else redact_chains(data)
