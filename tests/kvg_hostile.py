@@ -4,6 +4,7 @@
 
 ==============  ===========================================================================================
 ``trickle``     valid HTTP headers, then the body one byte per ``delay`` seconds (never finishing quickly)
+``trickle-headers`` the headers too, one byte per ``delay`` seconds
 ``silent``      accepts and reads, never answers
 ``garbage``     random bytes, then close
 ``long-header`` a status line, then one header line of 70 KiB (over http.client's 64 KiB line limit)
@@ -28,7 +29,8 @@ from typing import Any
 
 __all__ = ["MODES", "HostileServer", "idle_connections", "zmq_garbage"]
 
-MODES = ("trickle", "silent", "garbage", "long-header", "truncated", "not-http", "http", "redis-reply", "metrics")
+MODES = ("trickle", "trickle-headers", "silent", "garbage", "long-header", "truncated", "not-http", "http",
+         "redis-reply", "metrics")
 
 METRICS = b"# HELP up ok\n# TYPE up gauge\nup 1.0\n"
 
@@ -77,17 +79,27 @@ class HostileServer:
             except OSError:
                 pass
 
+    @staticmethod
+    def _head(length: int) -> bytes:
+        return b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: %d\r\n\r\n" % length
+
     def _headers(self, conn: socket.socket, length: int) -> None:
         conn.recv(65536)
-        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n"
-                     b"Content-Length: %d\r\n\r\n" % length)
+        conn.sendall(self._head(length))
 
-    def _trickle(self, conn: socket.socket) -> None:
-        self._headers(conn, len(self.body))
-        for b in self.body:
+    def _drip(self, conn: socket.socket, data: bytes) -> None:
+        for b in data:
             if self._stop.wait(self.delay):
                 return
             conn.sendall(bytes([b]))
+
+    def _trickle(self, conn: socket.socket) -> None:
+        self._headers(conn, len(self.body))
+        self._drip(conn, self.body)
+
+    def _trickle_headers(self, conn: socket.socket) -> None:
+        conn.recv(65536)
+        self._drip(conn, self._head(len(self.body)) + self.body)
 
     def _silent(self, conn: socket.socket) -> None:
         while not self._stop.is_set() and conn.recv(65536):

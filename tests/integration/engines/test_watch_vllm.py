@@ -14,7 +14,7 @@ import msgpack
 import pytest
 
 from engine_fakes import FORMATS, MetricsServer, VllmMetrics, VllmPublisher, removed, stored, wait_until
-from kvg_testing import ROOT, free_port, require_binary
+from kvg_testing import ROOT, closing_factory, free_port, require_binary
 from kvguardian.engines.watch import Watch
 from kvguardian.engines.watch_exporter import WatchCollector
 from kvguardian.exporters.server import start_exporter
@@ -31,15 +31,8 @@ def vllm():
 
 @pytest.fixture
 def publisher():
-    pubs = []
-
-    def make(**kw):
-        pubs.append(VllmPublisher(**kw))
-        return pubs[-1]
-
-    yield make
-    for p in pubs:
-        p.close()
+    with closing_factory(VllmPublisher) as make:
+        yield make
 
 
 class Running:
