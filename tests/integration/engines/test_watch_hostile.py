@@ -14,7 +14,7 @@ import time
 import pytest
 import zmq
 
-from engine_fakes import MetricsServer, VllmMetrics, VllmPublisher, stored, wait_until
+from engine_fakes import VllmPublisher, stored, vllm_serving, wait_until
 from kvg_hostile import HostileServer
 from kvg_testing import ROOT, closing_factory, free_port
 from kvguardian.engines.watch import Watch
@@ -87,11 +87,8 @@ class SilentRouter:
 
 @pytest.fixture
 def vllm_metrics():
-    metrics = VllmMetrics(num_gpu_blocks=10_001, block_size=4)
-    metrics.set(running=1, waiting=0, usage=0.1)
-    server = MetricsServer(metrics.registry)
-    yield metrics, server
-    server.close()
+    with vllm_serving(num_gpu_blocks=10_001, block_size=4, running=1, waiting=0, usage=0.1) as pair:
+        yield pair
 
 
 def _gappy(pub, n):
