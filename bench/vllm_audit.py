@@ -30,7 +30,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "tests" / "integration" / "vllm"))
+sys.path.insert(0, str(ROOT / "tests" / "integration" / "vllm_real"))
 
 from results_io import save_json  # noqa: E402
 from vllm_server import PYTHON, VllmServer  # noqa: E402
