@@ -9,26 +9,22 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from prometheus_client.core import Metric
-from prometheus_client.registry import Collector
 
 from kvguardian.engines.kv_events import REASONS
 from kvguardian.engines.prefix_audit import ANOMALIES
 from kvguardian.engines.watch import Watch
-from kvguardian.exporters.prometheus import by_label, family, findings_families, one_sample
+from kvguardian.exporters.prometheus import ScrapeCollector, by_label, family, findings_families, one_sample
 
 __all__ = ["WatchCollector"]
 
 _EVENT_TYPES = ("BlockStored", "BlockRemoved", "AllBlocksCleared")
 
 
-class WatchCollector(Collector):
+class WatchCollector(ScrapeCollector):
     """Reads a `Watch` at every scrape (the watch loop runs in another thread; reads are of plain counters)."""
 
     def __init__(self, watch: Watch) -> None:
         self.watch = watch
-
-    def describe(self) -> Iterator[Metric]:
-        return iter(())
 
     def collect(self) -> Iterator[Metric]:
         w = self.watch

@@ -38,6 +38,7 @@ __all__ = [
     "POOL_METRIC_KEYS",
     "KVGuardianCollector",
     "PoolMetrics",
+    "ScrapeCollector",
     "by_label",
     "family",
     "findings_families",
@@ -119,7 +120,15 @@ def findings_families(findings: Sequence[Finding], checked_at: float | None) -> 
     yield ts
 
 
-class KVGuardianCollector(Collector):
+class ScrapeCollector(Collector):
+    """A collector whose families are read at scrape time only: `describe` names none, so registering one (even
+    on prometheus_client's auto-describing default registry) reads no source and checks no duplicate names."""
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+
+class KVGuardianCollector(ScrapeCollector):
     """Yields fresh families at every scrape from the injected sources; never mutates them.
 
     Args:
@@ -181,10 +190,6 @@ class KVGuardianCollector(Collector):
             self._findings, self._checked_at = items, when
 
     # ------------------------------------------------------------------ prometheus_client
-    def describe(self) -> Iterator[Metric]:
-        """Names only (the registry's duplicate check); no source is read."""
-        return iter(())
-
     def collect(self) -> Iterator[Metric]:
         out: list[Metric] = []
         if self._ledger is not None:

@@ -11,19 +11,15 @@ from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client.core import Metric
-from prometheus_client.registry import Collector
 
-from kvguardian.exporters.prometheus import by_label, one_sample
+from kvguardian.exporters.prometheus import ScrapeCollector, by_label, one_sample
 
 __all__ = ["OOMCollector"]
 
 
-class OOMCollector(Collector):
+class OOMCollector(ScrapeCollector):
     def __init__(self, oom: Any) -> None:
         self.oom = oom
-
-    def describe(self) -> Iterator[Metric]:
-        return iter(())
 
     def collect(self) -> Iterator[Metric]:
         g = self.oom
