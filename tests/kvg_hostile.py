@@ -2,18 +2,18 @@
 
 ``HostileServer(mode)`` listens on a free loopback port; each connection is answered by one behaviour:
 
-==============  ===========================================================================================
-``trickle``     valid HTTP headers, then the body one byte per ``delay`` seconds (never finishing quickly)
-``trickle-headers`` the headers too, one byte per ``delay`` seconds
-``silent``      accepts and reads, never answers
-``garbage``     random bytes, then close
-``long-header`` a status line, then one header line of 70 KiB (over http.client's 64 KiB line limit)
-``truncated``   ``Content-Length: 1000`` and 36 bytes of metrics, then close
-``not-http``    a Redis error line (``-ERR unknown command``), as a Redis port answers an HTTP client
-``http``        a valid HTTP 200 with an HTML page (what a Redis client gets from a web port)
-``redis-reply`` answers every read with ``body`` (a canned RESP reply, e.g. a non-Redis ``E``)
-``metrics``     a valid Prometheus page (``body``), for comparison
-==============  ===========================================================================================
+===================  ======================================================================================
+``trickle``          valid HTTP headers, then the body one byte per ``delay`` seconds (never finishing quickly)
+``trickle-headers``  the headers too, one byte per ``delay`` seconds
+``silent``           accepts and reads, never answers
+``garbage``          random bytes, then close
+``long-header``      a status line, then one header line of 70 KiB (over http.client's 64 KiB line limit)
+``truncated``        ``Content-Length: 1000`` and 36 bytes of metrics, then close
+``not-http``         a Redis error line (``-ERR unknown command``), as a Redis port answers an HTTP client
+``http``             a valid HTTP 200 with an HTML page (what a Redis client gets from a web port)
+``redis-reply``      answers every read with ``body`` (a canned RESP reply, e.g. a non-Redis ``E``)
+``metrics``          a valid Prometheus page (``body``), for comparison
+===================  ======================================================================================
 
 ``zmq_garbage(endpoint)`` publishes frames that are not vLLM KV events. Used by the watch, Redis and exporter
 tests; everything stays on loopback, every thread is a daemon and stops with `HostileServer.close`.
