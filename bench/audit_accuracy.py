@@ -21,6 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
+from results_io import save_json
+
 from kvg_tenancy import KEY_ARGS, KEYS, mini_server
 from kvguardian.audit.cache_sharing import LEVELS, AuditOptions, CacheSharingAudit
 
@@ -74,8 +76,7 @@ def main() -> int:
         "max_samples_used": max(v["samples_max"] for v in verdicts),  # type: ignore[index]
         "created": time.time(), "loadavg": os.getloadavg(),
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+    save_json(args.out, out)
     print(f"all correct: {out['all_correct']}, max samples used: {out['max_samples_used']} -> {args.out}")
     return 0
 

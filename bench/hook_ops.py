@@ -13,11 +13,12 @@ the small config's cache layers are updated directly, one token per step, as a d
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
 from typing import Any
+
+from results_io import save_json
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -104,10 +105,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
             print(f"{cache_kind:8s} {path:8s} {row['bytecodes_per_update']:7.1f} bytecodes "
                   f"{row['python_calls_per_update']:5.2f} calls per layer update", flush=True)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"benchmark": "hook_ops", "config": "small", "steps": args.steps, "rows": rows},
-                              indent=2) + "\n")
+    out = save_json(args.out, {"benchmark": "hook_ops", "config": "small", "steps": args.steps, "rows": rows})
     print(f"wrote {out}")
     return 0
 

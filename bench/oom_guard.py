@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from results_io import save_json
+
 from kvguardian.oom.guard import OOMGuard
 from kvguardian.oom.signals.base import Reading
 from kvguardian.paged import PagedKVPool
@@ -226,8 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         "reaction_p99_le_interval_plus_10ms": bool(max(rx["evict_ms_p99"], rx["drain_ms_p99"]) <= rx["target_ms"]),
     }
     result["seconds"] = time.perf_counter() - wall0
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
+    save_json(args.out, result)
     print(json.dumps(result, indent=2))
     return 0
 

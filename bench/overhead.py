@@ -27,6 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from results_io import save_json
+
 ROOT = Path(__file__).resolve().parents[1]
 CACHES = ("dynamic", "static", "fp8")
 
@@ -280,9 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     results["small_min_ratio"] = min(small) if small else None
     small_steps = [r["ratio"] for r in results["interleaved_steps"] if r["config"] == "small"]
     results["small_min_ratio_interleaved"] = min(small_steps) if small_steps else None
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2))
+    out = save_json(args.out, results)
     print(f"wrote {out}")
     return 0
 

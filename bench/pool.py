@@ -63,6 +63,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from results_io import save_json
+
 from kvguardian.paged import PagedKVPool
 from kvguardian.paged.block_pool import BlockPool
 from kvguardian.paged.prefix import EventStream, hash_full_blocks, lookup_chain, namespace_root
@@ -487,9 +489,7 @@ def main(argv: list[str] | None = None) -> int:
     result["audit_1m"] = bench_audit(3 if args.quick else 5)
     result["targets"]["audit_1m_le_50ms"] = bool(result["audit_1m"]["audit_ms"] <= 50)
     result["seconds"] = round(time.perf_counter() - wall0, 1)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
+    save_json(args.out, result)
     print(json.dumps({k: result[k] for k in ("targets", "seconds")}, indent=2))
     return 0
 

@@ -13,11 +13,11 @@ The machine may be shared: the JSON records the load average.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import time
-from pathlib import Path
+
+from results_io import save_json
 
 from kvguardian.repro.multimodal import VARIANTS, measure
 from kvguardian.repro.vlm import VlmSpec
@@ -69,9 +69,7 @@ def main() -> int:
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "loadavg": os.getloadavg()},
         "results": results,
     }
-    path = Path(args.out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=2))
+    path = save_json(args.out, out)
     print(f"wrote {path}")
     return 0
 

@@ -38,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
 from redis_sweep import free_port, load, memkeys  # noqa: E402
+from results_io import save_json  # noqa: E402
 
 # peak memory from VmHWM (this process's own address space: ru_maxrss would carry over the bench's, which
 # held the whole load in memory when it forked)
@@ -166,8 +167,7 @@ def main() -> None:
             p.terminate()
             p.wait(10)
         shutil.rmtree(workdir, ignore_errors=True)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    save_json(args.out, result)
     print(json.dumps({k: result[k] for k in ("median", "ratios_vs_memkeys", "memory", "targets")}, indent=2))
 
 

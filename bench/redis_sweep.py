@@ -41,6 +41,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from results_io import save_json
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -298,8 +300,7 @@ def main() -> None:
         server.terminate()
         server.wait(10)
         shutil.rmtree(workdir, ignore_errors=True)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
+    save_json(args.out, results)
     print(json.dumps(results, indent=2))
 
 

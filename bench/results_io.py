@@ -1,4 +1,4 @@
-"""Writing a benchmark's JSON result: the file (its folder made) and the same JSON on stdout."""
+"""Writing a benchmark's JSON result: the file (its folder made), and with `write_json` the same JSON on stdout."""
 
 from __future__ import annotations
 
@@ -7,9 +7,14 @@ from pathlib import Path
 from typing import Any
 
 
-def write_json(out: str | Path, data: dict[str, Any]) -> None:
+def save_json(out: str | Path, data: dict[str, Any], *, indent: int = 2) -> Path:
+    """Write ``data`` as JSON to ``out``, making its folder; returns the path."""
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(data, indent=2)
-    path.write_text(text + "\n")
-    print(text)
+    path.write_text(json.dumps(data, indent=indent) + "\n")
+    return path
+
+
+def write_json(out: str | Path, data: dict[str, Any]) -> None:
+    save_json(out, data)
+    print(json.dumps(data, indent=2))

@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from results_io import save_json
+
 ROOT = Path(__file__).resolve().parents[1]
 PROGRAM = ROOT / "bench" / "programs" / "chat_server.py"
 
@@ -109,8 +111,7 @@ def main() -> None:
                   f"audit {row['audit_s_median']:.2f} s (CPU {row['audit_cpu_s_median']:.2f})  "
                   f"sampling {row['sampling_s_median']:.2f} s (CPU {row['sampling_cpu_s_median']:.2f}, "
                   f"{row['samples']} samples)", flush=True)
-            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.out).write_text(json.dumps(out, indent=2) + "\n")  # after every row: a long run keeps its rows
+            save_json(args.out, out)  # after every row: a long run keeps its rows
     print(f"wrote {args.out}")
 
 

@@ -17,9 +17,9 @@ import json
 import os
 import statistics
 import time
-from pathlib import Path
 
 import torch
+from results_io import save_json
 
 from kvguardian.paged import KVSpec, PagedKVPool
 
@@ -101,8 +101,7 @@ def main() -> int:
     print(json.dumps(eng), flush=True)
     out = {"bench": "scrub", "per_block": rows, "engine": eng, "created": time.time(), "loadavg": os.getloadavg(),
            "torch_threads": torch.get_num_threads()}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+    save_json(args.out, out)
     return 0
 
 

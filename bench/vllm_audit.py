@@ -30,8 +30,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "tests" / "integration" / "vllm"))
+sys.path.insert(0, str(ROOT / "tests" / "integration" / "vllm_real"))
 
+from results_io import save_json  # noqa: E402
 from vllm_server import PYTHON, VllmServer  # noqa: E402
 
 from kvg_testing import free_port  # noqa: E402
@@ -217,8 +218,7 @@ def main() -> int:
         results["micro"] = bench_micro(args.micro_blocks, args.micro_live)
         print("micro:", json.dumps(results["micro"]))
     results["load_avg_at_end"] = os.getloadavg()
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(results, indent=1))
+    save_json(args.out, results, indent=1)
     print(f"wrote {args.out}")
     return 0
 

@@ -12,9 +12,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, ClassVar
 
@@ -94,6 +96,19 @@ class VllmMetrics:
         self._sleep.labels(**self.LABELS, sleep_state="awake").set(1 if state == "awake" else 0)
         for s in ("weights_offloaded", "discard_all"):
             self._sleep.labels(**self.LABELS, sleep_state=s).set(1 if s == state else 0)
+
+
+@contextlib.contextmanager
+def vllm_serving(*, num_gpu_blocks: int, block_size: int, running: int, waiting: int,
+                 usage: float) -> Iterator[tuple[VllmMetrics, MetricsServer]]:
+    """``(metrics, server)``: a `VllmMetrics` in this state served over HTTP for the block."""
+    metrics = VllmMetrics(num_gpu_blocks=num_gpu_blocks, block_size=block_size)
+    metrics.set(running=running, waiting=waiting, usage=usage)
+    server = MetricsServer(metrics.registry)
+    try:
+        yield metrics, server
+    finally:
+        server.close()
 
 
 class SglangMetrics:

@@ -2,17 +2,18 @@
 
 ``HostileServer(mode)`` listens on a free loopback port; each connection is answered by one behaviour:
 
-==============  ===========================================================================================
-``trickle``     valid HTTP headers, then the body one byte per ``delay`` seconds (never finishing quickly)
-``silent``      accepts and reads, never answers
-``garbage``     random bytes, then close
-``long-header`` a status line, then one header line of 70 KiB (over http.client's 64 KiB line limit)
-``truncated``   ``Content-Length: 1000`` and 36 bytes of metrics, then close
-``not-http``    a Redis error line (``-ERR unknown command``), as a Redis port answers an HTTP client
-``http``        a valid HTTP 200 with an HTML page (what a Redis client gets from a web port)
-``redis-reply`` answers every read with ``body`` (a canned RESP reply, e.g. a non-Redis ``E``)
-``metrics``     a valid Prometheus page (``body``), for comparison
-==============  ===========================================================================================
+===================  ======================================================================================
+``trickle``          valid HTTP headers, then the body one byte per ``delay`` seconds (never finishing quickly)
+``trickle-headers``  the headers too, one byte per ``delay`` seconds
+``silent``           accepts and reads, never answers
+``garbage``          random bytes, then close
+``long-header``      a status line, then one header line of 70 KiB (over http.client's 64 KiB line limit)
+``truncated``        ``Content-Length: 1000`` and 36 bytes of metrics, then close
+``not-http``         a Redis error line (``-ERR unknown command``), as a Redis port answers an HTTP client
+``http``             a valid HTTP 200 with an HTML page (what a Redis client gets from a web port)
+``redis-reply``      answers every read with ``body`` (a canned RESP reply, e.g. a non-Redis ``E``)
+``metrics``          a valid Prometheus page (``body``), for comparison
+===================  ======================================================================================
 
 ``zmq_garbage(endpoint)`` publishes frames that are not vLLM KV events. Used by the watch, Redis and exporter
 tests; everything stays on loopback, every thread is a daemon and stops with `HostileServer.close`.
@@ -28,7 +29,8 @@ from typing import Any
 
 __all__ = ["MODES", "HostileServer", "idle_connections", "zmq_garbage"]
 
-MODES = ("trickle", "silent", "garbage", "long-header", "truncated", "not-http", "http", "redis-reply", "metrics")
+MODES = ("trickle", "trickle-headers", "silent", "garbage", "long-header", "truncated", "not-http", "http",
+         "redis-reply", "metrics")
 
 METRICS = b"# HELP up ok\n# TYPE up gauge\nup 1.0\n"
 
@@ -77,17 +79,27 @@ class HostileServer:
             except OSError:
                 pass
 
+    @staticmethod
+    def _head(length: int) -> bytes:
+        return b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: %d\r\n\r\n" % length
+
     def _headers(self, conn: socket.socket, length: int) -> None:
         conn.recv(65536)
-        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n"
-                     b"Content-Length: %d\r\n\r\n" % length)
+        conn.sendall(self._head(length))
 
-    def _trickle(self, conn: socket.socket) -> None:
-        self._headers(conn, len(self.body))
-        for b in self.body:
+    def _drip(self, conn: socket.socket, data: bytes) -> None:
+        for b in data:
             if self._stop.wait(self.delay):
                 return
             conn.sendall(bytes([b]))
+
+    def _trickle(self, conn: socket.socket) -> None:
+        self._headers(conn, len(self.body))
+        self._drip(conn, self.body)
+
+    def _trickle_headers(self, conn: socket.socket) -> None:
+        conn.recv(65536)
+        self._drip(conn, self._head(len(self.body)) + self.body)
 
     def _silent(self, conn: socket.socket) -> None:
         while not self._stop.is_set() and conn.recv(65536):

@@ -127,6 +127,23 @@ def fake_module(name: str) -> Iterator[types.ModuleType]:
         sys.modules.pop(name, None)
 
 
+@contextlib.contextmanager
+def closing_factory(make):  # type: ignore[no-untyped-def]
+    """For a factory fixture: ``make(*args, **kw)`` for each call, and every object made is closed when the block
+    ends (``with closing_factory(Server) as make: yield make``)."""
+    made = []
+
+    def factory(*args, **kw):  # type: ignore[no-untyped-def]
+        made.append(make(*args, **kw))
+        return made[-1]
+
+    try:
+        yield factory
+    finally:
+        for obj in made:
+            obj.close()
+
+
 def paged_workload(tiny_model, n: int, *, seed: int, sys_tokens: tuple[int, int]):  # type: ignore[no-untyped-def]
     """A mini-engine workload on ``tiny_model``: (`PagedLlama`, requests, HF generate()'s tokens per request id,
     the EOS id). One thread, so the oracle and the engine compute alike."""

@@ -9,43 +9,32 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from prometheus_client.core import Metric
-from prometheus_client.registry import Collector
 
 from kvguardian.engines.kv_events import REASONS
 from kvguardian.engines.prefix_audit import ANOMALIES
 from kvguardian.engines.watch import Watch
-from kvguardian.exporters.prometheus import family, findings_families
+from kvguardian.exporters.prometheus import ScrapeCollector, by_label, family, findings_families, one_sample
 
 __all__ = ["WatchCollector"]
 
 _EVENT_TYPES = ("BlockStored", "BlockRemoved", "AllBlocksCleared")
 
 
-class WatchCollector(Collector):
+class WatchCollector(ScrapeCollector):
     """Reads a `Watch` at every scrape (the watch loop runs in another thread; reads are of plain counters)."""
 
     def __init__(self, watch: Watch) -> None:
         self.watch = watch
 
-    def describe(self) -> Iterator[Metric]:
-        return iter(())
-
     def collect(self) -> Iterator[Metric]:
         w = self.watch
         yield from findings_families(w.board.active(), w.last_scrape_time)
-        scrapes, errors = family("kvguardian_watch_scrapes_total"), family("kvguardian_watch_scrape_errors_total")
-        scrapes.add_metric([w.engine], float(w.scrapes))
-        errors.add_metric([w.engine], float(sum(list(w.scrape_errors.values()))))
-        yield scrapes
-        yield errors
+        yield one_sample("kvguardian_watch_scrapes_total", w.scrapes, [w.engine])
+        yield one_sample("kvguardian_watch_scrape_errors_total", sum(list(w.scrape_errors.values())), [w.engine])
         if w.vllm is not None:
-            idle = family("kvguardian_watch_idle_kv_seconds")
-            idle.add_metric([w.engine], w.idle_seconds())
-            yield idle
+            yield one_sample("kvguardian_watch_idle_kv_seconds", w.idle_seconds(), [w.engine])
         if w.sglang is not None:
-            gap = family("kvguardian_watch_sglang_unaccounted_tokens")
-            gap.add_metric([], w.sglang.max_unaccounted())
-            yield gap
+            yield one_sample("kvguardian_watch_sglang_unaccounted_tokens", w.sglang.max_unaccounted())
         audit, sub = w.audit, w.subscriber
         if audit is None or sub is None:
             return
@@ -59,10 +48,8 @@ class WatchCollector(Collector):
         anomalies = family("kvguardian_watch_kv_event_anomalies_total")
         for kind in ANOMALIES:
             anomalies.add_metric([kind], float(audit.anomalies.get(kind, 0)))
-        blocks = family("kvguardian_watch_prefix_index_blocks")
-        for medium, n in sorted(audit.size_by_medium().items()):
-            blocks.add_metric([medium], float(n))
-        yield from (ev, err, anomalies, blocks)
+        yield from (ev, err, anomalies)
+        yield by_label("kvguardian_watch_prefix_index_blocks", audit.size_by_medium().items())
         for name, value in (
             ("kvguardian_watch_kv_event_batches_total", sub.batches),
             ("kvguardian_watch_kv_event_gaps_total", sub.gaps),
@@ -71,6 +58,4 @@ class WatchCollector(Collector):
             ("kvguardian_watch_prefix_namespaces", audit.namespaces()),
             ("kvguardian_watch_prefix_clears_total", audit.clears),
         ):
-            fam = family(name)
-            fam.add_metric([], float(value))
-            yield fam
+            yield one_sample(name, value)

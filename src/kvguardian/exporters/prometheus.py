@@ -38,8 +38,11 @@ __all__ = [
     "POOL_METRIC_KEYS",
     "KVGuardianCollector",
     "PoolMetrics",
+    "ScrapeCollector",
+    "by_label",
     "family",
     "findings_families",
+    "one_sample",
 ]
 
 log = logging.getLogger("kvguardian")
@@ -84,6 +87,21 @@ def family(name: str) -> GaugeMetricFamily | CounterMetricFamily:
     return cls(spec.family_name, spec.help, labels=list(spec.labels))
 
 
+def one_sample(name: str, value: float, labels: Sequence[str] = ()) -> Metric:
+    """Catalog family ``name`` holding one sample."""
+    fam = family(name)
+    fam.add_metric(list(labels), float(value))
+    return fam
+
+
+def by_label(name: str, items: Iterable[tuple[Any, float]]) -> Metric:
+    """Catalog family ``name`` with one sample per ``(label value, value)`` pair, in label order."""
+    fam = family(name)
+    for label, value in sorted(items):
+        fam.add_metric([str(label)], float(value))
+    return fam
+
+
 def findings_families(findings: Sequence[Finding], checked_at: float | None) -> Iterator[Metric]:
     """``kvguardian_findings`` (every catalog id, 0 when absent) and the time of the check they come from.
 
@@ -102,7 +120,15 @@ def findings_families(findings: Sequence[Finding], checked_at: float | None) -> 
     yield ts
 
 
-class KVGuardianCollector(Collector):
+class ScrapeCollector(Collector):
+    """A collector whose families are read at scrape time only: `describe` names none, so registering one (even
+    on prometheus_client's auto-describing default registry) reads no source and checks no duplicate names."""
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+
+class KVGuardianCollector(ScrapeCollector):
     """Yields fresh families at every scrape from the injected sources; never mutates them.
 
     Args:
@@ -164,10 +190,6 @@ class KVGuardianCollector(Collector):
             self._findings, self._checked_at = items, when
 
     # ------------------------------------------------------------------ prometheus_client
-    def describe(self) -> Iterator[Metric]:
-        """Names only (the registry's duplicate check); no source is read."""
-        return iter(())
-
     def collect(self) -> Iterator[Metric]:
         out: list[Metric] = []
         if self._ledger is not None:
@@ -214,15 +236,15 @@ class KVGuardianCollector(Collector):
         return [
             kv_bytes,
             entries,
-            _one("kvguardian_kv_residency_ratio", t.residency_ratio),
-            _one("kvguardian_kv_fragmentation_ratio", t.fragmentation_ratio),
-            _one("kvguardian_kv_released_bytes_total", t.released_bytes),
-            _one("kvguardian_kv_released_entries_total", t.released_entries),
+            one_sample("kvguardian_kv_residency_ratio", t.residency_ratio),
+            one_sample("kvguardian_kv_fragmentation_ratio", t.fragmentation_ratio),
+            one_sample("kvguardian_kv_released_bytes_total", t.released_bytes),
+            one_sample("kvguardian_kv_released_entries_total", t.released_entries),
             events,
-            _one("kvguardian_requests_active", t.requests_active),
-            _one("kvguardian_model_generation", t.generation),
+            one_sample("kvguardian_requests_active", t.requests_active),
+            one_sample("kvguardian_model_generation", t.generation),
             errors,
-            _one("kvguardian_guard_events_dropped_total", t.events_dropped),
+            one_sample("kvguardian_guard_events_dropped_total", t.events_dropped),
         ]
 
     def _pool_families(self, pools: list[tuple[str, PoolMetrics]]) -> list[Metric]:
@@ -257,9 +279,3 @@ class KVGuardianCollector(Collector):
             with self._lock:
                 findings, checked_at = self._findings, self._checked_at
         return list(findings_families(findings, checked_at))
-
-
-def _one(name: str, value: float) -> Metric:
-    fam = family(name)
-    fam.add_metric([], float(value))
-    return fam

@@ -24,19 +24,14 @@ from kvguardian.keyspace.stats import TYPE_CODE
 
 __all__ = ["LUA_PROBE", "LUA_SCAN_PROBE", "Lane", "choose_mode"]
 
-LUA_PROBE = """#!lua flags=no-writes,allow-cross-slot-keys
--- kv-guardian key probe: read-only, keys come as ARGV[2..n]; ARGV[1] is IDLETIME or FREQ
--- the last four numbers are TIME at the start and at the end (s, us): the script's own run time
--- (-1s when the ACL user may not call TIME: the client then times the round trip)
-local call, pcall = redis.call, redis.pcall
+#: the parts the two scripts share: the prelude, the four reads of one key ``k`` (appended to ``out`` at
+#: ``n``), and the closing TIME pair (-1s when the ACL user may not call TIME: the client then times the round trip)
+_LUA_PRELUDE = """local call, pcall = redis.call, redis.pcall
 local codes = {string = 0, list = 1, set = 2, zset = 3, hash = 4, stream = 5, none = -1}
 local sub = ARGV[1]
 local t0 = pcall('TIME')
-local out = {}
-local n = 0
-for i = 2, #ARGV do
-  local k = ARGV[i]
-  local code = codes[call('TYPE', k)['ok']] or 6
+"""
+_LUA_READ_KEY = """  local code = codes[call('TYPE', k)['ok']] or 6
   local m, p, idle = -1, -2, -1
   if code >= 0 then
     m = call('MEMORY', 'USAGE', k) or -1
@@ -50,7 +45,8 @@ for i = 2, #ARGV do
   out[n + 4] = idle
   n = n + 4
 end
-local t1 = pcall('TIME')
+"""
+_LUA_TIMES = """local t1 = pcall('TIME')
 if type(t0) ~= 'table' or t0.err or type(t1) ~= 'table' or t1.err then
   t0, t1 = {-1, -1}, {-1, -1}
 end
@@ -60,18 +56,33 @@ out[n + 3] = tonumber(t1[1])
 out[n + 4] = tonumber(t1[2])
 return out
 """
+
+LUA_PROBE = (
+    """#!lua flags=no-writes,allow-cross-slot-keys
+-- kv-guardian key probe: read-only, keys come as ARGV[2..n]; ARGV[1] is IDLETIME or FREQ
+-- the last four numbers are TIME at the start and at the end (s, us): the script's own run time
+-- (-1s when the ACL user may not call TIME: the client then times the round trip)
+"""
+    + _LUA_PRELUDE
+    + """local out = {}
+local n = 0
+for i = 2, #ARGV do
+  local k = ARGV[i]
+"""
+    + _LUA_READ_KEY
+    + _LUA_TIMES
+)
 LUA_SHA = hashlib.sha1(LUA_PROBE.encode()).hexdigest()
 
 #: the sweep's usual call: SCAN one step and probe what it returned, in one script. Nothing goes back and
 #: forth per key but the reply, and the server never waits for the client between a SCAN and its probe.
-LUA_SCAN_PROBE = """#!lua flags=no-writes,allow-cross-slot-keys
+LUA_SCAN_PROBE = (
+    """#!lua flags=no-writes,allow-cross-slot-keys
 -- kv-guardian scan + probe: read-only. ARGV: IDLETIME or FREQ, cursor, COUNT[, MATCH glob]
 -- reply: next cursor, n, the n key names, 4 numbers per key, TIME at the start and at the end (s, us)
-local call, pcall = redis.call, redis.pcall
-local codes = {string = 0, list = 1, set = 2, zset = 3, hash = 4, stream = 5, none = -1}
-local sub = ARGV[1]
-local t0 = pcall('TIME')
-local scan
+"""
+    + _LUA_PRELUDE
+    + """local scan
 if ARGV[4] then
   scan = call('SCAN', ARGV[2], 'COUNT', ARGV[3], 'MATCH', ARGV[4])
 else
@@ -84,30 +95,10 @@ for i = 1, nk do out[2 + i] = keys[i] end
 local n = 2 + nk
 for i = 1, nk do
   local k = keys[i]
-  local code = codes[call('TYPE', k)['ok']] or 6
-  local m, p, idle = -1, -2, -1
-  if code >= 0 then
-    m = call('MEMORY', 'USAGE', k) or -1
-    p = call('PTTL', k)
-    idle = pcall('OBJECT', sub, k)
-    if type(idle) ~= 'number' then idle = -1 end
-  end
-  out[n + 1] = code
-  out[n + 2] = m
-  out[n + 3] = p
-  out[n + 4] = idle
-  n = n + 4
-end
-local t1 = pcall('TIME')
-if type(t0) ~= 'table' or t0.err or type(t1) ~= 'table' or t1.err then
-  t0, t1 = {-1, -1}, {-1, -1}
-end
-out[n + 1] = tonumber(t0[1])
-out[n + 2] = tonumber(t0[2])
-out[n + 3] = tonumber(t1[1])
-out[n + 4] = tonumber(t1[2])
-return out
 """
+    + _LUA_READ_KEY
+    + _LUA_TIMES
+)
 LUA_SCAN_SHA = hashlib.sha1(LUA_SCAN_PROBE.encode()).hexdigest()
 
 

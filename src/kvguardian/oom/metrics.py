@@ -11,32 +11,15 @@ from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client.core import Metric
-from prometheus_client.registry import Collector
 
-from kvguardian.exporters.prometheus import family
+from kvguardian.exporters.prometheus import ScrapeCollector, by_label, one_sample
 
 __all__ = ["OOMCollector"]
 
 
-def _one(name: str, value: float) -> Metric:
-    fam = family(name)
-    fam.add_metric([], float(value))
-    return fam
-
-
-def _by_label(name: str, items: Any) -> Metric:
-    fam = family(name)
-    for label, value in sorted(items):
-        fam.add_metric([str(label)], float(value))
-    return fam
-
-
-class OOMCollector(Collector):
+class OOMCollector(ScrapeCollector):
     def __init__(self, oom: Any) -> None:
         self.oom = oom
-
-    def describe(self) -> Iterator[Metric]:
-        return iter(())
 
     def collect(self) -> Iterator[Metric]:
         g = self.oom
@@ -48,19 +31,19 @@ class OOMCollector(Collector):
         names = {s.name for s in g.signals} | {r.signal for r in readings}
         up = [(r.signal, 1.0 if r.ok else 0.0) for r in readings]
         wm = g.watermarks
-        yield _by_label("kvguardian_memory_pressure_ratio", ratio)
-        yield _by_label("kvguardian_memory_used_bytes", used)
-        yield _by_label("kvguardian_memory_limit_bytes", limit)
-        yield _by_label("kvguardian_memory_signal_up", up)
-        yield _by_label("kvguardian_memory_signal_errors_total", [(n, g.signal_errors.get(n, 0)) for n in names])
-        yield _by_label("kvguardian_memory_oom_kills_total", kills)
-        yield _by_label("kvguardian_oom_watermark_ratio", [("evict", wm.evict), ("drain", wm.drain), ("shed", wm.shed)])
-        yield _one("kvguardian_oom_draining", 1.0 if (g.state.draining or g.shutdown) else 0.0)
-        yield _one("kvguardian_oom_ready", 1.0 if g.ready else 0.0)
-        yield _one("kvguardian_oom_in_flight_requests", g.in_flight)
-        yield _by_label("kvguardian_oom_evictions_total", dict(g.evictions).items())
-        yield _by_label("kvguardian_oom_evicted_bytes_total", dict(g.evicted_bytes).items())
-        yield _one("kvguardian_oom_rejected_admissions_total", g.rejected)
-        yield _one("kvguardian_oom_shed_requests_total", g.shed_requests)
-        yield _by_label("kvguardian_oom_samples_total", dict(g.samples).items())
-        yield _by_label("kvguardian_oom_guard_errors_total", dict(g.errors).items())
+        yield by_label("kvguardian_memory_pressure_ratio", ratio)
+        yield by_label("kvguardian_memory_used_bytes", used)
+        yield by_label("kvguardian_memory_limit_bytes", limit)
+        yield by_label("kvguardian_memory_signal_up", up)
+        yield by_label("kvguardian_memory_signal_errors_total", [(n, g.signal_errors.get(n, 0)) for n in names])
+        yield by_label("kvguardian_memory_oom_kills_total", kills)
+        yield by_label("kvguardian_oom_watermark_ratio", [("evict", wm.evict), ("drain", wm.drain), ("shed", wm.shed)])
+        yield one_sample("kvguardian_oom_draining", 1.0 if (g.state.draining or g.shutdown) else 0.0)
+        yield one_sample("kvguardian_oom_ready", 1.0 if g.ready else 0.0)
+        yield one_sample("kvguardian_oom_in_flight_requests", g.in_flight)
+        yield by_label("kvguardian_oom_evictions_total", dict(g.evictions).items())
+        yield by_label("kvguardian_oom_evicted_bytes_total", dict(g.evicted_bytes).items())
+        yield one_sample("kvguardian_oom_rejected_admissions_total", g.rejected)
+        yield one_sample("kvguardian_oom_shed_requests_total", g.shed_requests)
+        yield by_label("kvguardian_oom_samples_total", dict(g.samples).items())
+        yield by_label("kvguardian_oom_guard_errors_total", dict(g.errors).items())

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -15,64 +14,21 @@ import time
 import pytest
 import zmq
 
-from engine_fakes import MetricsServer, VllmMetrics, VllmPublisher, stored, wait_until
-from kvg_testing import ROOT, free_port
+from engine_fakes import VllmPublisher, stored, vllm_serving, wait_until
+from kvg_hostile import HostileServer
+from kvg_testing import ROOT, closing_factory, free_port
 from kvguardian.engines.watch import Watch
-
-
-class TricklingServer:
-    """Accepts HTTP requests and answers one byte every ``every`` seconds (headers first, or the headers too)."""
-
-    def __init__(self, *, headers_too: bool = False, every: float = 0.3) -> None:
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/metrics"
-        self.headers_too, self.every = headers_too, every
-        self._stop = threading.Event()
-        self.connections = 0
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        self.sock.settimeout(0.2)
-        while not self._stop.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                continue
-            self.connections += 1
-            threading.Thread(target=self._trickle, args=(conn,), daemon=True).start()
-
-    def _trickle(self, conn: socket.socket) -> None:
-        head = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 100000\r\n\r\n"
-        try:
-            conn.recv(65536)
-            if not self.headers_too:
-                conn.sendall(head)
-                head = b""
-            for byte in head + b"#" * 100000:
-                if self._stop.wait(self.every):
-                    break
-                conn.sendall(bytes([byte]))
-        except OSError:
-            pass
-        finally:
-            conn.close()
-
-    def close(self) -> None:
-        self._stop.set()
-        self.sock.close()
 
 
 @pytest.fixture
 def trickle():
-    servers = []
+    """A server sending 100,000 bytes of body one per 0.3 s after its headers (or the headers too, likewise)."""
 
-    def make(**kw):
-        servers.append(TricklingServer(**kw))
-        return servers[-1]
+    def make(*, headers_too: bool = False) -> HostileServer:
+        return HostileServer("trickle-headers" if headers_too else "trickle", body=b"#" * 100000, delay=0.3)
 
-    yield make
-    for s in servers:
-        s.close()
+    with closing_factory(make) as made:
+        yield made
 
 
 def _cli(*args):
@@ -131,11 +87,8 @@ class SilentRouter:
 
 @pytest.fixture
 def vllm_metrics():
-    metrics = VllmMetrics(num_gpu_blocks=10_001, block_size=4)
-    metrics.set(running=1, waiting=0, usage=0.1)
-    server = MetricsServer(metrics.registry)
-    yield metrics, server
-    server.close()
+    with vllm_serving(num_gpu_blocks=10_001, block_size=4, running=1, waiting=0, usage=0.1) as pair:
+        yield pair
 
 
 def _gappy(pub, n):

@@ -13,8 +13,8 @@ import urllib.request
 import msgpack
 import pytest
 
-from engine_fakes import FORMATS, MetricsServer, VllmMetrics, VllmPublisher, removed, stored, wait_until
-from kvg_testing import ROOT, free_port, require_binary
+from engine_fakes import FORMATS, MetricsServer, VllmMetrics, VllmPublisher, removed, stored, vllm_serving, wait_until
+from kvg_testing import ROOT, closing_factory, free_port, require_binary
 from kvguardian.engines.watch import Watch
 from kvguardian.engines.watch_exporter import WatchCollector
 from kvguardian.exporters.server import start_exporter
@@ -22,24 +22,14 @@ from kvguardian.exporters.server import start_exporter
 
 @pytest.fixture
 def vllm():
-    metrics = VllmMetrics(num_gpu_blocks=101, block_size=4)
-    metrics.set(running=2, waiting=0, usage=0.3)
-    server = MetricsServer(metrics.registry)
-    yield metrics, server
-    server.close()
+    with vllm_serving(num_gpu_blocks=101, block_size=4, running=2, waiting=0, usage=0.3) as pair:
+        yield pair
 
 
 @pytest.fixture
 def publisher():
-    pubs = []
-
-    def make(**kw):
-        pubs.append(VllmPublisher(**kw))
-        return pubs[-1]
-
-    yield make
-    for p in pubs:
-        p.close()
+    with closing_factory(VllmPublisher) as make:
+        yield make
 
 
 class Running:

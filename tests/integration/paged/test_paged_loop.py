@@ -2,6 +2,7 @@
 tokens equal to HF generate(), abort frees the blocks, the pre-OOM guard's preemption and shedding through the
 loop, a failing step fails only what was in flight, a stopped loop answers at once."""
 
+import contextlib
 import threading
 import time
 from concurrent.futures import CancelledError
@@ -28,6 +29,21 @@ def _loop(work, num_blocks=128, *, eos=True, **kw):
     return pool, engine, EngineLoop(engine, **kw).start()
 
 
+@contextlib.contextmanager
+def _running(work, num_blocks=128, *, eos=True, **kw):
+    """`_loop`'s ``(pool, engine, loop)`` for the block; the loop is closed after it."""
+    pool, engine, loop = _loop(work, num_blocks, eos=eos, **kw)
+    try:
+        yield pool, engine, loop
+    finally:
+        loop.close()
+
+
+def _assert_every_block_back(loop, pool):
+    with loop.lock:
+        assert pool.metrics()["blocks_referenced"] == 0 and pool.check_invariants() == []
+
+
 class Collect:
     def __init__(self):
         self.tokens, self.ends, self.done = [], [], threading.Event()
@@ -49,8 +65,7 @@ def _wait(cond, timeout=30.0):
 
 def test_futures_and_streams_give_hf_tokens_and_every_block_comes_back(work):
     _, reqs, expected, _ = work
-    pool, _, loop = _loop(work)
-    try:
+    with _running(work) as (pool, _, loop):
         with one_thread():
             streams = {r.request_id: Collect() for r in reqs[:3]}
             futs = {r.request_id: loop.submit(r, streams.get(r.request_id)) for r in reqs}
@@ -58,17 +73,13 @@ def test_futures_and_streams_give_hf_tokens_and_every_block_comes_back(work):
         assert {rid: s.output for rid, s in seqs.items()} == expected
         for rid, c in streams.items():
             assert c.done.wait(5) and c.tokens == expected[rid] and c.ends == [None]  # last token, finished
-        with loop.lock:
-            assert pool.metrics()["blocks_referenced"] == 0 and pool.check_invariants() == []
+        _assert_every_block_back(loop, pool)
         assert loop.snapshot()["requests"] == len(reqs)
-    finally:
-        loop.close()
 
 
 def test_abort_cancels_the_future_tells_the_callback_and_frees_the_blocks(work):
     _, reqs, _, _ = work
-    pool, engine, loop = _loop(work, eos=False)
-    try:
+    with _running(work, eos=False) as (pool, engine, loop):
         long = Request("long", "acme", reqs[0].prompt, 10_000 // 16)
         c = Collect()
         fut = loop.submit(long, c)
@@ -81,14 +92,11 @@ def test_abort_cancels_the_future_tells_the_callback_and_frees_the_blocks(work):
         with loop.lock:
             assert not engine.has_work and pool.metrics()["blocks_referenced"] == 0
             assert not pool.has_table("long") and pool.check_invariants() == []
-    finally:
-        loop.close()
 
 
 def test_shed_and_preempt_asked_by_the_guard_are_carried_out_by_the_loop(work):
     _, reqs, _, _ = work
-    pool, engine, loop = _loop(work, eos=False)
-    try:
+    with _running(work, eos=False) as (pool, engine, loop):
         with one_thread():
             first = Request("first", "acme", reqs[0].prompt, 200)
             newest = Request("newest", "acme", reqs[1].prompt, 200)
@@ -105,26 +113,22 @@ def test_shed_and_preempt_asked_by_the_guard_are_carried_out_by_the_loop(work):
         assert shed.error and "shed under memory pressure" in shed.error
         assert c_newest.ends[-1].reason == "shed" and loop.snapshot()["shed"] == 1
         assert done.error is None and c_first.ends == [None] and done.preemptions == 0
-        with loop.lock:
-            assert pool.metrics()["blocks_referenced"] == 0 and pool.check_invariants() == []
-    finally:
-        loop.close()
+        _assert_every_block_back(loop, pool)
 
 
 def test_a_failing_step_fails_what_is_in_flight_and_the_loop_serves_on(work):
     _, reqs, expected, _ = work
-    pool, engine, loop = _loop(work)
-    real = engine.model.forward
-    calls = {"n": 0}
+    with _running(work) as (pool, engine, loop):
+        real = engine.model.forward
+        calls = {"n": 0}
 
-    def flaky(*a, **kw):
-        calls["n"] += 1
-        if calls["n"] == 1:
-            raise RuntimeError("boom")
-        return real(*a, **kw)
+        def flaky(*a, **kw):
+            calls["n"] += 1
+            if calls["n"] == 1:
+                raise RuntimeError("boom")
+            return real(*a, **kw)
 
-    engine.model = type("M", (), {"forward": staticmethod(flaky)})()
-    try:
+        engine.model = type("M", (), {"forward": staticmethod(flaky)})()
         c = Collect()
         with pytest.raises(RuntimeError, match="the engine failed this request"):
             loop.submit(reqs[0], c).result(timeout=30)
@@ -133,25 +137,18 @@ def test_a_failing_step_fails_what_is_in_flight_and_the_loop_serves_on(work):
         with one_thread():
             again = loop.submit(reqs[1]).result(timeout=60)
         assert again.output == expected[reqs[1].request_id]
-        with loop.lock:
-            assert pool.metrics()["blocks_referenced"] == 0 and pool.check_invariants() == []
-    finally:
-        loop.close()
+        _assert_every_block_back(loop, pool)
 
 
 def test_a_duplicate_request_id_fails_that_request_only(work):
     _, reqs, _, _ = work
-    _, _, loop = _loop(work, eos=False)
-    try:
-        with one_thread():
-            a = loop.submit(Request("same", "acme", reqs[0].prompt, 50))
-            _wait(lambda: loop.snapshot()["running"] == 1)
-            b = loop.submit(Request("same", "acme", reqs[1].prompt, 4))
-            with pytest.raises(RuntimeError, match="already in the engine"):
-                b.result(timeout=30)
-            assert len(a.result(timeout=60).output) == 50
-    finally:
-        loop.close()
+    with _running(work, eos=False) as (_, _, loop), one_thread():
+        a = loop.submit(Request("same", "acme", reqs[0].prompt, 50))
+        _wait(lambda: loop.snapshot()["running"] == 1)
+        b = loop.submit(Request("same", "acme", reqs[1].prompt, 4))
+        with pytest.raises(RuntimeError, match="already in the engine"):
+            b.result(timeout=30)
+        assert len(a.result(timeout=60).output) == 50
 
 
 def test_close_fails_in_flight_requests_and_a_closed_loop_answers_at_once(work):
@@ -173,14 +170,11 @@ def test_close_fails_in_flight_requests_and_a_closed_loop_answers_at_once(work):
 
 def test_a_callback_that_raises_never_stops_the_engine(work):
     _, reqs, expected, _ = work
-    _, _, loop = _loop(work)
+    with _running(work) as (_, _, loop):
 
-    def bad(*_):
-        raise ValueError("handler bug")
+        def bad(*_):
+            raise ValueError("handler bug")
 
-    try:
         with one_thread():
             seq = loop.submit(reqs[2], bad).result(timeout=60)
         assert seq.output == expected[reqs[2].request_id]
-    finally:
-        loop.close()

@@ -11,16 +11,13 @@ import torch
 
 from kvg_testing import fake_module
 from kvguardian.tensors.holders import find_holder_chains
+from kvguardian.tensors.storage import storage_key
 
 
 @pytest.fixture
 def app():
     with fake_module("leaky_app") as mod:
         yield mod
-
-
-def key(t):
-    return t.untyped_storage().data_ptr()
 
 
 def kv(n=16):
@@ -45,7 +42,7 @@ def test_module_global_dict_and_attributes(app):
     def build():
         t = kv()
         app.SESSIONS = {"r-3": Cache(t)}
-        return key(t)
+        return storage_key(t)
 
     c = chain(build())
     assert c.complete and c.root == "module"
@@ -58,7 +55,7 @@ def test_free_text_keys_are_never_shown(app):
     def build():
         t = kv()
         app.MEMO = {"Tell me a secret about my account": t}
-        return key(t)
+        return storage_key(t)
 
     ref = build()
     steps = chain(ref).steps
@@ -78,7 +75,7 @@ def test_closure_in_global_hook_list(app):
 
         t = kv()
         app.HOOKS = [make_hook(t)]
-        return key(t)
+        return storage_key(t)
 
     c = chain(build())
     assert c.steps[:2] == ["module leaky_app: HOOKS", "list[0]"]
@@ -99,7 +96,7 @@ def test_kept_traceback_frame_local(app):
         tb = app.FAILED[0].__traceback__
         while tb.tb_next is not None:
             tb = tb.tb_next
-        return key(tb.tb_frame.f_locals["local_kv"])
+        return storage_key(tb.tb_frame.f_locals["local_kv"])
 
     c = chain(build())
     text = c.render()
@@ -118,7 +115,7 @@ def test_lru_cache_on_method_holding_self(app):
                 return (kv(32),)
 
         app.Encoder = Encoder
-        return key(Encoder().encode("system")[0])
+        return storage_key(Encoder().encode("system")[0])
 
     c = chain(build())
     assert c.complete and c.root == "class"
@@ -134,7 +131,7 @@ def test_unbounded_lru_cache_function(app):
             return [kv(n)]
 
         app.prefix_cache = prefix_cache
-        return key(prefix_cache(8)[0])
+        return storage_key(prefix_cache(8)[0])
 
     c = chain(build())
     assert c.steps[0] == "module leaky_app: prefix_cache"
@@ -149,7 +146,7 @@ def test_class_attribute(app):
         app.Engine = Engine
         t = kv()
         Engine.CACHE.append(t)
-        return key(t)
+        return storage_key(t)
 
     c = chain(build())
     assert c.steps[:2] == [f"class {__name__}.Engine: CACHE", "list[0]"]
@@ -164,7 +161,7 @@ def test_suspended_generator(app):
         gen = stream()
         next(gen)
         app.STREAMS = [gen]
-        return key(gen.gi_frame.f_locals["held"])
+        return storage_key(gen.gi_frame.f_locals["held"])
 
     c = chain(build())
     assert c.steps[:2] == ["module leaky_app: STREAMS", "list[0]"]
@@ -173,7 +170,7 @@ def test_suspended_generator(app):
 
 def test_executing_frame_local_is_a_root():
     t = kv()
-    c = chain(key(t))
+    c = chain(storage_key(t))
     assert c.root == "frame" and c.complete
     assert c.steps[0].startswith("frame test_executing_frame_local_is_a_root()") and c.steps[0].endswith("local t")
 
@@ -183,7 +180,7 @@ def test_autograd_graph_holder(app):
         w = torch.ones(8, 8, requires_grad=True)
         saved = torch.ones(1, 8) * 2  # saved for backward by the matmul
         app.OUT = saved @ w
-        return key(saved)
+        return storage_key(saved)
 
     c = chain(build())
     assert c.steps[0] == "module leaky_app: OUT"
@@ -202,7 +199,7 @@ def test_search_is_bounded_by_objects_visited_and_says_so(app):
         for _ in range(25):
             node = [node]
         app.DEEP = node
-        return key(t)
+        return storage_key(t)
 
     ref = build()
     c = chain(ref, max_objects=10)
@@ -230,16 +227,16 @@ def test_more_shapes_partial_deque_thread_local_bound_method(app):
 
         svc = Svc()
         app.CALLBACKS = [svc.run]
-        out["bound"] = key(svc.kv)
+        out["bound"] = storage_key(svc.kv)
         t = kv()
         app.REG = {"cb": functools.partial(print, t)}
-        out["partial"] = key(t)
+        out["partial"] = storage_key(t)
         t = kv()
         app.Q = collections.deque([0, t])
-        out["deque"] = key(t)
+        out["deque"] = storage_key(t)
         app.TLS = threading.local()
         app.TLS.cache = kv()
-        out["tls"] = key(app.TLS.cache)
+        out["tls"] = storage_key(app.TLS.cache)
         return out
 
     refs = build()

@@ -17,16 +17,13 @@ import torch
 from kvg_testing import fake_module
 from kvguardian.tensors.holders import find_holder_chains
 from kvguardian.tensors.holders.access import frame_locals, instance_attrs, safe_attr
+from kvguardian.tensors.storage import storage_key
 
 
 @pytest.fixture
 def app():
     with fake_module("complete_app") as mod:
         yield mod
-
-
-def key(t):
-    return t.untyped_storage().data_ptr()
 
 
 def kv():
@@ -44,7 +41,7 @@ def test_every_member_of_a_linked_history_is_named_and_the_structure_is_one_coll
         keys, turn = [], None
         for _ in range(30):
             t = kv()
-            keys.append(key(t))
+            keys.append(storage_key(t))
             turn = Turn(turn, t)
         app.LAST = turn
         return keys
@@ -68,7 +65,7 @@ def test_same_answer_whatever_was_materialised_before(app):
         keys = []
         for i in range(6):
             holder = Turn(None, kv())
-            keys.append(key(holder.cache))
+            keys.append(storage_key(holder.cache))
             shared.items.append(holder)
             if i % 2:
                 _ = holder.__dict__  # materialised: the cache is now two hops from its Turn
@@ -94,7 +91,7 @@ def test_done_asyncio_tasks_in_a_set_hold_their_results(app):
         return tasks
 
     app.BACKGROUND = asyncio.run(main())
-    keys = [key(t.result()["kv"]) for t in app.BACKGROUND]
+    keys = [storage_key(t.result()["kv"]) for t in app.BACKGROUND]
     chains = find_holder_chains(keys)
     for k in keys:
         c = chains[k]
@@ -108,7 +105,7 @@ def test_contextvar_of_this_thread_is_a_root():
 
     def inside():
         var.set(kv())
-        k = key(var.get())
+        k = storage_key(var.get())
         c = find_holder_chains([k])[k]
         return c
 
@@ -123,7 +120,7 @@ def test_another_threads_contextvar_is_held_by_its_context():
 
     def worker():
         var.set(kv())
-        box["k"] = key(var.get())
+        box["k"] = storage_key(var.get())
         ready.set()
         done.wait(10)
 
@@ -146,7 +143,7 @@ def test_other_threads_frames_are_roots_named_by_thread():
 
     def worker():
         held = kv()
-        box["k"] = key(held)
+        box["k"] = storage_key(held)
         ready.set()
         done.wait(10)
 
@@ -167,7 +164,7 @@ def test_held_only_from_c_names_the_nearest_python_objects():
         cache = {"kv": kv()}
         fn = lambda: cache  # noqa: E731 - an atexit closure, the shape under test
         atexit.register(fn)
-        return key(cache["kv"]), weakref.ref(fn)
+        return storage_key(cache["kv"]), weakref.ref(fn)
 
     k, fn_ref = build()
     try:
@@ -199,7 +196,7 @@ def test_search_and_rendering_leave_instance_dicts_and_frame_snapshots_as_they_w
     def build():
         objs = [Plain() for _ in range(3)]
         app.OBJS = objs
-        return [key(o.cache) for o in objs]
+        return [storage_key(o.cache) for o in objs]
 
     keys = build()
     shapes = [[type(x).__name__ for x in gc.get_referents(o)] for o in app.OBJS]
@@ -241,7 +238,7 @@ class Lazy:
 def test_naming_attributes_runs_no_property_cached_property_or_getattr(app):
     def build():
         app.HOLDERS = [Lazy() for _ in range(2)]
-        return [key(o.cache) for o in app.HOLDERS]
+        return [storage_key(o.cache) for o in app.HOLDERS]
 
     keys = build()
     chains = find_holder_chains(keys)
@@ -255,7 +252,7 @@ def test_numpy_arrays_on_kv_memory_are_holders_though_the_gc_does_not_track_them
     # "held from outside Python (C), nearest Python object: Tensor")
     app.KEPT = [kv().numpy() for _ in range(2)]
     app.VIEWS = {"v": kv().numpy()[0, :1]}  # a view keeps its base array, which keeps the tensor
-    keys = [key(a.base) for a in app.KEPT] + [key(app.VIEWS["v"].base.base)]
+    keys = [storage_key(a.base) for a in app.KEPT] + [storage_key(app.VIEWS["v"].base.base)]
     chains = find_holder_chains(keys)
     for k, head in zip(keys, ["module complete_app: KEPT", "module complete_app: KEPT", "module complete_app: VIEWS"]):
         c = chains[k]
