@@ -74,7 +74,7 @@ def find_holder_chains(
         return {}
     if opts.collect:
         gc.collect()
-    budget = Budget(max_objects=opts.max_objects, max_seconds=opts.max_seconds)
+    budget = Budget(max_objects=opts.max_objects, max_seconds=opts.max_seconds, untracked=not opts.light)
     starts = find_starts(targets, seeds, time.monotonic() + opts.max_seconds / 2)
     roots = collect_roots(all_threads=opts.all_threads, own_dir=_PKG_DIR)
     graph = Graph()

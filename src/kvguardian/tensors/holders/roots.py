@@ -75,10 +75,13 @@ def untracked_holders(roots: Roots) -> int:
     np = sys.modules.get("numpy")
     if np is None:  # no numpy array can exist
         return 0
-    walk = _UntrackedWalk(roots, np.ndarray)
+    ndarray = np.ndarray
+    walk = _UntrackedWalk(roots, ndarray)
+    is_tracked = gc.is_tracked
     for obj in gc.get_objects():
         for c in gc.get_referents(obj):
-            if not gc.is_tracked(c):
+            t = type(c)  # the type first: most referents are strings, numbers and tracked objects
+            if t is ndarray or ((t is dict or t is tuple) and not is_tracked(c)):
                 walk.holds_array(c, 0)
     return walk.edges
 
@@ -95,13 +98,13 @@ class _UntrackedWalk:
     def holds_array(self, obj: Any, depth: int) -> bool:
         """Whether ``obj`` (untracked) is or holds a numpy array; records the edges down to each one."""
         t = type(obj)
-        if t is not dict and t is not tuple and not issubclass(t, self.ndarray):
+        if t is not dict and t is not tuple and t is not self.ndarray:
             return False
         done = self.seen.get(id(obj))
         if done is not None:
             return done
         self.seen[id(obj)] = False
-        found = self._array(obj) if issubclass(t, self.ndarray) else (
+        found = self._array(obj) if t is self.ndarray else (
             depth < self._MAX_DEPTH and self._container(obj, depth))
         self.seen[id(obj)] = found
         return found
@@ -118,7 +121,7 @@ class _UntrackedWalk:
         base = arr.base
         if base is not None:
             self._edge(arr, base)
-            if issubclass(type(base), self.ndarray):
+            if type(base) is self.ndarray:
                 self.holds_array(base, 0)
         return True
 

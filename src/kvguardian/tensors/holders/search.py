@@ -36,6 +36,9 @@ class Budget:
 
     max_objects: int = 100_000
     max_seconds: float = 60.0
+    # look for holders the garbage collector does not track (one more heap pass, only when a start has no
+    # referrer at all); sampling at request ends leaves it to the final check
+    untracked: bool = True
 
 
 @dataclass
@@ -116,11 +119,11 @@ def search(starts: dict[int, Any], roots: Roots, budget: Budget, fence: Fence) -
     depth = 0
     for second_pass in (False, True):
         depth = _levels(frontier, lv, graph, roots, depth)
-        if second_pass or graph.stopped_at is not None or not _unfinished(graph, starts, depth):
+        if second_pass or graph.stopped_at is not None or not _parentless(graph, _unfinished(graph, starts, depth)):
             break
-        # some starts reached no root: look once for holders the garbage collector does not track (a numpy
-        # array on a tensor's memory holds it through ``.base``), and go on from the objects they hold
-        if not untracked_holders(roots):
+        # a start nothing in Python refers to: look once for holders the garbage collector does not track (a
+        # numpy array on a tensor's memory holds it through ``.base``), and go on from the objects they hold
+        if not budget.untracked or not untracked_holders(roots):
             break
         lv.internal.update(map(id, roots.untracked.values()))
         frontier = [o for i, o in graph.objs.items() if i in roots.untracked]
@@ -258,6 +261,11 @@ def _unfinished(graph: Graph, starts: dict[int, Any], proven: int) -> set[int]:
     one whose top sits in a namespace dict is known a level later, so it can only tie, never be shorter."""
     dist, _ = root_distances(graph)
     return {s for s in starts if dist.get(s, proven + 1) > proven}
+
+
+def _parentless(graph: Graph, nodes: set[int]) -> bool:
+    """Whether one of ``nodes`` has no referrer at all in what the search found."""
+    return any(not graph.parents.get(n) for n in nodes)
 
 
 def _ancestors(graph: Graph, nodes: set[int]) -> set[int]:
