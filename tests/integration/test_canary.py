@@ -1,6 +1,7 @@
 """Nothing of a tenant's data in any output: canary strings planted in prompts, API keys, cache salts and
-Redis key names never appear - nor the canary's token ids - in any command's terminal or JSON output, the
-Prometheus text, the logs or the re-published KV events. (No command here was asked for raw output.)"""
+Redis key names never appear - nor the canary's token ids - in any command's terminal or JSON output, the HTML
+report, the trace and memory-snapshot exports, the Prometheus text, the logs or the re-published KV events. (No
+command here was asked for raw output.)"""
 
 from __future__ import annotations
 
@@ -96,13 +97,20 @@ def test_pool_events_and_findings_in_process():
 def test_run_report_json_terminal_and_prometheus(kv_cli, tmp_path):
     report = tmp_path / "report.json"
     prompts = [f"user says {CANARY} number {i}" for i in range(3)]
-    rc, out, err = kv_cli("run", "--report", str(report), "--", sys.executable,
+    page, trace, snapshot = tmp_path / "report.html", tmp_path / "trace.json", tmp_path / "kv.pickle"
+    rc, out, err = kv_cli("run", "--report", str(report), "--html", str(page), "--trace", str(trace),
+                          "--memory-snapshot", str(snapshot), "--", sys.executable,
                           str(PROGRAMS / "canary_server.py"), *prompts, timeout=300)
     assert rc == 1, err  # the leak is found ...
     data = report.read_text()
     assert "KVG102" in data and "MEMO" in data  # ... with its holder chain, but not the dict key
     assert_clean("run stdout and stderr", out + err)
     assert_clean("run report", data)
+    html = page.read_text()
+    assert "KVG102" in html and "MEMO" in html  # the page shows the finding and its chain
+    assert_clean("run --html page", html)
+    assert_clean("run --trace", trace.read_text())
+    assert_clean("run --memory-snapshot", snapshot.read_bytes().decode("latin-1"))
     rc, text, err = kv_cli("exporter", "--once", "--report", str(report))
     assert rc == 0 and "kvguardian_findings" in text
     assert_clean("exporter --once", text + err)
@@ -126,9 +134,12 @@ def test_redis_scan_redacted(kv_cli, tmp_path):
         for i in range(50):
             client.set(f"session:{CANARY}:{i}", "v")
         for fmt in ((), ("--json",)):
-            rc, out, err = kv_cli("redis", "scan", f"redis://127.0.0.1:{port}/0", "--redact", *fmt)
+            page = tmp_path / f"scan{len(fmt)}.html"
+            rc, out, err = kv_cli("redis", "scan", f"redis://127.0.0.1:{port}/0", "--redact", "--html", str(page),
+                                  *fmt)
             assert rc in (0, 1), err
             assert_clean(f"redis scan --redact {fmt}", out + err)
+            assert_clean(f"redis scan --redact --html {fmt}", page.read_text())
     finally:
         proc.terminate()
         proc.wait(timeout=10)
