@@ -255,8 +255,9 @@ def lines_run(fn):
 
 def populated(entries, requests):
     """A ledger like a busy server's: blocks a quarter partly filled, a static layer, ended and retained
-    requests' entries."""
-    led = Ledger()
+    requests' entries. Its clock stands still, so the timeline's interval sample (a fixed cost a scrape may
+    pay when one is due) falls in the first call for both sizes, not in whichever ran past the interval."""
+    led = Ledger(clock=lambda: 1000.0)
     reqs = [led.begin_request(f"r{i}") for i in range(requests)]
     for i in range(entries):
         led.add_entry(("b", i), kind="block", nbytes=4096, request=reqs[i % requests], source="t",
