@@ -180,23 +180,19 @@ def _expand(lv: _Level, graph: Graph, roots: Roots) -> list[Any]:
     for o in lv.frontier:
         for task in roots.virtual.get(id(o), ()):
             _consider(task, lv, graph, roots, new)
-        for holder in roots.untracked.get(id(o), ()):
-            if _link_untracked(holder, o, lv, graph, roots):
-                new.append(holder)
+        for holder in roots.untracked.get(id(o), ()):  # a reference gc.get_referents does not report
+            if id(holder) not in lv.internal and id(holder) not in lv.exclude:
+                _add(holder, graph, roots, new)
+                graph.link(id(holder), id(o))
     return new
 
 
-def _link_untracked(holder: Any, child: Any, lv: _Level, graph: Graph, roots: Roots) -> bool:
-    """``holder`` refers to ``child`` in a way ``gc.get_referents`` does not report: link it; whether it is new."""
-    hid = id(holder)
-    if hid in lv.internal or hid in lv.exclude:
-        return False
-    fresh = hid not in graph.objs
-    if fresh:
-        graph.objs[hid] = holder
-        _label_if_rooted(holder, graph, roots)
-    graph.link(hid, id(child))
-    return fresh
+def _add(obj: Any, graph: Graph, roots: Roots, new: list[Any]) -> None:
+    """A referrer found: kept for the next level the first time, and labelled at once when a root holds it."""
+    if id(obj) not in graph.objs:
+        graph.objs[id(obj)] = obj
+        new.append(obj)
+        _label_if_rooted(obj, graph, roots)
 
 
 def _consider(r: Any, lv: _Level, graph: Graph, roots: Roots, new: list[Any]) -> None:
@@ -217,10 +213,7 @@ def _consider(r: Any, lv: _Level, graph: Graph, roots: Roots, new: list[Any]) ->
     hits = [id(c) for c in gc.get_referents(r) if id(c) in lv.ids]
     if not hits:
         return
-    if rid not in graph.objs:
-        graph.objs[rid] = r
-        new.append(r)
-        _label_if_rooted(r, graph, roots)
+    _add(r, graph, roots, new)
     for c in hits:
         graph.link(rid, c)
 
