@@ -246,3 +246,31 @@ def test_more_shapes_partial_deque_thread_local_bound_method(app):
     assert render["partial"].startswith("module leaky_app: REG → dict['cb'] → partial.args[0] → Tensor")
     assert render["deque"].startswith("module leaky_app: Q → deque[1] → Tensor")
     assert render["tls"].startswith("module leaky_app: TLS → threading.local (one thread's attributes) → dict['cache']")
+
+
+def test_a_class_made_at_run_time_is_not_a_root_its_registry_is(app):
+    def build():
+        t = kv()
+        cls = type("Handler7", (), {"cache": Cache(t)})
+        app.HANDLERS = {"h7": cls}  # the class is in a container, bound by no module
+        return storage_key(t)
+
+    c = chain(build())
+    assert c.complete and c.root == "module"
+    assert c.steps[:3] == ["module leaky_app: HANDLERS", "dict['h7']", "class Handler7.cache"]
+
+
+def test_a_c_buffer_holding_many_items_is_a_collection(app):
+    import itertools
+
+    def build():
+        ts = [kv(4 + i) for i in range(5)]
+        main, app.AUDIT = itertools.tee(Cache(t) for t in ts)
+        for _ in main:
+            pass
+        return storage_key(ts[2])
+
+    c = chain(build())
+    assert c.steps[0] == "module leaky_app: AUDIT"
+    buffers = [n for n, step in zip(c.nodes, c.node_steps) if "tee_dataobject" in step]
+    assert buffers and buffers[0] in c.containers and c.sizes[buffers[0]] == 5  # five caches, no Python container

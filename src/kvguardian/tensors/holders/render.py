@@ -8,7 +8,7 @@ from typing import Any
 from kvguardian.tensors.holders.access import safe_len
 from kvguardian.tensors.holders.chain import HolderChain
 from kvguardian.tensors.holders.edges import collapse, edge_key, is_future, node_label, render_step
-from kvguardian.tensors.holders.shapes import declared_bound, is_collection, linked_runs, linked_size
+from kvguardian.tensors.holders.shapes import declared_bound, is_collection, linked_runs, linked_size, opaque_size
 
 __all__ = ["PathView", "render_chain", "top_label"]
 
@@ -119,13 +119,14 @@ def _steps(objs: list[Any], redact: bool) -> list[str]:
 
 def _collections(chain: HolderChain, objs: list[Any]) -> None:
     """Bounds, collections (by type and by linked shape) and their sizes along the path."""
-    for nid, obj in zip(chain.nodes, objs):
+    for i, (nid, obj) in enumerate(zip(chain.nodes, objs)):
         b = declared_bound(obj)
         if b is not None:
             chain.bounds[nid] = b
-        if is_collection(obj):
+        opaque = opaque_size(obj, objs[i + 1]) if i + 1 < len(objs) else None
+        if is_collection(obj) or opaque is not None:
             chain.containers.append(nid)
-            n = safe_len(obj)
+            n = safe_len(obj) if opaque is None else opaque
             if n is not None:
                 chain.sizes[nid] = n
     edges = [edge_key(objs[i], objs[i + 1]) for i in range(len(objs) - 1)] + [""]

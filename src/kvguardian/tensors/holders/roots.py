@@ -183,7 +183,29 @@ def class_namespace(d: dict[Any, Any]) -> str | None:
         hit = _class_dicts.get(id(d))
     if hit is None or (cls := hit[0]()) is None or gc.get_referents(vars(cls))[:1] != [d]:
         return None
-    return hit[1]
+    return hit[1] if is_bound_class(cls) else None
+
+
+def is_bound_class(cls: type) -> bool:
+    """A class its module names (by its qualified name), or a module global anywhere: its attributes are as
+    global as module globals. A class made at run time and kept in a container (``type(name, bases, ns)`` per
+    plugin or request, in a registry) is not a root: what holds it is the holder."""
+    obj: Any = sys.modules.get(getattr(cls, "__module__", None) or "")
+    for part in getattr(cls, "__qualname__", "").split("."):
+        try:
+            obj = vars(obj).get(part) if obj is not None else None
+        except TypeError:
+            obj = None
+    if obj is cls:
+        return True
+    return any(v is cls for m in list(sys.modules.values()) for v in _module_values(m))
+
+
+def _module_values(module: Any) -> list[Any]:
+    try:
+        return list(vars(module).values())
+    except TypeError:  # pragma: no cover - a sys.modules entry that is not a module
+        return []
 
 
 def _walk_classes() -> None:

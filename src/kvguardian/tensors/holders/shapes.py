@@ -10,14 +10,16 @@ member that holds an ended request's KV is one more entry in it, exactly like an
 from __future__ import annotations
 
 import collections
+import gc
 import sys
 import types
+import weakref
 from collections.abc import Mapping, MutableSequence, MutableSet
 from typing import Any
 
 from kvguardian.tensors.holders.access import is_a, safe_attr, safe_members
 
-__all__ = ["declared_bound", "is_collection", "is_tensor_like", "linked_runs", "linked_size"]
+__all__ = ["declared_bound", "is_collection", "is_tensor_like", "linked_runs", "linked_size", "opaque_size"]
 
 _BOUND_ATTRS = ("maxsize", "maxlen", "max_size", "capacity", "max_entries", "_Cache__maxsize")
 _MAX_WALK = 100_000
@@ -33,6 +35,27 @@ def is_collection(obj: Any) -> bool:
         return False
     return is_a(obj, (dict, list, set, frozenset, tuple, collections.deque, Mapping, MutableSequence,
                             MutableSet)) or type(obj).__name__ == "_lru_cache_wrapper"
+
+
+# C objects whose references are named (a frame's locals, a closure's cells, a method's self...): never a collection
+_NAMED = (types.FrameType, types.GeneratorType, types.CoroutineType, types.AsyncGeneratorType, types.CellType,
+          types.FunctionType, types.MethodType, types.BuiltinFunctionType, types.ModuleType, type,
+          types.MappingProxyType, types.CodeType, types.TracebackType, property, staticmethod, classmethod,
+          weakref.ref)
+_HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: the type was made by a class statement, not written in C
+
+
+def opaque_size(obj: Any, member: Any) -> int | None:
+    """How many objects of ``member``'s type a C object holds without naming them (``itertools.tee``'s
+    buffer, a C extension's table): two or more make it a collection, like a list of them. None otherwise."""
+    tp = type(obj)
+    if tp.__flags__ & _HEAPTYPE or is_a(obj, _NAMED) or is_collection(obj) or is_tensor_like(obj):
+        return None
+    try:
+        n = sum(1 for r in gc.get_referents(obj) if type(r) is type(member))
+    except Exception:  # pragma: no cover - a C type whose traversal fails
+        return None
+    return n if n >= 2 else None
 
 
 def declared_bound(obj: Any) -> str | None:
