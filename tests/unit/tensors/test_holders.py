@@ -274,3 +274,18 @@ def test_a_c_buffer_holding_many_items_is_a_collection(app):
     assert c.steps[0] == "module leaky_app: AUDIT"
     buffers = [n for n, step in zip(c.nodes, c.node_steps) if "tee_dataobject" in step]
     assert buffers and buffers[0] in c.containers and c.sizes[buffers[0]] == 5  # five caches, no Python container
+
+
+def test_a_numpy_array_of_objects_holds_its_items(app):
+    np = pytest.importorskip("numpy")
+
+    def build():
+        ts = [kv(4 + i) for i in range(3)]
+        app.TABLE = np.empty(8, dtype=object)
+        for i, t in enumerate(ts):
+            app.TABLE[i] = Cache(t)
+        return storage_key(ts[1])
+
+    c = chain(build())
+    assert c.complete and c.steps[:2] == ["module leaky_app: TABLE", "ndarray[1] (flat)"]
+    assert c.nodes[0] in c.containers and c.sizes[c.nodes[0]] == 3  # three caches in it, gc sees none of them

@@ -21,8 +21,8 @@ import types
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["attr_name", "executing_frames", "existing_dict", "frame_locals", "instance_attrs", "is_a", "safe_attr",
-           "safe_len", "safe_members", "thread_frames"]
+__all__ = ["attr_name", "executing_frames", "existing_dict", "frame_locals", "instance_attrs", "is_a",
+           "object_array_items", "safe_attr", "safe_len", "safe_members", "thread_frames"]
 
 _MANAGED_DICT = 1 << 4  # Py_TPFLAGS_MANAGED_DICT (3.11+): the instance dict may not exist yet
 _CO_OPTIMIZED = 0x0001
@@ -88,6 +88,19 @@ def safe_len(obj: Any) -> int | None:
             length: Any = base.__len__
             return int(length(obj))
     return None
+
+
+_MAX_ARRAY_ITEMS = 1_000_000
+
+
+def object_array_items(obj: Any) -> list[Any] | None:
+    """The objects a numpy array of dtype object holds (numpy does not show them to the garbage collector:
+    ``gc.get_referents`` of the array is empty), read in memory order; None for any other object or a larger
+    array than is worth reading."""
+    np = sys.modules.get("numpy")
+    if np is None or type(obj) is not np.ndarray or not obj.dtype.hasobject or obj.size > _MAX_ARRAY_ITEMS:
+        return None
+    return list(obj.flat)
 
 
 def safe_members(obj: Any) -> list[Any]:

@@ -15,7 +15,14 @@ import threading
 import types
 from typing import Any
 
-from kvguardian.tensors.holders.access import attr_name, executing_frames, existing_dict, frame_locals, is_a
+from kvguardian.tensors.holders.access import (
+    attr_name,
+    executing_frames,
+    existing_dict,
+    frame_locals,
+    is_a,
+    object_array_items,
+)
 
 __all__ = ["collapse", "edge_key", "frame_name", "func_name", "is_future", "key_repr", "node_label", "render_step",
            "short"]
@@ -185,6 +192,10 @@ def render_step(parent: Any, child: Any, *, redact: bool = False) -> str:
             return out
     if is_a(parent, (list, tuple)):
         return _sequence_step(parent, child)
+    items = object_array_items(parent)
+    if items is not None:
+        i = next((i for i, v in enumerate(items) if v is child), None)
+        return f"ndarray[{i}] (flat)" if i is not None else "ndarray"
     name = attr_name(parent, child)
     if name is not None:
         return f"{type(parent).__name__}.{name}"

@@ -24,7 +24,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvguardian.tensors.holders.access import executing_frames, frame_locals, thread_frames
+from kvguardian.tensors.holders.access import executing_frames, frame_locals, object_array_items, thread_frames
 from kvguardian.tensors.holders.edges import frame_name, short
 
 __all__ = ["Roots", "class_namespace", "collect_roots", "global_label", "index_globals"]
@@ -69,7 +69,8 @@ def collect_roots(*, all_threads: bool, own_dir: str) -> Roots:
 def untracked_holders(roots: Roots) -> int:
     """Find, in one pass over the heap, the holders that ``gc.get_referrers`` can never return because the
     garbage collector does not track them: numpy arrays (``tensor.numpy()`` shares the tensor's memory and
-    keeps a tensor alive as its ``.base``; a view keeps its base array), and the dicts and tuples the collector
+    keeps a tensor alive as its ``.base``; a view keeps its base array; an array of dtype object holds its
+    items), and the dicts and tuples the collector
     stops tracking because they hold only untracked objects (``{"v": array}``). Each is recorded in
     ``roots.untracked`` under the object it holds. Returns how many edges were found."""
     np = sys.modules.get("numpy")
@@ -123,6 +124,9 @@ class _UntrackedWalk:
             self._edge(arr, base)
             if type(base) is self.ndarray:
                 self.holds_array(base, 0)
+        for item in object_array_items(arr) or ():  # an array of objects holds them out of the collector's sight
+            if type(item) not in _SCALARS:
+                self._edge(arr, item)
         return True
 
     def _edge(self, holder: Any, child: Any) -> None:

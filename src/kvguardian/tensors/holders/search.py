@@ -119,10 +119,12 @@ def search(starts: dict[int, Any], roots: Roots, budget: Budget, fence: Fence) -
     depth = 0
     for second_pass in (False, True):
         depth = _levels(frontier, lv, graph, roots, depth)
-        if second_pass or graph.stopped_at is not None or not _parentless(graph, _unfinished(graph, starts, depth)):
+        unfinished = _unfinished(graph, starts, depth)
+        if second_pass or graph.stopped_at is not None or not _parentless(graph, _ancestors(graph, unfinished)):
             break
-        # a start nothing in Python refers to: look once for holders the garbage collector does not track (a
-        # numpy array on a tensor's memory holds it through ``.base``), and go on from the objects they hold
+        # an unproven start, or an object above it, that nothing in Python refers to: look once for holders the
+        # garbage collector does not track (a numpy array on a tensor's memory holds it through ``.base``; an
+        # array of objects holds its items), and go on from the objects they hold
         if not budget.untracked or not untracked_holders(roots):
             break
         lv.internal.update(map(id, roots.untracked.values()))

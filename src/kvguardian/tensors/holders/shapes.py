@@ -17,7 +17,7 @@ import weakref
 from collections.abc import Mapping, MutableSequence, MutableSet
 from typing import Any
 
-from kvguardian.tensors.holders.access import is_a, safe_attr, safe_members
+from kvguardian.tensors.holders.access import is_a, object_array_items, safe_attr, safe_members
 
 __all__ = ["declared_bound", "is_collection", "is_tensor_like", "linked_runs", "linked_size", "opaque_size"]
 
@@ -47,12 +47,14 @@ _HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: the type was made by a class statemen
 
 def opaque_size(obj: Any, member: Any) -> int | None:
     """How many objects of ``member``'s type a C object holds without naming them (``itertools.tee``'s
-    buffer, a C extension's table): two or more make it a collection, like a list of them. None otherwise."""
+    buffer, a numpy array of objects, a C extension's table): two or more make it a collection, like a list of
+    them. None otherwise."""
     tp = type(obj)
     if tp.__flags__ & _HEAPTYPE or is_a(obj, _NAMED) or is_collection(obj) or is_tensor_like(obj):
         return None
     try:
-        n = sum(1 for r in gc.get_referents(obj) if type(r) is type(member))
+        items = object_array_items(obj)
+        n = sum(1 for r in (gc.get_referents(obj) if items is None else items) if type(r) is type(member))
     except Exception:  # pragma: no cover - a C type whose traversal fails
         return None
     return n if n >= 2 else None
