@@ -194,8 +194,8 @@ def render_step(parent: Any, child: Any, *, redact: bool = False) -> str:
         return _sequence_step(parent, child)
     items = object_array_items(parent)
     if items is not None:
-        i = next((i for i, v in enumerate(items) if v is child), None)
-        return f"ndarray[{i}] (flat)" if i is not None else "ndarray"
+        at = next((i for i, v in enumerate(items) if v is child), None)
+        return f"ndarray[{at}] (flat)" if at is not None else "ndarray"
     name = attr_name(parent, child)
     if name is not None:
         return f"{type(parent).__name__}.{name}"
