@@ -1,4 +1,4 @@
-"""The device-plugin .proto: the committed generated modules are what grpcio-tools makes from it, and its
+"""The device-plugin .proto: the modules the build generated (setup.py) are what grpcio-tools makes from it now, and its
 wire contract (package, services, field numbers) is the kubelet's v1beta1."""
 
 import shutil
@@ -22,7 +22,7 @@ def test_generated_modules_match_the_proto(tmp_path):
                     f"--grpc_python_out={tmp_path}", f"--pyi_out={tmp_path}",
                     str(dst / "deviceplugin.proto")], check=True)
     for name in ("deviceplugin_pb2.py", "deviceplugin_pb2_grpc.py", "deviceplugin_pb2.pyi"):
-        assert (dst / name).read_text() == (API / name).read_text(), f"{name} is stale; regenerate (see the .proto)"
+        assert (dst / name).read_text() == (API / name).read_text(), f"{name} is stale; reinstall (./scripts/setup.sh)"
 
 
 # (message, field) -> number, from k8s.io/kubelet pkg/apis/deviceplugin/v1beta1/api.proto
