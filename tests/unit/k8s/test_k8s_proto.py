@@ -63,3 +63,16 @@ def test_wire_contract_is_the_kubelets_v1beta1():
     streams = {m.name: (m.client_streaming, m.server_streaming) for s in fdp.service for m in s.method}
     assert streams["ListAndWatch"] == (False, True)
     assert {v for k, v in streams.items() if k != "ListAndWatch"} == {(False, False)}
+
+
+def test_missing_generated_modules_are_one_line_naming_the_fix(monkeypatch):
+    import kvguardian.k8s.api as api
+    from kvguardian._errors import EXIT_ENVIRONMENT, UsageError
+    from kvguardian.k8s import plugin
+
+    monkeypatch.delattr(api, "deviceplugin_pb2", raising=False)
+    monkeypatch.setitem(sys.modules, "kvguardian.k8s.api.deviceplugin_pb2", None)  # as if never generated
+    with pytest.raises(UsageError) as info:
+        plugin._pb()
+    assert info.value.exit_code == EXIT_ENVIRONMENT
+    assert "deviceplugin.proto" in str(info.value) and "fix: reinstall" in str(info.value)
