@@ -15,6 +15,7 @@ import threading
 from typing import Any
 
 from kvguardian._errors import EXIT_FINDINGS, EXIT_OK
+from kvguardian.cli.options import add_subcommands
 
 NAME = "audit"
 HELP = "black-box audits of a server you are authorised to test (cache-sharing: prefix cache across tenants)"
@@ -22,8 +23,7 @@ EXIT_UNDECIDED = 4
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    sub = p.add_subparsers(dest="audit", metavar="AUDIT", parser_class=type(p))
-    sub.required = True
+    sub = add_subcommands(p, "audit", "AUDIT")
     c = sub.add_parser(
         "cache-sharing", help="detect prefix-cache sharing within and across tenants from time to first token",
         description="Send random prompts as a victim (key #1) and an attacker (the same key, a key of the same "

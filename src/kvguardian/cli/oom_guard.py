@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from kvguardian._errors import EXIT_ENVIRONMENT, EXIT_OK, UsageError
+from kvguardian.cli.options import add_duration_option
 from kvguardian.cli.signals import stopping
 from kvguardian.cli.web_options import add_web_config, web_config
 
@@ -54,7 +55,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="longest /drain waits, seconds (default 60; keep terminationGracePeriodSeconds longer)")
     p.add_argument("--settle", type=float, default=5.0, help="without --metrics, how long /drain waits (default 5)")
     p.add_argument("--once", action="store_true", help="sample once, print the status as JSON and exit")
-    p.add_argument("--duration", type=float, metavar="S", help="stop after S seconds")
+    add_duration_option(p)
     add_web_config(p)
 
 
