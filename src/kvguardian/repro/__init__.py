@@ -73,7 +73,7 @@ class DemoRow:
     verdict: str  # what the detector said
     fix_verified: bool | None  # None: no fix to verify
     ok: bool = True  # the reproduction ran and the detector behaved as expected
-    seconds: float = 0.0
+    seconds: float = 0.0  # set by `kv-guardian demo`, which times each row
     details: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:

@@ -170,7 +170,6 @@ def run(args: argparse.Namespace) -> ReproResult:
 
 
 def demo_row() -> DemoRow:
-    t0 = time.perf_counter()
     data = measure(reloads=DEMO_RELOADS, requests_per_reload=2)
     b, f = data["buggy"], data["fixed"]
     first = b["kvg105_first"] or {}
@@ -193,6 +192,5 @@ def demo_row() -> DemoRow:
         verdict=verdict,
         fix_verified=not f["findings"] and len(set(f["kv_bytes_after_each_reload"])) == 1,
         ok=data["ok"],
-        seconds=time.perf_counter() - t0,
         details={"kv_bytes": {"buggy": b["kv_bytes_after_each_reload"], "fixed": f["kv_bytes_after_each_reload"]}},
     )

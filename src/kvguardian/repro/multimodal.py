@@ -155,7 +155,6 @@ def run(args: argparse.Namespace) -> ReproResult:
 
 
 def demo_row() -> DemoRow:
-    t0 = time.perf_counter()
     data = measure(sequences=4, new_tokens=4)
     v = data["variants"]
     b, bc, rc = v["buggy"], v["broadcast"], v["refcount"]
@@ -183,6 +182,5 @@ def demo_row() -> DemoRow:
         verdict=verdict,
         fix_verified=data["fixes_clean"],
         ok=data["ok"],
-        seconds=time.perf_counter() - t0,
         details={"comm_bytes_per_sequence": {k: v[k]["comm_bytes_per_sequence"] for k in VARIANTS}},
     )
