@@ -19,7 +19,7 @@ from typing import Any
 from kvguardian.report.reporter import Reporter
 
 __all__ = ["ARTICLE_SECTIONS", "REPROS", "DemoRow", "Renderer", "ReproResult", "load", "not_built_rows",
-           "section_order"]
+           "section_order", "verdict_line"]
 
 #: reproduction name -> module, in the order of the article's sections.
 REPROS: dict[str, str] = {
@@ -55,6 +55,12 @@ def not_built_rows() -> list[DemoRow]:
         for section, (name, claim) in ARTICLE_SECTIONS.items()
         if name not in REPROS
     ]
+
+
+def verdict_line(out: Reporter, text: str) -> None:
+    """How a reproduction's rendering ends: a blank line, then ``verdict: text`` in strong type."""
+    out.text("")
+    out.text(f"verdict: {text}", tone="strong")
 
 
 def section_order(row: DemoRow) -> tuple[int, str]:
