@@ -17,6 +17,7 @@ inside the process (or MIG's, in hardware). See ``docs/kv-budgets.md``.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import re
@@ -105,8 +106,9 @@ def _pb() -> tuple[Any, Any]:
     from kvguardian._errors import require
 
     require("grpc", "k8s")
-    try:
-        from kvguardian.k8s.api import deviceplugin_pb2, deviceplugin_pb2_grpc
+    try:  # by module name: a missing file is then ModuleNotFoundError naming it (not "cannot import name")
+        deviceplugin_pb2 = importlib.import_module("kvguardian.k8s.api.deviceplugin_pb2")
+        deviceplugin_pb2_grpc = importlib.import_module("kvguardian.k8s.api.deviceplugin_pb2_grpc")
     except ModuleNotFoundError as exc:
         if not (exc.name or "").startswith("kvguardian.k8s.api."):
             raise

@@ -65,13 +65,17 @@ def test_wire_contract_is_the_kubelets_v1beta1():
     assert {v for k, v in streams.items() if k != "ListAndWatch"} == {(False, False)}
 
 
-def test_missing_generated_modules_are_one_line_naming_the_fix(monkeypatch):
+def test_missing_generated_modules_are_one_line_naming_the_fix(monkeypatch, tmp_path):
     import kvguardian.k8s.api as api
     from kvguardian._errors import EXIT_ENVIRONMENT, UsageError
     from kvguardian.k8s import plugin
 
-    monkeypatch.delattr(api, "deviceplugin_pb2", raising=False)
-    monkeypatch.setitem(sys.modules, "kvguardian.k8s.api.deviceplugin_pb2", None)  # as if never generated
+    for name in ("__init__.py", "deviceplugin.proto"):  # the package as a source tree that was never built has it
+        shutil.copy(API / name, tmp_path)
+    monkeypatch.setattr(api, "__path__", [str(tmp_path)])
+    for name in ("deviceplugin_pb2", "deviceplugin_pb2_grpc"):
+        monkeypatch.delitem(sys.modules, f"kvguardian.k8s.api.{name}", raising=False)
+        monkeypatch.delattr(api, name, raising=False)
     with pytest.raises(UsageError) as info:
         plugin._pb()
     assert info.value.exit_code == EXIT_ENVIRONMENT
