@@ -56,8 +56,12 @@ fi
 EXTRAS=all
 [ "$DEV" = 1 ] && EXTRAS=dev
 STAMP="$VENV/.kvg-installed-$EXTRAS"
-HASH=$(cat pyproject.toml | sha256sum | cut -c1-16)
-if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$HASH" ] || ! "$VPY" -c 'import kvguardian' >/dev/null 2>&1; then
+# setup.py generates kvguardian/k8s/api/deviceplugin_pb2*.py(i) from the .proto (not committed): a changed
+# .proto or build step, or missing modules (a fresh clone, git clean), installs again
+API=src/kvguardian/k8s/api
+HASH=$(cat pyproject.toml setup.py "$API/deviceplugin.proto" | sha256sum | cut -c1-16)
+if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$HASH" ] || [ ! -f "$API/deviceplugin_pb2_grpc.py" ] \
+    || ! "$VPY" -c 'import kvguardian' >/dev/null 2>&1; then
   say "installing kv-guardian[$EXTRAS] (editable)"
   "${PIP[@]}" -e ".[$EXTRAS]"
   echo "$HASH" > "$STAMP"

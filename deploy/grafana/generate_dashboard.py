@@ -47,36 +47,33 @@ class Panel:
     width: int = 12
 
 
+def with_floor(expr: str, window: str, label: str) -> list[Q]:
+    """A series and its floor over ``window`` (the value its alert compares), the floor labelled 'LABEL floor'."""
+    return [Q(expr), Q(f"min_over_time({expr}[{window}])", f"{{{{instance}}}} {label} floor")]
+
+
 ROWS: list[tuple[str, list[Panel]]] = [
     ("Ledger: residency and fragmentation (the article, §4.3)", [
-        Panel("KV residency ratio", [
-            Q("kvguardian_kv_residency_ratio"),
-            Q("min_over_time(kvguardian_kv_residency_ratio[30m])", "{{instance}} 30 min floor"),
-        ], unit="percentunit", thresholds=[(0.65, "red")],
-            description="KV bytes whose owner request ended / all KV bytes (DESIGN.md). The alert uses the "
-                        "30-minute floor above the article's 0.65 and requires orphaned bytes too."),
-        Panel("KV fragmentation ratio", [
-            Q("kvguardian_kv_fragmentation_ratio"),
-            Q("min_over_time(kvguardian_kv_fragmentation_ratio[1h])", "{{instance}} 1 h floor"),
-        ], unit="percentunit", thresholds=[(0.3, "orange")],
-            description="KV bytes holding no token / allocated KV bytes. The alert uses the 1-hour floor above the "
-                        "article's 0.3."),
+        Panel("KV residency ratio", with_floor("kvguardian_kv_residency_ratio", "30m", "30 min"),
+              unit="percentunit", thresholds=[(0.65, "red")],
+              description="KV bytes whose owner request ended / all KV bytes (DESIGN.md). The alert uses the "
+                          "30-minute floor above the article's 0.65 and requires orphaned bytes too."),
+        Panel("KV fragmentation ratio", with_floor("kvguardian_kv_fragmentation_ratio", "1h", "1 h"),
+              unit="percentunit", thresholds=[(0.3, "orange")],
+              description="KV bytes holding no token / allocated KV bytes. The alert uses the 1-hour floor above the "
+                          "article's 0.3."),
         Panel("KV bytes by state", [
             Q("sum by (instance, state) (kvguardian_kv_bytes)", "{{instance}} {{state}}"),
         ], unit="bytes", stack=True,
             description="live: owner request active; retained: owner ended, retention declared; orphaned: owner "
                         "ended, nothing declared it (a leak)."),
-        Panel("Orphaned KV bytes", [
-            Q('kvguardian_kv_bytes{state="orphaned"}'),
-            Q('min_over_time(kvguardian_kv_bytes{state="orphaned"}[15m])', "{{instance}} 15 min floor"),
-        ], unit="bytes", thresholds=[(1, "red")],
-            description="A 15-minute floor above 0 is KVG102: KV alive after its request ended."),
-        Panel("Ended-owner KV bytes and their floor", [
-            Q("kvguardian:kv_ended_bytes"),
-            Q("min_over_time(kvguardian:kv_ended_bytes[1h])", "{{instance}} 1 h floor"),
-        ], unit="bytes", width=24,
-            description="Retained + orphaned bytes. A sawtooth with a level floor is healthy; a rising floor is "
-                        "growth (KVGuardianKVGrowth)."),
+        Panel("Orphaned KV bytes", with_floor('kvguardian_kv_bytes{state="orphaned"}', "15m", "15 min"),
+              unit="bytes", thresholds=[(1, "red")],
+              description="A 15-minute floor above 0 is KVG102: KV alive after its request ended."),
+        Panel("Ended-owner KV bytes and their floor", with_floor("kvguardian:kv_ended_bytes", "1h", "1 h"),
+              unit="bytes", width=24,
+              description="Retained + orphaned bytes. A sawtooth with a level floor is healthy; a rising floor is "
+                          "growth (KVGuardianKVGrowth)."),
     ]),
     ("Findings", [
         Panel("Findings by id and severity", [

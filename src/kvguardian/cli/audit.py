@@ -8,6 +8,7 @@ tenants detected, 4 undecided within the sample cap (the numbers are printed), 2
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import signal
 import sys
@@ -15,15 +16,29 @@ import threading
 from typing import Any
 
 from kvguardian._errors import EXIT_FINDINGS, EXIT_OK
+from kvguardian.audit.cache_sharing import AuditOptions
+from kvguardian.cli.options import add_subcommands
 
 NAME = "audit"
 HELP = "black-box audits of a server you are authorised to test (cache-sharing: prefix cache across tenants)"
 EXIT_UNDECIDED = 4
 
 
+#: The audit's tuning options: each an `AuditOptions` field of the same name -> its help.
+_TUNING = {
+    "alpha": "false 'sharing' rate (default 0.001)",
+    "beta": "false 'no sharing' rate against sharing of at least --min-effect (default 0.001)",
+    "min_effect": "TTFT ratio (miss/hit) of the smallest sharing a 'no sharing' verdict rules out (1.5)",
+    "max_samples": "rounds per level at most (default 60)",
+    "prompt_tokens": "prompt length in tokens (default 768)",
+    "warmup": "discarded requests per key first (default 3)",
+    "max_rps": "requests per second at most (default 10)",
+    "timeout": "seconds per request (default 30)",
+}
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    sub = p.add_subparsers(dest="audit", metavar="AUDIT", parser_class=type(p))
-    sub.required = True
+    sub = add_subcommands(p, "audit", "AUDIT")
     c = sub.add_parser(
         "cache-sharing", help="detect prefix-cache sharing within and across tenants from time to first token",
         description="Send random prompts as a victim (key #1) and an attacker (the same key, a key of the same "
@@ -38,16 +53,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     c.add_argument("--salt-field", metavar="FIELD", default=None,
                    help="request field carrying a per-tenant cache salt (vLLM: cache_salt); the audit sends "
                         "salt a for the victim's tenant and salt b for the other")
-    c.add_argument("--alpha", type=float, default=1e-3, help="false 'sharing' rate (default 0.001)")
-    c.add_argument("--beta", type=float, default=1e-3,
-                   help="false 'no sharing' rate against sharing of at least --min-effect (default 0.001)")
-    c.add_argument("--min-effect", type=float, default=1.5,
-                   help="TTFT ratio (miss/hit) of the smallest sharing a 'no sharing' verdict rules out (1.5)")
-    c.add_argument("--max-samples", type=int, default=60, help="rounds per level at most (default 60)")
-    c.add_argument("--prompt-tokens", type=int, default=768, help="prompt length in tokens (default 768)")
-    c.add_argument("--warmup", type=int, default=3, help="discarded requests per key first (default 3)")
-    c.add_argument("--max-rps", type=float, default=10.0, help="requests per second at most (default 10)")
-    c.add_argument("--timeout", type=float, default=30.0, help="seconds per request (default 30)")
+    defaults = {f.name: f.default for f in dataclasses.fields(AuditOptions)}
+    for name, text in _TUNING.items():  # the type and default are AuditOptions'
+        c.add_argument("--" + name.replace("_", "-"), type=type(defaults[name]), default=defaults[name], help=text)
     c.add_argument("--cacert", metavar="FILE", default=None, help="CA certificate to verify an https server")
     c.add_argument("--seed", type=int, default=None, help="seed for prompts and order (default: random)")
     c.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -55,17 +63,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvguardian.audit.cache_sharing import AuditOptions, CacheSharingAudit
+    from kvguardian.audit.cache_sharing import CacheSharingAudit
 
     if len(args.key) != 2:
         sys.stderr.write("kv-guardian audit: error: give exactly two --key (victim, other tenant); "
                          "a second key of the victim's tenant goes in --same-tenant-key\n")
         return 2
     keys = [*args.key, *([args.same_tenant_key] if args.same_tenant_key else [])]
-    opts = AuditOptions(url=args.url, model=args.model, keys=keys, salt_field=args.salt_field, alpha=args.alpha,
-                        beta=args.beta, min_effect=args.min_effect, max_samples=args.max_samples,
-                        prompt_tokens=args.prompt_tokens, warmup=args.warmup, max_rps=args.max_rps,
-                        timeout=args.timeout, cacert=args.cacert, seed=args.seed)
+    opts = AuditOptions(url=args.url, model=args.model, keys=keys, salt_field=args.salt_field, cacert=args.cacert,
+                        seed=args.seed, **{name: getattr(args, name) for name in _TUNING})
 
     def progress(msg: str) -> None:
         if not args.quiet and not args.json:

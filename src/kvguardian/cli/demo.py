@@ -50,13 +50,16 @@ def run(args: argparse.Namespace) -> int:
             module = load(name)
             if not args.json:
                 err.text(f"running {name} …")
+            started = time.perf_counter()
             try:
-                rows.append(module.demo_row())
+                row = module.demo_row()
             except UsageError:
                 raise
             except Exception as exc:  # one broken row must not hide the others
-                rows.append(DemoRow(name, getattr(module, "SECTION", ""), "", f"failed: {type(exc).__name__}: {exc}",
-                                    "n/a", None, ok=False))
+                row = DemoRow(name, getattr(module, "SECTION", ""), "", f"failed: {type(exc).__name__}: {exc}",
+                              "n/a", None, ok=False)
+            row.seconds = time.perf_counter() - started  # every row timed here, the reproductions' own included
+            rows.append(row)
     if not args.only:  # the article's five always show, built or not
         rows = sorted(rows + not_built_rows(), key=section_order)
     total = time.perf_counter() - t0

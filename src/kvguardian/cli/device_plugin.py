@@ -19,6 +19,7 @@ import threading
 from typing import Any
 
 from kvguardian._errors import EXIT_OK
+from kvguardian.cli.options import add_duration_option
 
 NAME = "device-plugin"
 HELP = "Kubernetes device plugin: advertise KV-cache budgets (chunks of GPU memory) and inject them on Allocate"
@@ -34,7 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kubelet-socket", default="kubelet.sock", help="the kubelet's registration socket (file name)")
     p.add_argument("--endpoint", default="kvguardian-kv-cache.sock", help="this plugin's socket (file name)")
     p.add_argument("--once", action="store_true", help="print the chunks and resource as JSON and exit")
-    p.add_argument("--duration", type=float, metavar="S", help="stop after S seconds")
+    add_duration_option(p)
 
 
 def _gpu_mb(args: argparse.Namespace) -> tuple[list[int], Any]:

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kvguardian._errors import EXIT_OK, UsageError, require
+from kvguardian.cli.options import add_duration_option
 from kvguardian.cli.signals import stopping
 from kvguardian.cli.web_options import add_web_config, web_config
 from kvguardian.findings import Finding, Report
@@ -32,7 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a kv-guardian JSON report whose findings are exported, re-read when it changes "
                         "(repeatable)")
     p.add_argument("--once", action="store_true", help="print the metrics once to stdout and exit")
-    p.add_argument("--duration", type=float, default=None, metavar="S", help="stop after S seconds")
+    add_duration_option(p)
     add_web_config(p)
 
 

@@ -14,6 +14,7 @@ something it needs is missing (NVML) or the target went away while watched.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import threading
@@ -22,11 +23,22 @@ from pathlib import Path
 from typing import Any
 
 from kvguardian._errors import EXIT_ENVIRONMENT, EXIT_OK, UsageError
+from kvguardian.cli.options import add_duration_option
 from kvguardian.cli.signals import stopping
 from kvguardian.cli.web_options import add_web_config, web_config
+from kvguardian.oom.policy import Watermarks
 
 NAME = "oom-guard"
 HELP = "sidecar pre-OOM guard for a server we cannot hook: /ready turns false and /drain waits before an OOM kill"
+
+
+#: The policy's watermarks: each a `Watermarks` field of the same name -> its help.
+_WATERMARKS = {
+    "evict": "evict watermark (default 0.92: logged and exported; the sidecar cannot evict inside the server)",
+    "drain": "drain watermark: readiness false (default 0.97)",
+    "shed": "shed watermark (default 0.99)",
+    "hysteresis": "release below watermark - this (default 0.03)",
+}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -44,17 +56,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1; 0.0.0.0 in a pod, so the "
                                                          "kubelet's probes reach it)")
     p.add_argument("--port", type=int, default=8081, help="TCP port (default 8081; 0 picks one)")
-    p.add_argument("--evict", type=float, default=0.92, help="evict watermark (default 0.92: logged and exported; "
-                                                              "the sidecar cannot evict inside the server)")
-    p.add_argument("--drain", type=float, default=0.97, help="drain watermark: readiness false (default 0.97)")
-    p.add_argument("--shed", type=float, default=0.99, help="shed watermark (default 0.99)")
-    p.add_argument("--hysteresis", type=float, default=0.03, help="release below watermark - this (default 0.03)")
+    defaults = {f.name: f.default for f in dataclasses.fields(Watermarks)}
+    for name, text in _WATERMARKS.items():  # the type and default are Watermarks'
+        p.add_argument(f"--{name}", type=type(defaults[name]), default=defaults[name], help=text)
     p.add_argument("--interval", type=float, default=0.5, help="seconds between samples (default 0.5)")
     p.add_argument("--drain-deadline", type=float, default=60.0,
                    help="longest /drain waits, seconds (default 60; keep terminationGracePeriodSeconds longer)")
     p.add_argument("--settle", type=float, default=5.0, help="without --metrics, how long /drain waits (default 5)")
     p.add_argument("--once", action="store_true", help="sample once, print the status as JSON and exit")
-    p.add_argument("--duration", type=float, metavar="S", help="stop after S seconds")
+    add_duration_option(p)
     add_web_config(p)
 
 
@@ -92,11 +102,10 @@ def _cgroup(args: argparse.Namespace) -> tuple[Any, Path | None]:
 def build(args: argparse.Namespace) -> Any:
     """The `Sidecar` the arguments describe (bad input raises `UsageError` with the fix)."""
     from kvguardian.oom.guard import OOMGuard
-    from kvguardian.oom.policy import Watermarks
     from kvguardian.oom.sidecar import Sidecar, Target
     from kvguardian.oom.signals.nvml import NvmlSignal
 
-    wm = Watermarks(evict=args.evict, drain=args.drain, shed=args.shed, hysteresis=args.hysteresis)
+    wm = Watermarks(**{name: getattr(args, name) for name in _WATERMARKS})
     if args.metrics is not None:
         from kvguardian.engines.promtext import check_url
 

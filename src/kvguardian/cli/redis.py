@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from kvguardian._errors import EXIT_ENVIRONMENT, EXIT_OK, EXIT_USAGE, UsageError
+from kvguardian.cli.options import add_subcommands
 from kvguardian.cli.signals import Ending, interrupting, stopping
 from kvguardian.cli.web_options import add_web_config, web_config
 from kvguardian.findings import Report, Severity
@@ -27,8 +28,7 @@ HELP = "find key-space leaks in Redis: read-only sweeps or RDB snapshots, key pa
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    sub = p.add_subparsers(dest="redis_command", metavar="SUBCOMMAND", parser_class=type(p))
-    sub.required = True
+    sub = add_subcommands(p, "redis_command", "SUBCOMMAND")
     scan = sub.add_parser("scan", help="sweep a Redis (or Cluster) read-only and report per-pattern leaks",
                           description="Sweep a Redis or Redis Cluster read-only (SCAN + one read-only Lua call per "
                                       "batch) and report key patterns, TTL and idle-time distributions, and leaks.")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from kvguardian._errors import EXIT_FINDINGS, EXIT_OK
+from kvguardian.cli.options import add_subcommands
 from kvguardian.report.output import add_html_option, check_writable
 from kvguardian.report.reporter import reporting
 from kvguardian.repro import REPROS, load
@@ -14,8 +15,7 @@ HELP = "reproduce one KV-leak anti-pattern, measure it here, and check the detec
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    sub = p.add_subparsers(dest="repro", metavar="NAME", parser_class=type(p))
-    sub.required = True
+    sub = add_subcommands(p, "repro", "NAME")
     for name in REPROS:
         module = load(name)
         rp = sub.add_parser(name, help=module.TITLE, description=(module.__doc__ or module.TITLE).strip())

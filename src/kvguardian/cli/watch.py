@@ -7,6 +7,7 @@ import math
 from typing import Any
 
 from kvguardian._errors import EXIT_ENVIRONMENT, UsageError
+from kvguardian.cli.options import add_subcommands
 from kvguardian.cli.signals import stopping
 from kvguardian.cli.web_options import add_web_config, web_config
 from kvguardian.findings import Finding, Severity
@@ -55,8 +56,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    sub = p.add_subparsers(dest="engine", metavar="ENGINE", parser_class=type(p))
-    sub.required = True
+    sub = add_subcommands(p, "engine", "ENGINE")
     v = sub.add_parser("vllm", help="vLLM: KV usage while idle; prefix-index audit from KV events",
                        description="Watch a vLLM server: KV usage while idle (KVG207) from --metrics, and with "
                                    "--events the prefix-cache index (KVG208, KVG105) with gap repair (KVG209).")

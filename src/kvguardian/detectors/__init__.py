@@ -8,11 +8,11 @@ computes them before calling the detectors and passes them in `DetectContext`.
 
 from __future__ import annotations
 
-from kvguardian.detectors.context import DetectContext, Detector, best_chain, chain_evidence
+from kvguardian.detectors.context import DetectContext, Detector, best_chain, chain_evidence, held_finding
 from kvguardian.findings import Finding
 from kvguardian.ledger import LedgerSnapshot
 
-__all__ = ["DETECTORS", "DetectContext", "Detector", "best_chain", "chain_evidence", "run_all"]
+__all__ = ["DETECTORS", "DetectContext", "Detector", "best_chain", "chain_evidence", "held_finding", "run_all"]
 
 
 def _registry() -> list[Detector]:

@@ -10,7 +10,7 @@ from kvguardian.findings import Finding
 from kvguardian.ledger import LedgerSnapshot, Record
 from kvguardian.tensors.holders import HolderChain
 
-__all__ = ["DetectContext", "Detector", "best_chain", "chain_evidence"]
+__all__ = ["DetectContext", "Detector", "best_chain", "chain_evidence", "held_finding"]
 
 
 @dataclass(frozen=True)
@@ -51,3 +51,14 @@ def chain_evidence(chain: HolderChain | None) -> tuple[dict[str, Any], str]:
     if chain.complete:
         return ev, f", held by {chain.steps[0]}"
     return ev, (f", {chain.steps[0]}" if chain.root == "c" else "")
+
+
+def held_finding(finding: Finding, records: Iterable[Record], ctx: DetectContext, tail: str = "") -> Finding:
+    """``finding`` about ``records`` still alive, with their best holder chain: its evidence fields after the
+    detector's, its ", held by ..." clause then ``tail`` after the message, and its steps as the holder chain."""
+    chain = best_chain(records, ctx)
+    chain_ev, held_by = chain_evidence(chain)
+    finding.message = f"{finding.message}{held_by}{tail}"
+    finding.evidence = {**finding.evidence, **chain_ev}
+    finding.holder_chain = list(chain.steps) if chain is not None else None
+    return finding

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from kvguardian.detectors.context import DetectContext, best_chain, chain_evidence
+from kvguardian.detectors.context import DetectContext, held_finding
 from kvguardian.findings import Finding, Severity
 from kvguardian.ledger import EntryState, LedgerSnapshot, Record
 
@@ -25,8 +25,6 @@ def detect(snapshot: LedgerSnapshot, ctx: DetectContext) -> list[Finding]:
         recs.sort(key=lambda r: (r.layer if r.layer is not None else -1, r.kind, r.entry_id))
         nbytes = sum(r.storage_bytes for r in recs)
         layers = sorted({r.layer for r in recs if r.layer is not None})
-        chain = best_chain(recs, ctx)
-        chain_ev, held_by = chain_evidence(chain)
         info = snapshot.requests.get(rid) if rid is not None else None
         ended_ago = (snapshot.taken - info.ended) if info is not None and info.ended is not None else None
         evidence = {
@@ -39,7 +37,6 @@ def detect(snapshot: LedgerSnapshot, ctx: DetectContext) -> list[Finding]:
             "kinds": sorted({r.kind for r in recs}),
             "sources": sorted({r.source for r in recs}),
             "seconds_since_owner_ended": round(ended_ago, 3) if ended_ago is not None else None,
-            **chain_ev,
         }
         verdict = (ctx.options.get("retention") or {}).get(rid) if rid is not None else None
         severity = Severity.ERROR
@@ -53,16 +50,7 @@ def detect(snapshot: LedgerSnapshot, ctx: DetectContext) -> list[Finding]:
                 tail = f"; {verdict.detail} ({verdict.collection})"
             else:
                 tail = f"; {verdict.detail}"
-        findings.append(
-            Finding(
-                id="KVG102",
-                severity=severity,
-                message=(
-                    f"{nbytes} bytes of KV ({len(recs)} storages, layers {layers}) of request {rid!r} "
-                    f"are alive after the request ended{held_by}{tail}"
-                ),
-                evidence=evidence,
-                holder_chain=list(chain.steps) if chain is not None else None,
-            )
-        )
+        message = (f"{nbytes} bytes of KV ({len(recs)} storages, layers {layers}) of request {rid!r} "
+                   f"are alive after the request ended")
+        findings.append(held_finding(Finding("KVG102", severity, message, evidence), recs, ctx, tail))
     return findings

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from kvguardian.detectors.context import DetectContext, best_chain, chain_evidence
+from kvguardian.detectors.context import DetectContext, held_finding
 from kvguardian.findings import Finding, Severity
 from kvguardian.ledger import EntryState, LedgerSnapshot, Record
 
@@ -43,8 +43,6 @@ def detect(snapshot: LedgerSnapshot, ctx: DetectContext) -> list[Finding]:
         recs = sorted(groups[gen], key=lambda r: r.entry_id)
         nbytes = sum(r.storage_bytes for r in recs)
         retained = sum(r.storage_bytes for r in recs if r.state is EntryState.RETAINED)
-        chain = best_chain(recs, ctx)
-        chain_ev, held_by = chain_evidence(chain)
         owners = sorted({r.request_id for r in recs if r.request_id is not None})
         reasons = sorted({r.retained_reason for r in recs if r.retained_reason})
         evidence = {
@@ -60,19 +58,9 @@ def detect(snapshot: LedgerSnapshot, ctx: DetectContext) -> list[Finding]:
             "layers": sorted({r.layer for r in recs if r.layer is not None}),
             "sources": sorted({r.source for r in recs}),
             "declared_reasons": reasons,
-            **chain_ev,
         }
         declared = f" ({retained} bytes of it declared retained: {', '.join(reasons)})" if retained else ""
-        findings.append(
-            Finding(
-                id="KVG105",
-                severity=Severity.ERROR,
-                message=(
-                    f"{nbytes} bytes of KV ({len(recs)} storages) from model generation {gen} are alive in "
-                    f"generation {snapshot.generation}{held_by}{declared}"
-                ),
-                evidence=evidence,
-                holder_chain=list(chain.steps) if chain is not None else None,
-            )
-        )
+        message = (f"{nbytes} bytes of KV ({len(recs)} storages) from model generation {gen} are alive in "
+                   f"generation {snapshot.generation}")
+        findings.append(held_finding(Finding("KVG105", Severity.ERROR, message, evidence), recs, ctx, declared))
     return findings

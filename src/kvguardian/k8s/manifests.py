@@ -83,56 +83,43 @@ def _server() -> dict[str, Any]:
     }
 
 
+def _manifest(api_version: str, kind: str, metadata: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
+    """One Kubernetes object, its fields in the order kubectl writes them."""
+    return {"apiVersion": api_version, "kind": kind, "metadata": metadata, "spec": spec}
+
+
+def _workload(labels: dict[str, str], pod: dict[str, Any], **spec: Any) -> dict[str, Any]:
+    """The spec of a Deployment or DaemonSet: its pods, selected by ``labels``, after the workload's own fields."""
+    return {"selector": {"matchLabels": labels}, **spec, "template": {"metadata": {"labels": labels}, "spec": pod}}
+
+
 def deployment() -> dict[str, Any]:
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": "kv-inference", "labels": APP},
-        "spec": {
-            "replicas": 2,
-            "selector": {"matchLabels": APP},
-            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
-            "template": {
-                "metadata": {"labels": APP},
-                "spec": {
-                    "terminationGracePeriodSeconds": GRACE,
-                    "initContainers": [_sidecar()],
-                    "containers": [_server()],
-                    "volumes": [
-                        {"name": "cgroup", "hostPath": {"path": "/sys/fs/cgroup", "type": "Directory"}},
-                        {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}},
-                    ],
-                },
-            },
-        },
-    }
+    return _manifest("apps/v1", "Deployment", {"name": "kv-inference", "labels": APP}, _workload(APP, {
+        "terminationGracePeriodSeconds": GRACE,
+        "initContainers": [_sidecar()],
+        "containers": [_server()],
+        "volumes": [
+            {"name": "cgroup", "hostPath": {"path": "/sys/fs/cgroup", "type": "Directory"}},
+            {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}},
+        ],
+    }, replicas=2, strategy={"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}}))
 
 
 def service() -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": "kv-inference", "labels": APP},
-        "spec": {"selector": APP, "ports": [
-            {"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP"},
-            {"name": "guard", "port": 8081, "targetPort": "guard", "protocol": "TCP"},
-        ]},
-    }
+    return _manifest("v1", "Service", {"name": "kv-inference", "labels": APP}, {"selector": APP, "ports": [
+        {"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP"},
+        {"name": "guard", "port": 8081, "targetPort": "guard", "protocol": "TCP"},
+    ]})
 
 
 def service_monitor() -> dict[str, Any]:
-    return {
-        "apiVersion": "monitoring.coreos.com/v1",
-        "kind": "ServiceMonitor",
-        "metadata": {"name": "kv-inference", "labels": APP},
-        "spec": {
-            "selector": {"matchLabels": APP},
-            "endpoints": [
-                {"port": "http", "path": "/metrics", "interval": "15s"},  # vLLM's own metrics (vllm:*)
-                {"port": "guard", "path": "/metrics", "interval": "15s"},  # the guard's (kvguardian_*)
-            ],
-        },
-    }
+    return _manifest("monitoring.coreos.com/v1", "ServiceMonitor", {"name": "kv-inference", "labels": APP}, {
+        "selector": {"matchLabels": APP},
+        "endpoints": [
+            {"port": "http", "path": "/metrics", "interval": "15s"},  # vLLM's own metrics (vllm:*)
+            {"port": "guard", "path": "/metrics", "interval": "15s"},  # the guard's (kvguardian_*)
+        ],
+    })
 
 
 def prometheus_rule(rules_path: Path = RULES) -> dict[str, Any]:
@@ -140,47 +127,32 @@ def prometheus_rule(rules_path: Path = RULES) -> dict[str, Any]:
     import yaml
 
     groups = yaml.safe_load(rules_path.read_text())["groups"]
-    return {
-        "apiVersion": "monitoring.coreos.com/v1",
-        "kind": "PrometheusRule",
-        "metadata": {"name": "kvguardian", "labels": {"app.kubernetes.io/part-of": "kv-guardian"}},
-        "spec": {"groups": groups},
-    }
+    return _manifest("monitoring.coreos.com/v1", "PrometheusRule",
+                     {"name": "kvguardian", "labels": {"app.kubernetes.io/part-of": "kv-guardian"}}, {"groups": groups})
 
 
 def device_plugin() -> dict[str, Any]:
     labels = {"app.kubernetes.io/name": "kvguardian-device-plugin", "app.kubernetes.io/part-of": "kv-guardian"}
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "DaemonSet",
-        "metadata": {"name": "kvguardian-device-plugin", "namespace": "kube-system", "labels": labels},
-        "spec": {
-            "selector": {"matchLabels": labels},
-            "updateStrategy": {"type": "RollingUpdate"},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "priorityClassName": "system-node-critical",
-                    "nodeSelector": {"nvidia.com/gpu.present": "true"},
-                    "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-                    "containers": [{
-                        "name": "device-plugin",
-                        "image": IMAGE,
-                        "command": ["kv-guardian", "device-plugin", "--chunk-mb", "256", "--reserve-mb", "8192"],
-                        # NVML through the NVIDIA container runtime, without taking a GPU
-                        "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
-                                {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "utility"}],
-                        "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "96Mi"}},
-                        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-                                            "capabilities": {"drop": ["ALL"]}},
-                        "volumeMounts": [{"name": "device-plugins", "mountPath": "/var/lib/kubelet/device-plugins"}],
-                    }],
-                    "volumes": [{"name": "device-plugins",
-                                 "hostPath": {"path": "/var/lib/kubelet/device-plugins", "type": "Directory"}}],
-                },
-            },
-        },
-    }
+    metadata = {"name": "kvguardian-device-plugin", "namespace": "kube-system", "labels": labels}
+    return _manifest("apps/v1", "DaemonSet", metadata, _workload(labels, {
+        "priorityClassName": "system-node-critical",
+        "nodeSelector": {"nvidia.com/gpu.present": "true"},
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "containers": [{
+            "name": "device-plugin",
+            "image": IMAGE,
+            "command": ["kv-guardian", "device-plugin", "--chunk-mb", "256", "--reserve-mb", "8192"],
+            # NVML through the NVIDIA container runtime, without taking a GPU
+            "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
+                    {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "utility"}],
+            "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "96Mi"}},
+            "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                                "capabilities": {"drop": ["ALL"]}},
+            "volumeMounts": [{"name": "device-plugins", "mountPath": "/var/lib/kubelet/device-plugins"}],
+        }],
+        "volumes": [{"name": "device-plugins",
+                     "hostPath": {"path": "/var/lib/kubelet/device-plugins", "type": "Directory"}}],
+    }, updateStrategy={"type": "RollingUpdate"}))
 
 
 def documents() -> dict[str, list[dict[str, Any]]]:

@@ -17,6 +17,7 @@ inside the process (or MIG's, in hardware). See ``docs/kv-budgets.md``.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import re
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvguardian._errors import UsageError
+from kvguardian._errors import EXIT_ENVIRONMENT, UsageError
 from kvguardian.oom.budget import ALIAS, ENV
 
 __all__ = [
@@ -105,8 +106,17 @@ def _pb() -> tuple[Any, Any]:
     from kvguardian._errors import require
 
     require("grpc", "k8s")
-    from kvguardian.k8s.api import deviceplugin_pb2, deviceplugin_pb2_grpc
-
+    try:  # by module name: a missing file is then ModuleNotFoundError naming it (not "cannot import name")
+        deviceplugin_pb2 = importlib.import_module("kvguardian.k8s.api.deviceplugin_pb2")
+        deviceplugin_pb2_grpc = importlib.import_module("kvguardian.k8s.api.deviceplugin_pb2_grpc")
+    except ModuleNotFoundError as exc:
+        if not (exc.name or "").startswith("kvguardian.k8s.api."):
+            raise
+        # setup.py generates them from deviceplugin.proto when kv-guardian is built; a source tree not installed
+        # (or cleaned since) has only the .proto
+        raise UsageError("kvguardian.k8s.api has no generated gRPC modules (kv-guardian's build makes them from "
+                         "deviceplugin.proto); fix: reinstall it (./scripts/setup.sh, or pip install -e .)",
+                         exit_code=EXIT_ENVIRONMENT) from exc
     return deviceplugin_pb2, deviceplugin_pb2_grpc
 
 

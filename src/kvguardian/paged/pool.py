@@ -328,17 +328,13 @@ class PagedKVPool(RawBlockOps):
 
     def free(self, request_id: str) -> int:
         """Release every block of the request (tail first) and close its table. Returns blocks released."""
-        t = self.table(request_id)
-        self._begin("free", t)
-        n = self._release_all(t)
+        t, n = self._release_all("free", request_id)
         self._close(t)
         return n
 
     def preempt(self, request_id: str) -> int:
         """Release every block of the request to make room; the table stays open, empty, to recompute later."""
-        t = self.table(request_id)
-        self._begin("preempt", t)
-        n = self._release_all(t)
+        t, n = self._release_all("preempt", request_id)
         t.state = TableState.PREEMPTED
         t.preemptions += 1
         self.preemptions += 1
@@ -461,14 +457,17 @@ class PagedKVPool(RawBlockOps):
         if self._debug is not None:
             self._debug.on_table_remove(t, removed)
 
-    def _release_all(self, t: BlockTable) -> int:
+    def _release_all(self, op: str, request_id: str) -> tuple[BlockTable, int]:
+        """``op`` (free, preempt) begins on the request's table, which gives back every block: (table, blocks)."""
+        t = self.table(request_id)
+        self._begin(op, t)
         ids = t.clear()[::-1].copy()  # tail first: a request's last blocks are reused before its prefix
         if self._debug is not None:
             self._debug.pre_release(t, ids, held=True)
             self._debug.on_table_remove(t, ids)
         self.blocks.free_blocks(ids)
         self._end(ids)
-        return len(ids)
+        return t, len(ids)
 
     def _close(self, t: BlockTable) -> None:
         del self._tables[t.request_id]

@@ -19,7 +19,7 @@ from typing import Any
 from kvguardian.report.reporter import Reporter
 
 __all__ = ["ARTICLE_SECTIONS", "REPROS", "DemoRow", "Renderer", "ReproResult", "load", "not_built_rows",
-           "section_order"]
+           "section_order", "verdict_line"]
 
 #: reproduction name -> module, in the order of the article's sections.
 REPROS: dict[str, str] = {
@@ -57,6 +57,12 @@ def not_built_rows() -> list[DemoRow]:
     ]
 
 
+def verdict_line(out: Reporter, text: str) -> None:
+    """How a reproduction's rendering ends: a blank line, then ``verdict: text`` in strong type."""
+    out.text("")
+    out.text(f"verdict: {text}", tone="strong")
+
+
 def section_order(row: DemoRow) -> tuple[int, str]:
     """Demo order: the article's sections in order, then our own reproductions."""
     return (0, row.section) if row.section.startswith("§") else (1, row.name)
@@ -73,7 +79,7 @@ class DemoRow:
     verdict: str  # what the detector said
     fix_verified: bool | None  # None: no fix to verify
     ok: bool = True  # the reproduction ran and the detector behaved as expected
-    seconds: float = 0.0
+    seconds: float = 0.0  # set by `kv-guardian demo`, which times each row
     details: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvguardian.report.reporter import Reporter
+from kvguardian.repro import verdict_line
 
 __all__ = ["demo_texts", "render"]
 
@@ -40,10 +41,8 @@ def render(data: dict[str, Any], out: Reporter) -> None:
              f"{m['fragmentation_ratio']:.2f}, evictions {m['evictions_total']}")
     out.text("")
     _timing(data, out)
-    out.text("")
-    out.text(f"verdict: {'as expected' if data['ok'] else 'NOT as expected'} (buggy variants diverge and are caught "
-             "at the faulty operation; strict and sharing match the oracle with no finding and a clean audit)",
-             tone="strong")
+    verdict_line(out, f"{'as expected' if data['ok'] else 'NOT as expected'} (buggy variants diverge and are caught "
+                 "at the faulty operation; strict and sharing match the oracle with no finding and a clean audit)")
 
 
 def _buggy(name: str, v: dict[str, Any], out: Reporter) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 from kvguardian._errors import UsageError
 from kvguardian.report.reporter import Reporter
-from kvguardian.repro import DemoRow, ReproResult
+from kvguardian.repro import DemoRow, ReproResult, verdict_line
 from kvguardian.repro.fit import growth_exponent, local_exponent, quadratic_share
 from kvguardian.repro.models import GRAD_SPEC, TinySpec, build_llama
 
@@ -229,9 +229,8 @@ def render(data: dict[str, Any], out: Reporter) -> None:
              "depend on n (linear total) plus attention inputs that grow with n (quadratic total), so the exponent "
              "climbs toward 2 as n grows. Memory is counted as storage bytes reachable from the cache's graph, "
              "not RSS or GPU allocator peaks.")
-    out.text("")
-    out.text(f"verdict: grad case flagged at step 1: {data['grad_detected_first_step']}; fixes verified: "
-             f"{data['fixes_verified']}; generate() immune: {data['generate_immune']}", tone="strong")
+    verdict_line(out, f"grad case flagged at step 1: {data['grad_detected_first_step']}; fixes verified: "
+                 f"{data['fixes_verified']}; generate() immune: {data['generate_immune']}")
 
 
 def run(args: argparse.Namespace) -> ReproResult:
@@ -241,7 +240,6 @@ def run(args: argparse.Namespace) -> ReproResult:
 
 
 def demo_row() -> DemoRow:
-    t0 = time.perf_counter()
     data = measure(list(DEMO_STEPS))
     grad = data["modes"]["enable_grad"]
     first, last = grad["points"][0], grad["points"][-1]
@@ -265,6 +263,5 @@ def demo_row() -> DemoRow:
         verdict=verdict,
         fix_verified=data["fixes_verified"],
         ok=data["ok"],
-        seconds=time.perf_counter() - t0,
         details={"exponent": grad["exponent"], "fix_exponents": fix_exps},
     )

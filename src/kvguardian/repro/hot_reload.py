@@ -23,7 +23,7 @@ from typing import Any
 
 from kvguardian._errors import UsageError
 from kvguardian.report.reporter import Reporter
-from kvguardian.repro import DemoRow, ReproResult
+from kvguardian.repro import DemoRow, ReproResult, verdict_line
 
 NAME = "hot-reload"
 SECTION = "§2.5"
@@ -152,9 +152,8 @@ def render(data: dict[str, Any], out: Reporter) -> None:
              "(RuntimeContext has id, resource, namespace and runtime-env getters, no KV accessor). The same check "
              "runs inside a Ray Serve replica: attach a Guard in __init__, call guard.new_generation() in "
              "reconfigure(), and read guard.check() from a replica method (README, 'Hot reload').")
-    out.text("")
-    out.text(f"verdict: growth linear in reloads and KVG105 per stale generation (buggy); flat and silent (fixed): "
-             f"{data['ok']}", tone="strong")
+    verdict_line(out, f"growth linear in reloads and KVG105 per stale generation (buggy); flat and silent (fixed): "
+                 f"{data['ok']}")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -170,7 +169,6 @@ def run(args: argparse.Namespace) -> ReproResult:
 
 
 def demo_row() -> DemoRow:
-    t0 = time.perf_counter()
     data = measure(reloads=DEMO_RELOADS, requests_per_reload=2)
     b, f = data["buggy"], data["fixed"]
     first = b["kvg105_first"] or {}
@@ -193,6 +191,5 @@ def demo_row() -> DemoRow:
         verdict=verdict,
         fix_verified=not f["findings"] and len(set(f["kv_bytes_after_each_reload"])) == 1,
         ok=data["ok"],
-        seconds=time.perf_counter() - t0,
         details={"kv_bytes": {"buggy": b["kv_bytes_after_each_reload"], "fixed": f["kv_bytes_after_each_reload"]}},
     )

@@ -30,7 +30,7 @@ from typing import Any
 
 from kvguardian._errors import UsageError
 from kvguardian.report.reporter import Reporter
-from kvguardian.repro import DemoRow, ReproResult
+from kvguardian.repro import DemoRow, ReproResult, verdict_line
 from kvguardian.repro.rank_server import VARIANTS, WORLD, launch
 from kvguardian.repro.vlm import VLM_TINY, VlmSpec
 
@@ -132,9 +132,8 @@ def render(data: dict[str, Any], out: Reporter) -> None:
     out.text(f"computed, not measured: the broadcast fix on LLaVA-1.5-7B (32 layers, 32 KV heads × 128, 576 visual "
              f"tokens, fp16) moves {data['llava_7b_broadcast_bytes_per_sequence']:,} bytes per sequence; the "
              "refcount fix moves 8.")
-    out.text("")
-    out.text(f"verdict: divergence caught ({b['kvg106_count']}/{n} sequences named); both fixes consistent and "
-             f"leak-free: {data['fixes_clean']}", tone="strong")
+    verdict_line(out, f"divergence caught ({b['kvg106_count']}/{n} sequences named); both fixes consistent and "
+                 f"leak-free: {data['fixes_clean']}")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -155,7 +154,6 @@ def run(args: argparse.Namespace) -> ReproResult:
 
 
 def demo_row() -> DemoRow:
-    t0 = time.perf_counter()
     data = measure(sequences=4, new_tokens=4)
     v = data["variants"]
     b, bc, rc = v["buggy"], v["broadcast"], v["refcount"]
@@ -183,6 +181,5 @@ def demo_row() -> DemoRow:
         verdict=verdict,
         fix_verified=data["fixes_clean"],
         ok=data["ok"],
-        seconds=time.perf_counter() - t0,
         details={"comm_bytes_per_sequence": {k: v[k]["comm_bytes_per_sequence"] for k in VARIANTS}},
     )

@@ -26,7 +26,7 @@ from typing import Any
 
 from kvguardian._errors import UsageError
 from kvguardian.report.reporter import Reporter
-from kvguardian.repro import DemoRow, ReproResult
+from kvguardian.repro import DemoRow, ReproResult, verdict_line
 
 NAME = "nonpow2"
 SECTION = "§2.3"
@@ -179,9 +179,8 @@ def render(data: dict[str, Any], out: Reporter) -> None:
              "the partial block; its kernels allocate nothing. A kernel that skipped the last block would give wrong "
              "rows, not a leak. The GPU side is not measured here (no GPU); on one run:")
     out.text("  kv-guardian sweep --device cuda --attn sdpa --attn flash-attn")
-    out.text("")
-    out.text(f"verdict: the article's claim {'REPRODUCES' if data['claim_reproduced'] else 'does not reproduce'} on "
-             f"this machine's SDPA; the sweep catches the claimed mechanism: {data['ok']}", tone="strong")
+    verdict_line(out, f"the article's claim {'REPRODUCES' if data['claim_reproduced'] else 'does not reproduce'} on "
+                 f"this machine's SDPA; the sweep catches the claimed mechanism: {data['ok']}")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -200,7 +199,6 @@ def run(args: argparse.Namespace) -> ReproResult:
 
 
 def demo_row() -> DemoRow:
-    t0 = time.perf_counter()
     data = measure(max_length=DEMO_MAX_LENGTH, heads=2, repeats=2)
     s, f, c = data["sdpa"], data["control_floor"], data["control_ceil"]
     n = len(data["config"]["lengths"])
@@ -227,6 +225,5 @@ def demo_row() -> DemoRow:
         verdict=verdict,
         fix_verified=c["clean"],
         ok=data["ok"],
-        seconds=time.perf_counter() - t0,
         details={"sdpa_targets": s["targets"], "caught_lengths": f["caught_lengths"]},
     )

@@ -15,9 +15,9 @@ from kvg_testing import ROOT
 
 grpc = pytest.importorskip("grpc")
 
-from kvguardian.k8s.api import deviceplugin_pb2 as pb  # noqa: E402
-from kvguardian.k8s.api import deviceplugin_pb2_grpc as pbg  # noqa: E402
-from kvguardian.k8s.plugin import KVCachePlugin, PluginServer, plan_chunks, resource_name  # noqa: E402
+from kvguardian.k8s.plugin import KVCachePlugin, PluginServer, _pb, plan_chunks, resource_name  # noqa: E402
+
+pb, pbg = _pb()  # the modules the build generates; without them, one line naming the fix (reinstall)
 
 
 class FakeKubelet(pbg.RegistrationServicer):

@@ -41,8 +41,10 @@ def test_repro_grad_tracking_text(kv_cli):
 def test_demo_json_orphaned_row(kv_cli):
     code, out, err = kv_cli("demo", "--only", "orphaned", "--json")
     assert code == 0, err
-    [row] = json.loads(out)["rows"]
+    data = json.loads(out)
+    [row] = data["rows"]
     assert row["ok"] and row["fix_verified"]
+    assert 0 < row["seconds"] <= data["seconds"]  # demo times each row
     chain = row["details"]["holder_chain"]
     assert chain[0] == "module kvguardian.repro.orphaned: SERVER"
     assert chain[1:4] == ["ChatServer.sessions", "SessionStore.entries", "OrderedDict['r-0']"]

@@ -1,4 +1,4 @@
-"""The device-plugin .proto: the committed generated modules are what grpcio-tools makes from it, and its
+"""The device-plugin .proto: the modules the build generated (setup.py) are what grpcio-tools makes from it now, and its
 wire contract (package, services, field numbers) is the kubelet's v1beta1."""
 
 import shutil
@@ -22,7 +22,7 @@ def test_generated_modules_match_the_proto(tmp_path):
                     f"--grpc_python_out={tmp_path}", f"--pyi_out={tmp_path}",
                     str(dst / "deviceplugin.proto")], check=True)
     for name in ("deviceplugin_pb2.py", "deviceplugin_pb2_grpc.py", "deviceplugin_pb2.pyi"):
-        assert (dst / name).read_text() == (API / name).read_text(), f"{name} is stale; regenerate (see the .proto)"
+        assert (dst / name).read_text() == (API / name).read_text(), f"{name} is stale; reinstall (./scripts/setup.sh)"
 
 
 # (message, field) -> number, from k8s.io/kubelet pkg/apis/deviceplugin/v1beta1/api.proto
@@ -63,3 +63,20 @@ def test_wire_contract_is_the_kubelets_v1beta1():
     streams = {m.name: (m.client_streaming, m.server_streaming) for s in fdp.service for m in s.method}
     assert streams["ListAndWatch"] == (False, True)
     assert {v for k, v in streams.items() if k != "ListAndWatch"} == {(False, False)}
+
+
+def test_missing_generated_modules_are_one_line_naming_the_fix(monkeypatch, tmp_path):
+    import kvguardian.k8s.api as api
+    from kvguardian._errors import EXIT_ENVIRONMENT, UsageError
+    from kvguardian.k8s import plugin
+
+    for name in ("__init__.py", "deviceplugin.proto"):  # the package as a source tree that was never built has it
+        shutil.copy(API / name, tmp_path)
+    monkeypatch.setattr(api, "__path__", [str(tmp_path)])
+    for name in ("deviceplugin_pb2", "deviceplugin_pb2_grpc"):
+        monkeypatch.delitem(sys.modules, f"kvguardian.k8s.api.{name}", raising=False)
+        monkeypatch.delattr(api, name, raising=False)
+    with pytest.raises(UsageError) as info:
+        plugin._pb()
+    assert info.value.exit_code == EXIT_ENVIRONMENT
+    assert "deviceplugin.proto" in str(info.value) and "fix: reinstall" in str(info.value)

@@ -31,46 +31,16 @@ from typing import Any
 from fastapi import FastAPI, Request  # this module is the app: imported only when one is built
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from kvguardian._errors import UsageError, require
+from kvguardian._errors import require
 from kvguardian.exporters.webconfig import BasicAuthASGI, WebConfig, basic_user
 from kvguardian.paged.loop import EngineLoop, Stopped
-from kvguardian.paged.openai.tenancy import CACHE_MODES, KeyRing, namespace_of
+from kvguardian.paged.openai.config import MiniConfig
+from kvguardian.paged.openai.tenancy import KeyRing, namespace_of
 
 __all__ = ["MiniConfig", "MiniServer", "create_app"]
 
 SPECIAL = 3  # token ids 0 (pad), 1 (bos), 2 (eos); byte b is token b + 3
 VOCAB = 256 + SPECIAL + 1
-
-
-@dataclass(frozen=True)
-class MiniConfig:
-    """Everything the mini server is built from."""
-
-    model_name: str = "kvg-mini"
-    cache_mode: str = "per-tenant"
-    api_keys: tuple[str, ...] = ()  # TENANT=KEY
-    keys_files: tuple[str, ...] = ()
-    num_blocks: int = 2048
-    block_size: int = 16
-    max_model_len: int = 4096
-    max_num_seqs: int = 8
-    max_batch_tokens: int = 2048
-    hidden: int = 64  # the per-token prefill cost grows with these
-    layers: int = 2
-    seed: int = 0
-    threads: int = 1
-    debug: bool = False  # the pool's incremental checks (KVG2xx findings in /metrics)
-    scrub: str = "never"  # KV remanence: never / on-tenant-change / always
-
-    def validate(self) -> None:
-        if self.cache_mode not in CACHE_MODES:
-            raise UsageError(f"cache mode {self.cache_mode!r} is not one of {', '.join(CACHE_MODES)}")
-        for name in ("num_blocks", "block_size", "max_model_len", "max_num_seqs", "max_batch_tokens", "hidden",
-                     "layers", "threads"):
-            if getattr(self, name) < 1:
-                raise UsageError(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
-        if self.hidden % 4:
-            raise UsageError(f"hidden must be a multiple of 4 (4 heads), got {self.hidden}")
 
 
 class MiniServer:
