@@ -592,18 +592,26 @@ _VALUE_READERS: dict[int, Callable[[RdbReader], int]] = {
 
 
 #: sizes of short keys and string values by length (the inline path's lookups)
-def _je_table(n: int) -> list[int]:
-    """``je(i)`` for i < n, a size class at a time (importing stays fast)."""
+def _step_table(f: Callable[[int], int], n: int) -> list[int]:
+    """``f(i)`` for i < n, for a non-decreasing ``f`` with few distinct values (jemalloc size classes): each
+    run of equal values is found by bisection, so importing costs a few hundred calls, not ``n``."""
     out: list[int] = []
     while len(out) < n:
-        size = je(len(out))
-        out += [size] * (min(size + 1, n) - len(out))
+        lo, value = len(out), f(len(out))
+        hi = n  # the first index past the run of ``value`` lies in (lo, hi]
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if f(mid) == value:
+                lo = mid
+            else:
+                hi = mid
+        out += [value] * (hi - len(out))
     return out
 
 
 _KEY_SIZE = [key_bytes(n) for n in range(64)]
-_JE = _je_table(1 << 14)
-_STR_SIZE = [string_bytes(n, False) if n <= 64 else ROBJ + sds(n) for n in range(1 << 14)]
+_JE = _step_table(je, 1 << 14)
+_STR_SIZE = _step_table(lambda n: string_bytes(n, False), 1 << 14)
 _BLOB_SIZE = [ROBJ + x for x in _JE]
 #: by type byte: the value-size table of the value types `_fast` reads as one string (strings, and the
 #: single-blob encodings: listpack, ziplist, intset, zipmap of small hashes, sets and sorted sets), else None
