@@ -40,8 +40,7 @@ def _state(r: RdbReader) -> dict[str, Any]:
 def _child(reader: RdbReader, conn: Any) -> None:
     try:
         for b in reader.batches():
-            cols = np.array((b.types, b.sizes, b.expires, b.idles), dtype=np.int64)  # one buffer, not 4 lists
-            conn.send_bytes(pickle.dumps(("batch", (b.keys, cols, b.db), _state(reader)),
+            conn.send_bytes(pickle.dumps(("batch", (b.keys, b.cols.tobytes(), b.db), _state(reader)),
                                          protocol=pickle.HIGHEST_PROTOCOL))
         conn.send_bytes(pickle.dumps(("end", None, _state(reader))))
     except RdbError as exc:
@@ -98,7 +97,9 @@ class ReaderProcess:
             self._update(state)
             if kind == "batch":
                 keys, cols, db = payload
-                yield Batch(keys, cols[0], cols[1], cols[2], cols[3], db)
+                # raw bytes, not a pickled array: an unpickled array carries its own dtype object, which
+                # sends numpy's ufunc.at (the statistics) down its slow buffered path, 3-4x slower
+                yield Batch(keys, np.frombuffer(cols, dtype=np.int64).reshape(-1, 4), db)
             elif kind == "error":
                 message, offset = payload
                 raise RdbError(message, offset if offset >= 0 else self.offset)
