@@ -402,9 +402,10 @@ class RdbReader:
         """The [N, 4] numbers of the records `_fast` found at ``starts``: their optional EXPIRETIME_MS and
         IDLE / FREQ opcodes and type bytes read with array operations."""
         b = np.frombuffer(buf, dtype=np.uint8)
-        at = np.array(starts, dtype=np.int64)
-        cols = np.full((len(starts), 4), -1, dtype=np.int64)
-        cols[:, 1] = sizes
+        n = len(starts)
+        at = np.fromiter(starts, dtype=np.int64, count=n)
+        cols = np.full((n, 4), -1, dtype=np.int64)
+        cols[:, 1] = np.fromiter(sizes, dtype=np.int64, count=n)
         has_exp = b[at] == 0xFC
         if has_exp.any():
             first = at[has_exp] + 1
