@@ -1,10 +1,11 @@
 """The RDB reader in a child process: parsing and mining overlap on two cores.
 
-Reading a key (~1.8 µs here) and mining its pattern plus counting it (~1.7 µs) cost about the same, so a
+Reading a key (~0.8 µs here) and mining its pattern plus counting it (~1.0 µs) cost about the same, so a
 forked child runs `RdbReader` and sends each batch (the key names pickled, the four numbers per key as the
-raw bytes of one int64 array) through a pipe while the parent mines the previous one: on a free second core the scan runs ~1.7x faster than in one
-process. The child inherits the open stream (a file or the replication socket) through ``fork``; the parent
-never reads it. Where ``fork`` is unavailable the caller reads in-process.
+raw bytes of one int64 array) through a pipe while the parent mines the previous one: on a free second core
+the scan runs ~1.7x faster than in one process. The child inherits the open stream (a file or the
+replication socket) through ``fork``; the parent never reads it. Where ``fork`` is unavailable the caller
+reads in-process.
 
 The child reports what the reader learnt (AUX fields, version, IDLE/FREQ seen, offsets) with every batch, and
 an `RdbError` as a message: the parent re-raises it after the batches before it, exactly as the in-process
