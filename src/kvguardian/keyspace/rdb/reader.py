@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
 
 import numpy as np
@@ -73,16 +72,19 @@ def lzf_decompress(data: bytes, out_len: int) -> bytes:
     return bytes(out)
 
 
-@dataclass
 class Batch:
-    """One batch of keys: their names, and their numbers as one int64 array of four columns."""
+    """One batch of keys: their names, and their numbers as one int64 array of four columns (a plain class,
+    not a dataclass: importing the reader stays free of generated code)."""
 
-    keys: list[bytes] = field(default_factory=list)
-    #: [N, 4] int64: type code (kvguardian.keyspace.stats.TYPES), estimated memory
-    #: (kvguardian.keyspace.rdb.size), expiry (absolute Unix ms, -1: none), idle seconds (IDLE) or LFU
-    #: counter (FREQ), -1: none
-    cols: np.ndarray = field(default_factory=lambda: np.empty((0, 4), dtype=np.int64))
-    db: int = 0  # the database every key of the batch is in
+    __slots__ = ("cols", "db", "keys")
+
+    def __init__(self, keys: list[bytes] | None = None, cols: np.ndarray | None = None, db: int = 0) -> None:
+        self.keys: list[bytes] = [] if keys is None else keys
+        #: [N, 4] int64: type code (kvguardian.keyspace.stats.TYPES), estimated memory
+        #: (kvguardian.keyspace.rdb.size), expiry (absolute Unix ms, -1: none), idle seconds (IDLE) or LFU
+        #: counter (FREQ), -1: none
+        self.cols: np.ndarray = np.empty((0, 4), dtype=np.int64) if cols is None else cols
+        self.db = db  # the database every key of the batch is in
 
     def __len__(self) -> int:
         return len(self.keys)
