@@ -193,7 +193,9 @@ def _compare(args: argparse.Namespace, old: Any, result: Any) -> tuple[Any, Any,
 def _show(args: argparse.Namespace, result: Any, diff_out: tuple[Any, Any, Any] | None, *,
           html_only: bool = False) -> None:
     from kvguardian.keyspace.render import print_diff, print_scan
-    from kvguardian.report.html.reporter import html_file
+
+    if html_only:
+        from kvguardian.report.html.reporter import html_file  # the HTML page's modules load only for it
 
     with (contextlib.closing(html_file(args.html)) if html_only else
           reporting("json" if args.json else "console", html=args.html)) as out:

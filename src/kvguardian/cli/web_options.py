@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
-from kvguardian.exporters.webconfig import WebConfig, load_web_config
+if TYPE_CHECKING:
+    from kvguardian.exporters.webconfig import WebConfig
 
 __all__ = ["add_web_config", "web_config"]
 
@@ -17,4 +19,6 @@ def add_web_config(p: argparse.ArgumentParser) -> None:
 
 def web_config(args: argparse.Namespace) -> WebConfig:
     """The parsed ``--web-config`` (plain HTTP without one); a bad file is a one-line usage error."""
+    from kvguardian.exporters.webconfig import load_web_config  # TLS and bcrypt load only for a server command
+
     return load_web_config(getattr(args, "web_config", None))

@@ -13,6 +13,7 @@ The hot path (`pattern_id`) is a dictionary walk; `classify` runs only for token
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 
@@ -37,6 +38,9 @@ OVERFLOW_ID = 0
 _MASK = bytes.maketrans(b"0123456789abcdefABCDEF", b"0" * 22)
 #: the coarse mask: every letter and digit to ``x`` (only the delimiters' places are left)
 _COARSE = bytes.maketrans(b"0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ", b"x" * 62)
+#: the characters each mask replaces (by ``all_hex``: the coarse mask's, the hex mask's)
+_MASKED = {True: b"0123456789abcdefABCDEF",
+           False: b"0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"}
 #: names the coarse cache may not hold: their split can depend on more than where the delimiters are (UUIDs,
 #: dates and IPs need ``-`` or ``.``, hash tags ``{``, base64 runs are long runs of these characters)
 _COARSE_UNSAFE = re.compile(rb"[-.{}+/=]|[A-Za-z0-9_]{22}")
@@ -64,15 +68,23 @@ def _class_check(want: str, tok: str, all_hex: bool) -> Check:
         return lambda tok: tok.isdigit() and lo <= int(tok) < hi  # classify's timestamp rule
     if want == "hex" and all_hex and width >= 8:  # classify: ≥ 8 hex digits, not all digits, not all letters
         return lambda tok: not tok.isdigit() and not tok.isalpha()
-    return lambda tok: _same_class(tok.decode("ascii"), want)
+    return lambda tok: _token_class(tok) == want
 
 
 def _checks(toks: list[str], labels: list[str], *, all_hex: bool = True) -> tuple[tuple[int, int, bytes | Check], ...]:
     """What a cached mask must verify: literal runs (bytes to compare) and, for every placeholder but
     ``{uuid}``, a test that the token classifies as the placeholder's class (``ts_ns``; ``~int`` for a
-    collapsed literal), see `_class_check`."""
+    collapsed literal), see `_class_check`. A literal run the mask keeps byte for byte (``:`` between two
+    placeholders, ``:hits:``: no character the mask replaces) needs no compare: equal masks have it."""
     out: list[tuple[int, int, bytes | Check]] = []
     joined = "".join(toks).encode("ascii")
+    masked = _MASKED[all_hex]
+
+    def literal(start: int, end: int) -> None:
+        run = joined[start:end]
+        if run.translate(None, masked) != run:  # it holds a character the mask replaces
+            out.append((start, end, run))
+
     pos = 0
     run_start = -1
     for tok, label in zip(toks, labels):
@@ -82,7 +94,7 @@ def _checks(toks: list[str], labels: list[str], *, all_hex: bool = True) -> tupl
                 run_start = pos
         else:
             if run_start >= 0:
-                out.append((run_start, pos, joined[run_start:pos]))
+                literal(run_start, pos)
                 run_start = -1
             if label != "{uuid}":
                 cls = label[1:-1]
@@ -90,7 +102,7 @@ def _checks(toks: list[str], labels: list[str], *, all_hex: bool = True) -> tupl
                 out.append((pos, end, _class_check(want, tok, all_hex)))
         pos = end
     if run_start >= 0:
-        out.append((run_start, pos, joined[run_start:pos]))
+        literal(run_start, pos)
     return tuple(out)
 
 
@@ -98,13 +110,14 @@ _TS_OR_DATE_LENGTHS = frozenset((8, 10, 13, 16, 19))  # digit runs that `classif
 _TS = TIMESTAMP_DIGITS
 
 
-def _same_class(tok: str, want: str) -> bool:
-    if want == "~int" and tok.isdigit() and len(tok) not in _TS_OR_DATE_LENGTHS:
-        return True  # what classify + literal_class give for such a digit run, without the calls
-    cls = classify(tok)
-    if want[0] == "~":
-        return cls is None and literal_class(tok) == want[1:]
-    return cls == want
+@functools.lru_cache(maxsize=1024)
+def _token_class(tok: bytes) -> str:
+    """What a class check compares with: the variable class of an ASCII token (`classify`), or ``~`` and its
+    literal class. Memoized (bounded): the entries of one coarse shape (``job:{int}:{rand}``, ``{str}``,
+    ``{hex}``) test the same token against their classes one after the other."""
+    text = tok.decode("ascii")
+    cls = classify(text)
+    return cls if cls is not None else "~" + literal_class(text)
 
 
 def _is_literal(label: str) -> bool:
@@ -184,7 +197,9 @@ class PatternMiner:
         Each cache keeps two bounded generations (a name shape that keeps coming back survives the
         turnover of one-off shapes) and is cleared on every merge.
         """
-        mask = raw.translate(_MASK)
+        return self._pattern_id_masked(raw, raw.translate(_MASK))
+
+    def _pattern_id_masked(self, raw: bytes, mask: bytes) -> int:
         entry = self._cache.get(mask)
         if entry is None:
             entry = self._old.get(mask)
@@ -224,8 +239,10 @@ class PatternMiner:
         mask_table = _MASK
         out: list[int] = []
         append = out.append
+        slow = self._pattern_id_masked
         for raw in raws:
-            entry = cache_get(raw.translate(mask_table))
+            mask = raw.translate(mask_table)
+            entry = cache_get(mask)
             if entry is not None:
                 for s, e, want in entry[1]:
                     if want.__class__ is bytes:
@@ -236,7 +253,7 @@ class PatternMiner:
                 else:
                     append(entry[0])
                     continue
-            append(self.pattern_id_bytes(raw))
+            append(slow(raw, mask))
             cache_get = self._cache.get  # a new generation or a merge may have replaced the dict
         return out
 

@@ -48,6 +48,14 @@ def bucket_of(values: np.ndarray) -> np.ndarray:
     return np.minimum(out, NB - 1)
 
 
+def _count_into(table: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> None:
+    """``table[rows[i], cols[i]] += 1`` for every i: one `np.bincount` over the flattened cells (about half
+    the time of `np.add.at` with a pair of index arrays; counts, so exact)."""
+    used = int(rows.max()) + 1 if len(rows) else 0
+    width = table.shape[1]
+    table[:used] += np.bincount(rows * width + cols, minlength=used * width).reshape(used, width)
+
+
 def _bucket_value(b: int) -> float:
     """A representative value of a bucket (the geometric middle; exact below 16)."""
     return float(b) if b < 16 else 16 * 2 ** ((b - 16 + 0.5) / 4)
@@ -173,11 +181,11 @@ class PatternStats:
         if coll.any():
             np.add.at(self.coll_keys, pids[coll], 1)
             np.add.at(self.coll_bytes, pids[coll], mem[coll])
-        np.add.at(self.types, (pids, np.clip(tcode, 0, len(TYPES) - 1)), 1)
         ttl_b = np.where(nottl, 0, 1 + np.searchsorted(_TTL_EDGES, pttl, side="right"))
-        np.add.at(self.ttl, (pids, ttl_b), 1)
-        np.add.at(self.mem_hist, (pids, bucket_of(mem)), 1)
-        np.add.at(self.idle_hist, (pids, bucket_of(idle)), 1)
+        _count_into(self.types, pids, np.clip(tcode, 0, len(TYPES) - 1))
+        _count_into(self.ttl, pids, ttl_b)
+        _count_into(self.mem_hist, pids, bucket_of(mem))
+        _count_into(self.idle_hist, pids, bucket_of(idle))
         self._note_keys(pids, keys, tcode, mem, pttl, idle, cold)
 
     def _note_keys(self, pids: np.ndarray, keys: list[builtins.bytes], tcode: np.ndarray, mem: np.ndarray,

@@ -97,7 +97,8 @@ def parse_duration(text: str, flag: str = "duration") -> float:
 
 def mine_and_count(miner: PatternMiner, stats: PatternStats, keys: list[bytes], probe: np.ndarray) -> None:
     """Mine one batch's key names and add the probe to the per-pattern statistics."""
-    pids = np.array(miner.pattern_ids_bytes(keys), dtype=np.int64)
+    ids = miner.pattern_ids_bytes(keys)
+    pids = np.fromiter(ids, dtype=np.int64, count=len(ids))  # a flat list: no shape discovery
     stats.ensure(miner.size)
     stats.add_batch(pids, keys, probe)
 

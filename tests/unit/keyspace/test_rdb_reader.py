@@ -145,3 +145,73 @@ def test_batch_sizer_is_not_thrown_off_by_one_descheduled_call():
     for _ in range(5):  # a real rise in cost (4x) is followed within a few calls
         m = s.observe(s.batch, s.batch * 20e-6)
     assert m <= 30
+
+
+class _RecordAtATime(RdbReader):
+    """The reader with its inline path off: every record goes through `_record`."""
+
+    def _fast(self, out, buf, pos):  # type: ignore[no-untyped-def]
+        return pos
+
+
+def _mixed_records(n: int, *, lfu: bool) -> bytes:
+    """Every prefix and value form the inline path reads, and some it hands on, interleaved."""
+    out = []
+    for i in range(n):
+        pre = b""
+        if i % 3 == 0:
+            pre += b"\xfc" + struct.pack("<Q", 1_700_000_000_000 + i)
+        if lfu:
+            pre += b"\xf9" + bytes([i % 256]) if i % 4 else b""
+        elif i % 5 == 1:
+            pre += b"\xf8" + ln(i % 60)  # 6-bit idle
+        elif i % 5 == 2:
+            pre += b"\xf8" + ln(100 + i)  # 14-bit idle
+        elif i % 5 == 3:
+            pre += b"\xf8" + ln(70_000 + i)  # 32-bit idle: not inline
+        key = st(f"k:{i}") if i % 11 else st("long:" + "x" * 70 + str(i))  # a 14-bit key length: not inline
+        form = i % 7
+        if form == 0:
+            rec = b"\x00" + key + st("v" * (i % 50))
+        elif form == 1:
+            rec = b"\x00" + key + b"\xc0" + bytes([i % 128])  # an 8-bit integer
+        elif form == 2:
+            rec = b"\x00" + key + st("w" * (100 + i % 300))  # a 14-bit value length
+        elif form == 3:
+            rec = b"\x10" + key + st(b"\x00" * (20 + i % 30))  # a listpack hash
+        elif form == 4:
+            rec = b"\x12" + key + ln(2) + (ln(2) + st(b"\x01" * 12)) * 2  # a quicklist of two listpacks
+        elif form == 5:
+            rec = b"\x02" + key + ln(2) + st("a") + st("b")  # a hash-table set: not inline
+        else:
+            rec = b"\x00" + key + b"\xc3" + ln(3) + ln(9) + b"\x00ab"  # LZF, short lengths
+        out.append(pre + rec)
+    return b"".join(out)
+
+
+class _Counting(RdbReader):
+    inline = 0
+
+    def _columns(self, buf, starts, sizes):  # type: ignore[no-untyped-def]
+        self.inline += len(starts)
+        return super()._columns(buf, starts, sizes)
+
+
+@pytest.mark.parametrize("lfu", [False, True])
+def test_inline_path_reads_what_the_record_path_reads(lfu):
+    data = rdb(_mixed_records(3000, lfu=lfu))
+    fast, slow = _Counting(io.BytesIO(data), batch=512), _RecordAtATime(io.BytesIO(data), batch=512)
+    got = [(b.db, b.keys, b.cols.tolist()) for b in fast.batches()]
+    want = [(b.db, b.keys, b.cols.tolist()) for b in slow.batches()]
+    assert sum(len(k) for _, k, _ in got) == 3000
+    assert got == want
+    assert fast.inline > 1500  # most records took the inline path (the rest: the forms it hands on)
+    assert (fast.saw_idle, fast.saw_freq) == (slow.saw_idle, slow.saw_freq) == (not lfu, lfu)
+
+
+def test_size_tables_match_the_size_functions():
+    from kvguardian.keyspace.rdb import reader
+    from kvguardian.keyspace.rdb.size import string_bytes
+
+    assert [je(n) for n in range(1 << 14)] == reader._JE
+    assert [string_bytes(n, False) for n in range(1 << 14)] == reader._STR_SIZE

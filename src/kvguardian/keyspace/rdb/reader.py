@@ -14,19 +14,14 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar, Protocol, Union
+from typing import ClassVar, Protocol
+
+import numpy as np
 
 from kvguardian.keyspace.rdb.format import OP, TYPE_CODES, VERSIONS, RdbError
 from kvguardian.keyspace.rdb.size import ROBJ, blob_bytes, je, key_bytes, sds, string_bytes, table_bytes
 
-if TYPE_CHECKING:
-    import numpy as np
-
 __all__ = ["Batch", "ByteStream", "RdbReader", "lzf_decompress"]
-
-IntColumn = Union[list[int], "np.ndarray"]
-
 
 class ByteStream(Protocol):
     """A file opened in binary mode, or a replication payload (`kvguardian.keyspace.rdb.snapshot.Snapshot`)."""
@@ -77,24 +72,68 @@ def lzf_decompress(data: bytes, out_len: int) -> bytes:
     return bytes(out)
 
 
-@dataclass
 class Batch:
-    """Parallel lists, one entry per key."""
+    """One batch of keys: their names, and their numbers as one int64 array of four columns (a plain class,
+    not a dataclass: importing the reader stays free of generated code)."""
 
-    keys: list[bytes] = field(default_factory=list)
-    # the numbers: lists as the reader fills them (`kvguardian.keyspace.rdb.parallel` hands on int64 arrays)
-    types: IntColumn = field(default_factory=list)  # kvguardian.keyspace.stats.TYPES codes
-    sizes: IntColumn = field(default_factory=list)  # estimated memory (see kvguardian.keyspace.rdb.size)
-    expires: IntColumn = field(default_factory=list)  # absolute Unix ms, -1: none
-    idles: IntColumn = field(default_factory=list)  # idle seconds (IDLE) or LFU counter (FREQ), -1: none
-    db: int = 0  # the database every key of the batch is in
+    __slots__ = ("cols", "db", "keys")
+
+    def __init__(self, keys: list[bytes] | None = None, cols: np.ndarray | None = None, db: int = 0) -> None:
+        self.keys: list[bytes] = [] if keys is None else keys
+        #: [N, 4] int64: type code (kvguardian.keyspace.stats.TYPES), estimated memory
+        #: (kvguardian.keyspace.rdb.size), expiry (absolute Unix ms, -1: none), idle seconds (IDLE) or LFU
+        #: counter (FREQ), -1: none
+        self.cols: np.ndarray = np.empty((0, 4), dtype=np.int64) if cols is None else cols
+        self.db = db  # the database every key of the batch is in
 
     def __len__(self) -> int:
         return len(self.keys)
 
-    def lists(self) -> tuple[list[bytes], list[int], list[int], list[int], list[int]]:
-        """The columns of a batch the reader is filling (lists, to append to)."""
-        return self.keys, self.types, self.sizes, self.expires, self.idles  # type: ignore[return-value]
+    @property
+    def types(self) -> np.ndarray:
+        return self.cols[:, 0]
+
+    @property
+    def sizes(self) -> np.ndarray:
+        return self.cols[:, 1]
+
+    @property
+    def expires(self) -> np.ndarray:
+        return self.cols[:, 2]
+
+    @property
+    def idles(self) -> np.ndarray:
+        return self.cols[:, 3]
+
+
+class _Filling:
+    """A batch being read: key names, the numbers of the keys `RdbReader._fast` read (arrays, a run at a
+    time) and of those `RdbReader._record` read (rows), kept in file order."""
+
+    def __init__(self, db: int) -> None:
+        self.keys: list[bytes] = []
+        self.db = db
+        self.parts: list[np.ndarray] = []
+        self.rows: list[tuple[int, int, int, int]] = []
+
+    def add_run(self, cols: np.ndarray) -> None:
+        self._flush_rows()
+        self.parts.append(cols)
+
+    def add_row(self, key: bytes, row: tuple[int, int, int, int]) -> None:
+        self.keys.append(key)
+        self.rows.append(row)
+
+    def _flush_rows(self) -> None:
+        if self.rows:
+            self.parts.append(np.array(self.rows, dtype=np.int64).reshape(-1, 4))
+            self.rows = []
+
+    def batch(self) -> Batch:
+        self._flush_rows()
+        cols = (self.parts[0] if len(self.parts) == 1 else np.concatenate(self.parts) if self.parts
+                else np.empty((0, 4), dtype=np.int64))
+        return Batch(self.keys, cols, self.db)
 
 
 class RdbReader:
@@ -256,43 +295,41 @@ class RdbReader:
         record; the batches before it are good."""
         if not self.version:
             self.header()
-        out = Batch()
         while True:
+            out = _Filling(self.db)
             try:
                 full = self._run(out)
             except RdbError:
                 if out.keys:  # the keys read before the damage are good: hand them out first
-                    yield out
+                    yield out.batch()
                 raise
             if out.keys:
-                yield out
+                yield out.batch()
             if not full:
                 return
-            out = Batch(db=self.db)
 
-    def _run(self, out: Batch) -> bool:
+    def _run(self, out: _Filling) -> bool:
         """Fill ``out`` until it holds ``batch`` keys (True), the database changes (True) or the file ends
         (False). The common records (strings and single-blob values with short names, small lists: most keys
-        of most servers) go through `_fast`, with no call per key; everything else through `_record`."""
+        of most servers) go through `_fast`, with no call per key; everything else, a record at a time,
+        through `_record` (and so does the key after a per-key opcode `_record` read)."""
         keys = out.keys
         batch = self.batch
         buf, pos = self.buf, self.pos
-        expire = idle = -1
         while len(keys) < batch:
             if pos + _INLINE > len(buf):
                 self.pos = pos
                 self._fill(_INLINE)
                 buf, pos = self.buf, self.pos
-            pos, expire, idle = self._fast(out, buf, pos, expire, idle)
-            if len(keys) >= batch:
-                break
+            if self.expire < 0 and self.idle < 0:  # no per-key opcode pending
+                pos = self._fast(out, buf, pos)
+                if len(keys) >= batch:
+                    break
             self.pos = pos + 1
             if pos >= len(buf):
                 raise RdbError("the file ends without its EOF marker (truncated)", self.offset - 1)
-            self.expire, self.idle = expire, idle
             got = self._record(buf[pos], out)
             buf, pos = self.buf, self.pos
-            expire, idle = self.expire, self.idle
             if got == _EOF:
                 return False
             if got == _NEW_DB and keys:
@@ -300,46 +337,46 @@ class RdbReader:
         self.pos = pos
         return True
 
-    def _fast(self, out: Batch, buf: bytes, pos: int, expire: int, idle: int) -> tuple[int, int, int]:
-        """The common records, with no call per key: an optional EXPIRETIME_MS, IDLE (6/14-bit) or FREQ,
+    def _fast(self, out: _Filling, buf: bytes, pos: int) -> int:
+        """The common records, with little work per key: an optional EXPIRETIME_MS, IDLE (6/14-bit) or FREQ,
         then a string or single-blob value with a short key. Runs while `_INLINE` bytes lie ahead (so a
-        record's prefixes need no bounds checks) and the batch has room; stops at the first record it does
-        not handle, returning (position, pending expire, pending idle) for `_run` to go on from."""
-        keys, types, sizes, expires, idles = out.lists()
-        tables, codes, key_size, u64 = _FAST_TABLES, _TYPE_CODE_LIST, _KEY_SIZE, _U64.unpack_from
+        record's prefixes need no bounds checks) and the batch has room; stops at the start of the first
+        record it does not handle and returns that position. The loop only finds where each record starts
+        and its size; `_columns` then reads the opcodes, types, expiries and idle times of them all at once."""
+        keys = out.keys
+        tables, key_size = _FAST_TABLES, _KEY_SIZE
         end = len(buf)
         safe = end - _INLINE
-        left = self.batch - len(keys)
-        seen_idle = seen_freq = False
-        while left > 0 and pos < safe:
+        starts: list[int] = []
+        sizes: list[int] = []
+        for _ in range(self.batch - len(keys)):
+            if pos >= safe:
+                break
+            start = pos
             t = buf[pos]
             if t == 0xFC:  # EXPIRETIME_MS
-                expire = u64(buf, pos + 1)[0]
                 pos += 9
                 t = buf[pos]
             if t == 0xF8:  # IDLE
                 b = buf[pos + 1]
-                if b < 64:
-                    idle = b
-                    pos += 2
-                elif b < 128:
-                    idle = ((b & 0x3F) << 8) | buf[pos + 2]
-                    pos += 3
-                else:
+                if b >= 128:
+                    pos = start
                     break
-                seen_idle = True
+                pos += 2 if b < 64 else 3
                 t = buf[pos]
             elif t == 0xF9:  # FREQ
-                idle = buf[pos + 1]
                 pos += 2
-                seen_freq = True
                 t = buf[pos]
             table = tables[t]
             kl = buf[pos + 1]
             if kl >= 64 or table is None:
                 if t != 18 or kl >= 64:
+                    pos = start
                     break
                 vsize, q = _inline_quicklist(buf, pos + 2 + kl, end)  # a list
+                if vsize < 0:
+                    pos = start
+                    break
             else:
                 p = pos + 2 + kl
                 b = buf[p]
@@ -349,25 +386,52 @@ class RdbReader:
                     vsize, q = table[buf[p + 2]], p + 3 + buf[p + 1]
                 else:
                     vsize, q = _inline_value(buf, p, table)
-            if vsize < 0:
-                break
+                    if vsize < 0:
+                        pos = start
+                        break
             if q > end:
+                pos = start
                 break
             keys.append(buf[pos + 2:pos + 2 + kl])
-            types.append(codes[t])
             sizes.append(key_size[kl] + vsize)
-            expires.append(expire)
-            idles.append(idle)
-            expire = idle = -1
+            starts.append(start)
             pos = q
-            left -= 1
-        if seen_idle:
-            self.saw_idle = True
-        if seen_freq:
-            self.saw_freq = True
-        return pos, expire, idle
+        if starts:
+            out.add_run(self._columns(buf, starts, sizes))
+        return pos
 
-    def _record(self, t: int, out: Batch) -> int:
+    def _columns(self, buf: bytes, starts: list[int], sizes: list[int]) -> np.ndarray:
+        """The [N, 4] numbers of the records `_fast` found at ``starts``: their optional EXPIRETIME_MS and
+        IDLE / FREQ opcodes and type bytes read with array operations."""
+        b = np.frombuffer(buf, dtype=np.uint8)
+        n = len(starts)
+        at = np.fromiter(starts, dtype=np.int64, count=n)
+        cols = np.full((n, 4), -1, dtype=np.int64)
+        cols[:, 1] = np.fromiter(sizes, dtype=np.int64, count=n)
+        has_exp = b[at] == 0xFC
+        if has_exp.any():
+            first = at[has_exp] + 1
+            raw = b[first[:, None] + _BYTES8]  # the 8 little-endian bytes of each expiry, one row a key
+            cols[has_exp, 2] = raw.view("<u8").ravel().astype(np.int64)
+            at = at + 9 * has_exp
+        op = b[at]
+        nxt = b[at + 1]
+        is_idle, is_freq = op == 0xF8, op == 0xF9
+        if is_idle.any():
+            self.saw_idle = True
+            short = is_idle & (nxt < 64)
+            wide = is_idle & (nxt >= 64)
+            cols[short, 3] = nxt[short]
+            cols[wide, 3] = (nxt[wide].astype(np.int64) & 0x3F) << 8 | b[at[wide] + 2]
+            at = at + np.where(short, 2, 0) + np.where(wide, 3, 0)
+        if is_freq.any():
+            self.saw_freq = True
+            cols[is_freq, 3] = nxt[is_freq]
+            at = at + 2 * is_freq
+        cols[:, 0] = _TYPE_CODE_ARRAY[b[at]]
+        return cols
+
+    def _record(self, t: int, out: _Filling) -> int:
         """One record at ``pos`` (just after its type byte ``t``): a key/value (added to ``out``, with the
         pending ``expire`` / ``idle``) or an opcode. Returns `_EOF`, `_NEW_DB` or 0."""
         if t in TYPE_CODES:
@@ -397,7 +461,7 @@ class RdbReader:
             handler(self)
         return 0
 
-    def _key_value(self, t: int, out: Batch, expire: int, idle: int) -> None:
+    def _key_value(self, t: int, out: _Filling, expire: int, idle: int) -> None:
         start = self.offset - 1
         key = self.string()
         if t == 0:
@@ -408,12 +472,7 @@ class RdbReader:
             if reader is None:
                 raise RdbError(f"value type {t} is not readable (a pre-release module format)", start)
             size = reader(self)
-        keys, types, sizes, expires, idles = out.lists()
-        keys.append(key)
-        types.append(TYPE_CODES[t])
-        sizes.append(key_bytes(len(key)) + size)
-        expires.append(expire)
-        idles.append(idle)
+        out.add_row(key, (TYPE_CODES[t], key_bytes(len(key)) + size, expire, idle))
 
     # ------------------------------------------------------------------ opcodes other than per-key ones
     def _aux(self) -> None:
@@ -592,25 +651,34 @@ _VALUE_READERS: dict[int, Callable[[RdbReader], int]] = {
 
 
 #: sizes of short keys and string values by length (the inline path's lookups)
-def _je_table(n: int) -> list[int]:
-    """``je(i)`` for i < n, a size class at a time (importing stays fast)."""
+def _step_table(f: Callable[[int], int], n: int) -> list[int]:
+    """``f(i)`` for i < n, for a non-decreasing ``f`` with few distinct values (jemalloc size classes): each
+    run of equal values is found by bisection, so importing costs a few hundred calls, not ``n``."""
     out: list[int] = []
     while len(out) < n:
-        size = je(len(out))
-        out += [size] * (min(size + 1, n) - len(out))
+        lo, value = len(out), f(len(out))
+        hi = n  # the first index past the run of ``value`` lies in (lo, hi]
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if f(mid) == value:
+                lo = mid
+            else:
+                hi = mid
+        out += [value] * (hi - len(out))
     return out
 
 
 _KEY_SIZE = [key_bytes(n) for n in range(64)]
-_JE = _je_table(1 << 14)
-_STR_SIZE = [string_bytes(n, False) if n <= 64 else ROBJ + sds(n) for n in range(1 << 14)]
+_JE = _step_table(je, 1 << 14)
+_STR_SIZE = _step_table(lambda n: string_bytes(n, False), 1 << 14)
 _BLOB_SIZE = [ROBJ + x for x in _JE]
 #: by type byte: the value-size table of the value types `_fast` reads as one string (strings, and the
 #: single-blob encodings: listpack, ziplist, intset, zipmap of small hashes, sets and sorted sets), else None
 _FAST_TABLES: list[list[int] | None] = [
     _STR_SIZE if t == 0 else _BLOB_SIZE if t in (9, 11, 12, 13, 16, 17, 20) else None for t in range(256)]
 #: the type codes by type byte (-1: not a value type)
-_TYPE_CODE_LIST = [TYPE_CODES.get(t, -1) for t in range(256)]
+_TYPE_CODE_ARRAY = np.array([TYPE_CODES.get(t, -1) for t in range(256)], dtype=np.int64)
+_BYTES8 = np.arange(8)
 
 
 _QL_BASE = blob_bytes(_QUICKLIST)

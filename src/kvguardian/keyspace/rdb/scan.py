@@ -57,20 +57,16 @@ class _Filter:
 
 
 def _take(b: Batch, idx: list[int] | range) -> Batch:
-    return Batch([b.keys[i] for i in idx], [b.types[i] for i in idx], [b.sizes[i] for i in idx],
-                 [b.expires[i] for i in idx], [b.idles[i] for i in idx], b.db)
+    return Batch([b.keys[i] for i in idx], b.cols[np.asarray(idx, dtype=np.int64)], b.db)
 
 
 def _probe(b: Batch, now_ms: int) -> np.ndarray:
     """The live probe's [N, 4] layout: type code, bytes, PTTL (-1 none, -2 expired by then), idle or freq."""
-    probe = np.empty((len(b), 4), dtype=np.int64)
-    probe[:, 0] = b.types
-    probe[:, 1] = b.sizes
-    exp = np.array(b.expires, dtype=np.int64)
+    probe = b.cols.copy()
+    exp = b.expires
     pttl = np.where(exp >= 0, exp - now_ms, -1)
     pttl[(exp >= 0) & (pttl <= 0)] = -2
     probe[:, 2] = pttl
-    probe[:, 3] = b.idles
     return probe
 
 
