@@ -89,21 +89,10 @@ class Batch:
     def __len__(self) -> int:
         return len(self.keys)
 
-    @property
-    def types(self) -> np.ndarray:
-        return self.cols[:, 0]
-
-    @property
-    def sizes(self) -> np.ndarray:
-        return self.cols[:, 1]
-
-    @property
-    def expires(self) -> np.ndarray:
-        return self.cols[:, 2]
-
-    @property
-    def idles(self) -> np.ndarray:
-        return self.cols[:, 3]
+    types = property(lambda self: self.cols[:, 0], doc="each key's type code")
+    sizes = property(lambda self: self.cols[:, 1], doc="each key's estimated memory in bytes")
+    expires = property(lambda self: self.cols[:, 2], doc="each key's expiry (ms since the epoch), -1: none")
+    idles = property(lambda self: self.cols[:, 3], doc="each key's IDLE seconds or FREQ counter, -1: none")
 
 
 class _Filling:
