@@ -5,13 +5,16 @@ Each program in this folder is standalone (``python tests/corpus/leak_session_di
 after each ``holder:``, a text every KVG102 warning or error chain of it names (one of them).
 """
 
+import logging
+import threading
+
 import torch
 from transformers import DynamicCache
 
 from kvguardian.hf.compat import cache_kwarg, output_cache
 from kvguardian.repro.models import TINY, build_llama
 
-__all__ = ["MODEL", "cache_of", "extend", "generate", "prefill", "prompt"]
+__all__ = ["MODEL", "cache_of", "extend", "generate", "only_to", "prefill", "prompt", "serve_jobs"]
 
 MODEL = build_llama(TINY)
 
@@ -44,3 +47,24 @@ def extend(cache, prefix_ids, i):
     question = torch.randint(0, 100, (1, 4), generator=torch.Generator().manual_seed(1000 + i))
     return MODEL.generate(torch.cat([prefix_ids, question], 1), max_new_tokens=3, do_sample=False,
                           return_dict_in_generate=True, **{cache_kwarg(): cache})
+
+
+def serve_jobs(worker, jobs, done, n, *, threads=2, name=None):
+    """Start ``threads`` daemon ``worker`` threads (they stay alive waiting for work), put request numbers
+    ``0..n-1`` on ``jobs`` and wait until each was released on ``done``."""
+    for t in range(threads):
+        threading.Thread(target=worker, daemon=True, name=f"{name}-{t}" if name else None).start()
+    for i in range(n):
+        jobs.put(i)
+    for _ in range(n):
+        done.acquire()
+    print("served", n)
+
+
+def only_to(name, handler, level):
+    """The logger ``name``, sending its records at ``level`` and above to ``handler`` only."""
+    log = logging.getLogger(name)
+    log.setLevel(level)
+    log.addHandler(handler)
+    log.propagate = False
+    return log

@@ -6,13 +6,10 @@ expect: clean
 import logging
 import logging.handlers
 
-from _serve import generate
+from _serve import generate, only_to
 
 handler = logging.handlers.BufferingHandler(capacity=4)
-log = logging.getLogger("server")
-log.setLevel(logging.INFO)
-log.addHandler(handler)
-log.propagate = False
+log = only_to("server", handler, logging.INFO)
 for i in range(14):
     out = generate(i)
     log.info("request %d: %d tokens", i, out.sequences.shape[-1])

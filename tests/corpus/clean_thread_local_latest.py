@@ -7,7 +7,7 @@ expect: clean
 import queue
 import threading
 
-from _serve import generate
+from _serve import generate, serve_jobs
 
 LOCAL = threading.local()
 LOCK = threading.Lock()
@@ -23,10 +23,4 @@ def worker():
         DONE.release()
 
 
-for _ in range(2):
-    threading.Thread(target=worker, daemon=True).start()
-for i in range(14):
-    JOBS.put(i)
-for _ in range(14):
-    DONE.acquire()
-print("served", 14)
+serve_jobs(worker, JOBS, DONE, 14)

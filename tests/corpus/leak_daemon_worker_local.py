@@ -8,7 +8,7 @@ holder: frame worker()
 import queue
 import threading
 
-from _serve import generate
+from _serve import generate, serve_jobs
 
 JOBS = queue.Queue()
 DONE = threading.Semaphore(0)
@@ -24,9 +24,4 @@ def worker():
         DONE.release()
 
 
-threading.Thread(target=worker, daemon=True, name="batcher").start()
-for i in range(12):
-    JOBS.put(i)
-for _ in range(12):
-    DONE.acquire()
-print("served", 12)
+serve_jobs(worker, JOBS, DONE, 12, threads=1, name="batcher")

@@ -9,7 +9,7 @@ holder: CrashReportHandler.records
 
 import logging
 
-from _serve import generate
+from _serve import generate, only_to
 
 
 class CrashReportHandler(logging.Handler):
@@ -22,10 +22,7 @@ class CrashReportHandler(logging.Handler):
 
 
 CRASH_REPORT = CrashReportHandler()
-log = logging.getLogger("server")
-log.setLevel(logging.DEBUG)
-log.addHandler(CRASH_REPORT)
-log.propagate = False
+log = only_to("server", CRASH_REPORT, logging.DEBUG)
 
 for i in range(12):
     out = generate(i)

@@ -8,7 +8,7 @@ holder: module __main__: LOCAL
 import queue
 import threading
 
-from _serve import generate
+from _serve import generate, serve_jobs
 
 LOCAL = threading.local()
 LOCK = threading.Lock()
@@ -27,10 +27,4 @@ def worker():
         DONE.release()
 
 
-for _ in range(2):
-    threading.Thread(target=worker, daemon=True).start()
-for i in range(16):
-    JOBS.put(i)
-for _ in range(16):
-    DONE.acquire()
-print("served", 16)
+serve_jobs(worker, JOBS, DONE, 16)
