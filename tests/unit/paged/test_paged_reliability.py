@@ -171,19 +171,9 @@ class PoolMachine(RuleBasedStateMachine):
         self.d.decode(data.draw(st.sampled_from(self._open_ids())), token)
 
     @precondition(lambda self: self.d.tokens)
-    @rule(data=st.data())
-    def fork(self, data):
-        self.d.fork(data.draw(st.sampled_from(self._open_ids())))
-
-    @precondition(lambda self: self.d.tokens)
-    @rule(data=st.data())
-    def free(self, data):
-        self.d.free(data.draw(st.sampled_from(self._open_ids())))
-
-    @precondition(lambda self: self.d.tokens)
-    @rule(data=st.data())
-    def preempt(self, data):
-        self.d.preempt(data.draw(st.sampled_from(self._open_ids())))
+    @rule(data=st.data(), op=st.sampled_from(["fork", "free", "preempt"]))
+    def on_open_request(self, data, op):
+        getattr(self.d, op)(data.draw(st.sampled_from(self._open_ids())))
 
     @precondition(lambda self: self.d.preempted)
     @rule(data=st.data())
