@@ -64,7 +64,8 @@ class Attachment:
         if t is None or not self.enabled or self._model() is not model or instrument.compiling():
             return original(model, *args, **kwargs)
         try:
-            _faults.maybe_fail("forward.pre")
+            if _faults.FAULTS:
+                _faults.maybe_fail("forward.pre")
             tokens = (instrument.ACTIVE.set(t), instrument.PENDING.set([]))
         except Exception as exc:
             t.host.fail("forward.pre", exc)
@@ -98,7 +99,8 @@ def _observe_forward(t: HFTracker, tokens: tuple[Any, Any], started: float) -> N
         instrument.PENDING.reset(tokens[1])
         if updates:
             t.on_updates(updates, started)
-        _faults.maybe_fail("forward.post")
+        if _faults.FAULTS:
+            _faults.maybe_fail("forward.post")
     except Exception as exc:
         t.host.fail("forward.post", exc)
 

@@ -189,10 +189,15 @@ def _wrap_update(original: Any, *, base: bool) -> Any:
                 # the returned tensors only matter for a cache with no `layers` list (the generic path); a
                 # quantized cache returns fresh dequantized copies, which must not be kept alive meanwhile
                 ret = out if type(getattr(self, "layers", None)) is not list else None
-                try:  # keep the new keys' shape, dtype and device, not the tensor
-                    key: Any = _new_tuple(KeyInfo, (key_states.shape, key_states.dtype, key_states.device))
-                except Exception:  # not a tensor: keep the object itself
-                    key = key_states
+                key: Any = None
+                if not pending or pending[-1][0] is not self:
+                    # the cache's first update in this forward, the only one whose new keys the tracker may read
+                    # (a request's first update of a cache: its prefill size and init fields); the later ones
+                    # read nothing of the tensor (a torch attribute read costs microseconds between kernels)
+                    try:  # keep the new keys' shape, dtype and device, not the tensor
+                        key = _new_tuple(KeyInfo, (key_states.shape, key_states.dtype, key_states.device))
+                    except Exception:  # not a tensor: keep the object itself
+                        key = key_states
                 pending.append(_new_tuple(CacheUpdate, (self, layer_idx, key, args, kwargs, ret)))
                 return out
         _observed[0] += 1

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any, NamedTuple
+from weakref import ref
 
 from kvguardian.hf.layers import LayerPlan, generic_tensors, iter_plain_tensors, static_filled
 from kvguardian.ledger import NO_FILL, NO_GRAD, EntrySite, Ledger, RequestInfo, Update
@@ -33,7 +34,9 @@ class CacheUpdate(NamedTuple):
 
     cache: Any
     layer_idx: int
-    key_states: Any  # the new tokens' keys, or a `KeyInfo` (their shape, dtype, device) for a deferred update
+    # the new tokens' keys; for a deferred update a `KeyInfo` (their shape, dtype, device) on the cache's first
+    # update in its forward, None on the later ones (a request enters a cache at its first update)
+    key_states: Any
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
     out: Any  # what update() returned; kept only for caches without a `layers` list (the generic path)
@@ -45,16 +48,17 @@ class ObserveEnv(NamedTuple):
     observe_kv: Callable[[Any, Any, tuple[EntrySite, EntrySite], RequestInfo | None, Update], bool]  # Ledger's
     observe: Callable[[Any, EntrySite, RequestInfo | None], Any]  # Ledger.observe
     grad_enabled: Callable[[], bool]  # torch.is_grad_enabled, or a constant False without torch
+    touch_kv: Callable[[tuple[EntrySite, EntrySite], RequestInfo | None, Update], bool]  # Ledger.touch_kv
 
     @classmethod
     def of(cls, ledger: Ledger, grad_enabled: Callable[[], bool]) -> ObserveEnv:
-        return cls(ledger.observe_kv, ledger.observe, grad_enabled)
+        return cls(ledger.observe_kv, ledger.observe, grad_enabled, ledger.touch_kv)
 
 
 class LayerState:
     """What the tracker knows about one layer of one cache: its plan, its observer, where its entries go."""
 
-    __slots__ = ("cls", "extra", "index", "marker", "observe", "plan", "sites")
+    __slots__ = ("cls", "extra", "index", "marker", "observe", "plan", "same", "sites")
 
     def __init__(self, plan: LayerPlan, index: int, sites: tuple[EntrySite, EntrySite]) -> None:
         self.plan = plan
@@ -64,6 +68,9 @@ class LayerState:
         self.sites = sites  # keys' and values' sites: slot (cache id, layer, "k"/"v"), source = the layer class
         self.extra: dict[Any, EntrySite] = {}  # sites of the layer's other tensors (quantized states, generic)
         self.marker: int | None = None  # identity of the quantized states last observed
+        # weak references to the keys and values tensors a static layer's entries were last observed from
+        # (tensor objects: the same objects at the next step are the same storages, not read again)
+        self.same: tuple[Any, Any] | None = None
 
     def site(self, kind: str, slot_tail: Any) -> EntrySite:
         """The site of another tensor of this layer: ``kind``, slot (cache id, layer, ``slot_tail``...)."""
@@ -114,8 +121,17 @@ def observe_static(env: ObserveEnv, ls: LayerState, layer: Any, req: RequestInfo
         c = layer.cumulative_length
         n = c if type(c) is int else None
     cap = layer.max_cache_len
-    update = Update(min(n, cap) if n is not None else None, cap, env.grad_enabled())
+    grad_on = env.grad_enabled()
+    update = Update(min(n, cap) if n is not None else None, cap, grad_on)
+    same = ls.same
+    # the tensors observed last, written in place: with grad mode off nothing about them can have changed that
+    # the ledger reads (storage, shape, requires_grad), so only the fill, the time and the append are recorded
+    if (same is not None and not grad_on and same[0]() is keys and same[1]() is values
+            and env.touch_kv(ls.sites, req, update)):
+        return None
     grad = env.observe_kv(keys, values, ls.sites, req, update)
+    if values is not None and not grad_on:
+        ls.same = (ref(keys), ref(values))
     return _grad_tensor(keys, values) if grad else None
 
 

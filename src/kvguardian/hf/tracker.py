@@ -102,15 +102,18 @@ class HFTracker:
         ``started`` (the forward's start) stands for the time of each update when a request's first-token
         latency is measured."""
         self._event_time = started
+        ledger = self.ledger
+        ledger.begin_batch()
         try:
-            with self.ledger.observe_batch():
-                for u in updates:
-                    try:
-                        self.on_update(u)
-                    except Exception as exc:
-                        self.host.fail("cache.update", exc)
+            on_update = self.on_update
+            for u in updates:
+                try:
+                    on_update(u)
+                except Exception as exc:
+                    self.host.fail("cache.update", exc)
         finally:
             self._event_time = None
+            ledger.end_batch()
 
     def on_update(self, u: CacheUpdate) -> None:
         """After ``cache.update(key_states, value_states, layer_idx, *args, **kwargs)`` returned ``out``."""

@@ -74,6 +74,7 @@ class Ledger:
                                  clock=clock)
         self._tensors = TensorEntries(self._table)
         self._observe_tensor = self._tensors.observe  # bound once: observe_kv runs per layer per decode step
+        self._touch_tensors = self._tensors.touch
         self._series: deque[tuple[float, str, int]] = deque(maxlen=series_capacity)
         self._grad_obs: deque[dict[str, Any]] = deque(maxlen=256)
         self.instrumentation_errors: Counter[str] = Counter()
@@ -198,26 +199,50 @@ class Ledger:
             lock.release()
         return grad
 
+    def touch_kv(self, sites: tuple[EntrySite, EntrySite], request: RequestInfo | None,
+                 update: Update = NO_FILL) -> bool:
+        """`observe_kv` of a layer whose keys and values are the very tensor objects the source observed last
+        (a static cache's, written in place; grad mode off): the entries' fill, time and append, without reading
+        the tensors. Returns False, changing nothing, when either entry's storage is gone or the slot has none:
+        then the source calls `observe_kv`."""
+        lock = self._lock
+        lock.acquire()
+        try:
+            return self._touch_tensors(sites, request, update, self._clock())
+        finally:
+            lock.release()
+
     @contextlib.contextmanager
     def observe_batch(self) -> Iterator[None]:
         """Observe several slots' updates (one forward's layers) before applying the releases that happened
-        meanwhile. A forward replaces every layer's storage before its updates are observed; applying the
-        old storages' releases at the first observation would close the other layers' entries and open new
-        ones, where observing first lets each entry continue with its new storage."""
-        table = self._table
-        with self._lock:
-            table.batch += 1
+        meanwhile (`begin_batch` ... `end_batch`). A forward replaces every layer's storage before its updates
+        are observed; applying the old storages' releases at the first observation would close the other
+        layers' entries and open new ones, where observing first lets each entry continue with its new
+        storage."""
+        self.begin_batch()
         try:
             yield
         finally:
-            with self._lock:
-                table.batch -= 1
-                if not table.batch:
-                    if self._releases.freed:
-                        table.drain()
-                    now, timeline = self._clock(), self._timeline  # once per forward: the interval sample,
-                    if now >= timeline.next_due:  # if due (tick() inlined)
-                        timeline.take(now, table.totals)
+            self.end_batch()
+
+    def begin_batch(self) -> None:
+        """`observe_batch` without the context-manager protocol (the per-forward path: a generator's set-up
+        costs as much as a layer's observation there); every call is paired with one `end_batch`."""
+        with self._lock:
+            self._table.batch += 1
+
+    def end_batch(self) -> None:
+        """The end of a `begin_batch`: the outermost one applies the releases and takes the interval sample,
+        if due."""
+        with self._lock:
+            table = self._table
+            table.batch -= 1
+            if not table.batch:
+                if self._releases.freed:
+                    table.drain()
+                now, timeline = self._clock(), self._timeline  # once per forward: the interval sample,
+                if now >= timeline.next_due:  # if due (tick() inlined)
+                    timeline.take(now, table.totals)
 
     def set_filled(self, slots: Iterable[Hashable], filled_tokens: int) -> None:
         """The entries filling ``slots`` hold ``filled_tokens`` tokens now (a source read its counters)."""

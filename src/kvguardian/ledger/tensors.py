@@ -52,6 +52,46 @@ class TensorEntries:
             self.table.touch(rec, request, now)
         return rec
 
+    def touch(self, sites: tuple[EntrySite, EntrySite], request: RequestInfo | None, update: Update,
+              now: float) -> bool:
+        """The next observation of both sites' entries where the source knows their tensors are the very objects
+        it observed last (a static cache's preallocated keys and values, written in place, with grad mode off):
+        the fill, the time and the append, without reading the tensors again. False, changing nothing, when
+        either slot has no entry whose storage is alive: the caller observes the tensors instead."""
+        slots = self._slots
+        rk = slots.get(sites[0].slot)
+        rv = slots.get(sites[1].slot)
+        if rk is None or rv is None:
+            return False
+        wk, wv = rk.wref, rv.wref
+        if wk is None or wv is None or wk() is None or wv() is None:
+            return False
+        filled = update.filled_tokens
+        owner = request.request_id if request is not None else None
+        for rec in (rk, rv):
+            if filled is not None and filled != rec.filled_tokens:
+                self._fill(rec, filled)
+            rec.last_access = now
+            if rec.appends and (owner is None or rec.request_id == owner):
+                rec.appends += 1  # as in observe: an append by the owner, only counted
+                self._events.appends += 1
+            else:
+                self.table.touch(rec, request, now)
+        return True
+
+    def _fill(self, rec: Record, filled: int) -> None:
+        """``rec``'s storage holds ``filled`` tokens now (not None, and not what it held); its view's size did not
+        change."""
+        old, cap = rec.filled_tokens, rec.capacity_tokens
+        if cap and old is not None:
+            # a static cache's next tokens, every step: StateTotals.refill inlined (a call costs more)
+            size = rec.storage_bytes
+            self._totals.unused += size * (old if old < cap else cap) // cap - size * (
+                filled if filled < cap else cap) // cap
+            rec.filled_tokens = filled
+        else:
+            self._totals.refill(rec, rec.storage_bytes, rec.logical_bytes, filled)
+
     def _continue(self, rec: Record, tensor: Any, storage: Any, ptr: int, update: Update) -> bool:
         """The fast path of a slot's next observation: the slot's entry ``rec`` goes on with this tensor. False
         when it cannot (a storage already tracked elsewhere, or the slot's previous storage still alive - a new
@@ -67,15 +107,7 @@ class TensorEntries:
             if nb != rec.logical_bytes:
                 self._totals.refill(rec, rec.storage_bytes, nb, filled)  # the unused bytes follow
             elif filled is not None and filled != rec.filled_tokens:
-                old, cap = rec.filled_tokens, rec.capacity_tokens
-                if cap and old is not None:
-                    # a static cache's next tokens, every step: StateTotals.refill inlined (a call costs more)
-                    size = rec.storage_bytes
-                    self._totals.unused += size * (old if old < cap else cap) // cap - size * (
-                        filled if filled < cap else cap) // cap
-                    rec.filled_tokens = filled
-                else:
-                    self._totals.refill(rec, rec.storage_bytes, nb, filled)
+                self._fill(rec, filled)
             if update.grad_enabled and tensor.requires_grad:
                 rec.grad = True
             return True

@@ -299,8 +299,8 @@ def test_versions_and_bad_input(tiny_model):
 def counting_guard():
     """A guard whose ledger counts the observations the tracker's observers make, and the tensors in them."""
     g = Guard()
-    calls = {"observe_kv": 0, "observe": 0, "tensors": 0}
-    observe_kv, observe = g.ledger.observe_kv, g.ledger.observe
+    calls = {"observe_kv": 0, "observe": 0, "touch_kv": 0, "tensors": 0}
+    observe_kv, observe, touch_kv = g.ledger.observe_kv, g.ledger.observe, g.ledger.touch_kv
 
     def counted_kv(keys, values, *args):
         calls["observe_kv"] += 1
@@ -312,14 +312,20 @@ def counting_guard():
         calls["tensors"] += 1
         return observe(tensor, *args)
 
-    g.ledger.observe_kv, g.ledger.observe = counted_kv, counted  # the instance's: what the observers call
+    def counted_touch(*args):  # the same tensors as last time: none read
+        calls["touch_kv"] += 1
+        return touch_kv(*args)
+
+    # the instance's: what the observers call
+    g.ledger.observe_kv, g.ledger.observe, g.ledger.touch_kv = counted_kv, counted, counted_touch
     return g, calls
 
 
 @pytest.mark.parametrize("impl", ["dynamic", "static"])
 def test_hooks_do_not_change_results_and_cost_o1_per_layer(tiny_model, impl):
-    """One tracker call per layer per forward, and per call one paired ledger observation of two tensors, however
-    long the sequence is: nothing walks the cache."""
+    """One tracker call per layer per forward, and per call one paired ledger observation, of two tensors or (a
+    static cache's decode steps: the same tensor objects, grad mode off) of none, however long the sequence is:
+    nothing walks the cache."""
     layers = tiny_model.config.num_hidden_layers
     kw = {"cache_implementation": "static"} if impl == "static" else {}
     per_update = {}
@@ -336,4 +342,8 @@ def test_hooks_do_not_change_results_and_cost_o1_per_layer(tiny_model, impl):
         assert torch.equal(plain, guarded)
         assert updates == layers * new_tokens  # 1 prefill + (new_tokens - 1) decode forwards, every layer
         per_update[new_tokens] = {k: v / updates for k, v in calls.items()}
-    assert per_update[4] == per_update[40] == {"observe_kv": 1.0, "observe": 0.0, "tensors": 2.0}
+    for new_tokens, per in per_update.items():
+        # the prefill reads both tensors of every layer; a static cache's decode steps read none
+        touched = (new_tokens - 1) / new_tokens if impl == "static" else 0.0
+        assert per == pytest.approx({"observe_kv": 1.0 - touched, "touch_kv": touched, "observe": 0.0,
+                                     "tensors": 2.0 * (1.0 - touched)})

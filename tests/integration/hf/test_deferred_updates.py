@@ -48,10 +48,11 @@ def test_pending_updates_keep_no_tensors_alive(tiny_model, make):
         g.detach()
     layers = tiny_model.config.num_hidden_layers
     assert len(seen) == 1 and len(seen[0]) == layers  # one pending update per layer, none observed yet
-    for key_type, returned, big_args in seen[0]:
-        # the new keys are summarised (shape, dtype, device), not held; a quantized cache's dequantized copies
-        # (what update() returns) are not held either: the model's peak memory is unchanged
-        assert key_type is instrument.KeyInfo
+    for i, (key_type, returned, big_args) in enumerate(seen[0]):
+        # the new keys are summarised (shape, dtype, device) on the cache's first update in the forward, the one
+        # where a request enters it, and not read at all on the others; never held. A quantized cache's
+        # dequantized copies (what update() returns) are not held either: the model's peak memory is unchanged
+        assert key_type is (instrument.KeyInfo if i == 0 else type(None))
         assert returned is None
         assert big_args == []
 
