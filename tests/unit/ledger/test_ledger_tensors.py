@@ -76,7 +76,7 @@ def test_touch_kv_records_what_observe_kv_records_for_the_same_tensors():
 def test_touch_kv_changes_nothing_when_a_storage_is_gone():
     """A slot whose storage was freed (or never observed): False, nothing recorded - the source observes the
     tensors instead."""
-    led, k, v, _ = _observed_twice(True)
+    led, k, _v, _ = _observed_twice(True)
     before = led.snapshot().event_counts
     del k  # the keys' storage is freed
     from kvguardian.ledger import Update
