@@ -22,6 +22,7 @@ from kvguardian.detectors import DetectContext, run_all
 from kvguardian.detectors.stale_generation import stale_records
 from kvguardian.findings import Report
 from kvguardian.ledger import EntryState, LedgerSnapshot
+from kvguardian.sources.host import chain_hints
 
 if TYPE_CHECKING:
     from kvguardian.retention import RetentionMonitor
@@ -65,15 +66,18 @@ def holder_chains(snap: LedgerSnapshot, scope: RequestScope, options: CheckOptio
     from kvguardian.tensors.holders import find_holder_chains
 
     seeds, suffixes = _seeds(scope, snap)
+    hints = chain_hints(scope.sources(), [r for r in snap.records if r.state is EntryState.ORPHANED])
     chains = find_holder_chains(
         [k for k in keys if isinstance(k, int) and k not in seeds],
         seeds=seeds,
         exclude=scope.auditor_objects(),
+        hints=hints,
         max_seconds=options.holder_search_seconds,
         redact=options.redact,
         collect=False,
     )
-    seeds.clear()  # the live caches: not kept past the search
+    seeds.clear()  # the live caches and the hints: not kept past the search
+    hints.clear()
     for key, suffix in suffixes.items():
         ch = chains.get(key)
         if ch is not None and ch.steps:

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from kvguardian.ledger import EntryState, LedgerSnapshot, Record
+from kvguardian.sources.host import chain_hints
 
 if TYPE_CHECKING:
     from kvguardian.sources.host import SourceHost
@@ -198,9 +199,9 @@ class RetentionMonitor:
             self.sample_seconds += time.monotonic() - t0
             self.sample_cpu_seconds += time.process_time() - c0
 
-    def _orphan_seeds(self, host: SourceHost) -> tuple[dict[Any, Any], dict[Any, str], dict[str, Any]]:
+    def _orphan_seeds(self, host: SourceHost) -> tuple[dict[Any, Any], dict[Any, str], dict[str, Any], list[Any]]:
         """Search starts for the orphaned requests: storage key -> its cache (or None for KV without a known
-        cache), key -> owner, owner -> weak ref to its cache."""
+        cache), key -> owner, owner -> weak ref to its cache, and the search hints (what they returned)."""
         snap = host.ledger.snapshot()
         first: dict[str, Record] = {}
         for rec in snap.records:
@@ -216,24 +217,26 @@ class RetentionMonitor:
         for source in host.sources():  # the live caches the sources know (the transformers source's)
             found, _ = source.chain_seeds(chosen)
             caches.update(found)
+        hints = chain_hints(host.sources(), chosen)
         seeds = {r.key: caches.get(r.key) for r in chosen}
         refs = {r.request_id: _weak(caches.get(r.key)) for r in chosen if r.request_id is not None}
-        return seeds, {r.key: str(r.request_id) for r in chosen}, refs
+        return seeds, {r.key: str(r.request_id) for r in chosen}, refs, hints
 
     def _sample(self, host: SourceHost) -> None:
         if "torch" not in sys.modules:
             return
         from kvguardian.tensors.holders import find_holder_chains
 
-        seeds, owner_of, refs = self._orphan_seeds(host)
+        seeds, owner_of, refs, hints = self._orphan_seeds(host)
         if len(seeds) < 2:
             return
         cached = {k: o for k, o in seeds.items() if o is not None}
         loose = [k for k, o in seeds.items() if o is None]
         seeds.clear()
-        chains = find_holder_chains(loose, seeds=cached, exclude=host.auditor_objects(), collect=False,
+        chains = find_holder_chains(loose, seeds=cached, exclude=host.auditor_objects(), hints=hints, collect=False,
                                     all_threads=False, light=True, max_objects=_SAMPLE_OBJECTS, redact=True)
         cached.clear()
+        hints.clear()
         by_owner = {owner_of[k]: ch for k, ch in chains.items() if k in owner_of}
         cols = _collections_of(by_owner)
         count = Counter(n for ns in cols.values() for n in set(ns))

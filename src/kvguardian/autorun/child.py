@@ -231,8 +231,9 @@ def finish() -> None:
     try:
         path = os.path.join(folder, f"report-{os.getpid()}.json")
         tmp = path + ".tmp"
+        text = json.dumps(payload, default=str)  # dumps, not dump: json.dump encodes in Python, dumps in C
         with open(tmp, "w") as fh:
-            json.dump(payload, fh, default=str)
+            fh.write(text)
         os.replace(tmp, path)
     except OSError as exc:
         _say(f"could not write the audit report: {exc}")

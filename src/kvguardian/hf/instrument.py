@@ -43,7 +43,6 @@ from kvguardian.hf.roles import cache_role, note_roles
 
 if TYPE_CHECKING:
     from kvguardian.hf.tracker import HFTracker
-    from kvguardian.sources.host import SourceHost
 
 __all__ = [
     "ACTIVE",
@@ -384,26 +383,33 @@ def _wrap_generate(original: Any) -> Any:
         tracker = _generate_tracker(self)
         if tracker is None or tracker.host.current_request() is not None or _compiling():
             return original(self, *args, **kwargs)
-        return _generate_as_request(tracker.host, original, (self, *args), kwargs)
+        return _generate_as_request(tracker, original, (self, *args), kwargs)
 
     generate.__kvguardian_original__ = original  # type: ignore[attr-defined]
     return generate
 
 
-def _generate_as_request(host: SourceHost, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """Run ``fn`` (a generate call) as one implicit request of ``host``."""
+def _generate_as_request(tracker: HFTracker, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Run ``fn`` (a generate call) as one implicit request of the tracker's host; what it returns is noted
+    (weakly) as where the request's cache is likely held."""
+    host = tracker.host
     opened = None
+    result = None
     try:
         _faults.maybe_fail("generate.enter")
         opened = host.begin_implicit("generate")
     except Exception as exc:
         host.fail("generate.enter", exc)
     try:
-        return fn(*args, **kwargs)
+        result = fn(*args, **kwargs)
+        return result
     finally:
         if opened is not None:
             try:
                 _faults.maybe_fail("generate.exit")
+                if result is not None:
+                    tracker.note_result(opened.info, result)
+                result = None
                 host.end_implicit(opened)
             except Exception as exc:
                 host.fail("generate.exit", exc)

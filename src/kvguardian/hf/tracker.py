@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import itertools
 import statistics
+import sys
 import weakref
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +31,8 @@ if TYPE_CHECKING:
 __all__ = ["CacheState", "HFTracker"]
 
 _labels = itertools.count(1)
+
+_MAX_RESULTS = 4_096  # requests whose result (weakly) is remembered as a holder-search hint
 
 #: why a cache goes through the generic path (KVG107)
 _GENERIC = "the cache has no `layers` list: the tensors returned by update() are audited per layer"
@@ -64,6 +67,8 @@ class HFTracker:
         self._on_dead = self._make_on_dead()
         self.lifecycle = Lifecycle(self.ledger, reuse if reuse is not None else ReuseWindow(clock=self._clock),
                                    self.caches, self._now)
+        # request id -> weak reference to what its generate() returned (it holds the cache): search hints
+        self._results: OrderedDict[str, weakref.ref[Any]] = OrderedDict()
         self.skipped: dict[str, str] = {}  # layer class -> reason it holds no KV
         self.notes: dict[str, str] = {}
         self.updates = 0
@@ -325,6 +330,36 @@ class HFTracker:
             suffixes[rec.key] = [f"{type(cache).__name__}.layers", f"list[{slot[1]}]", *tail,
                                  f"Tensor[{shape}] {rec.dtype.replace('torch.', '')}"]
         return seeds, suffixes
+
+    def note_result(self, info: RequestInfo, result: Any) -> None:
+        """What request ``info`` returned to the program (a generate output, which holds its cache), remembered
+        by weak reference (the latest `_MAX_RESULTS`) as a hint for the holder search. A tensor or an object
+        without weak references is not remembered."""
+        torch = sys.modules.get("torch")
+        if torch is not None and isinstance(result, torch.Tensor):  # a tensor of tokens holds no cache
+            return
+        try:
+            ref = weakref.ref(result)
+        except TypeError:
+            return
+        self._results[info.request_id] = ref
+        while len(self._results) > _MAX_RESULTS:
+            self._results.popitem(last=False)
+
+    def chain_hints(self, records: Any) -> list[Any]:
+        """The live results of the requests that own ``records``: objects likely to hold their caches."""
+        out: list[Any] = []
+        seen: set[str | None] = set()
+        for rec in records:
+            rid = rec.request_id
+            if rid in seen:
+                continue
+            seen.add(rid)
+            ref = self._results.get(rid) if rid is not None else None
+            obj = ref() if ref is not None else None
+            if obj is not None:
+                out.append(obj)
+        return out
 
     # ------------------------------------------------------------------ crop / reset
     def on_evict(self, cache: Any, detail: str) -> None:

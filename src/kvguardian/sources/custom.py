@@ -201,6 +201,9 @@ class ModuleTracker:
     def chain_seeds(self, records: Any) -> tuple[dict[Any, Any], dict[Any, list[str]]]:
         return {}, {}
 
+    def chain_hints(self, records: Any) -> list[Any]:
+        return []
+
     def remove(self) -> None:
         self._handle.remove()
         host = self._host()

@@ -73,3 +73,39 @@ def test_the_tracker_is_a_source_of_its_host():
     scope = RequestScope(Ledger())
     tracker = HFTracker(scope)
     assert scope.sources() == (tracker,) and tracker in scope.auditor_objects()
+
+
+class Result:
+    """What a generate call returns: it holds the cache."""
+
+    def __init__(self, cache):
+        self.past_key_values = cache
+
+
+def test_a_request_result_is_a_weak_bounded_search_hint():
+    """What a request returned (noted by the generate wrapper) comes back as a hint for its records, weakly: a
+    freed result is no hint, a tensor result none at all, and only the latest results are remembered."""
+    from kvguardian.hf import tracker as tracker_mod
+
+    scope = RequestScope(Ledger(), strict=True)
+    tracker = HFTracker(scope)
+    cache = ListCache()
+    with scope.request("u") as info:
+        drive(tracker, cache)
+    kept = Result(cache)
+    tracker.note_result(info, kept)
+    records = [r for r in scope.snapshot().records if r.request_id == "u"]
+    assert tracker.chain_hints(records) == [kept]  # one per request, however many records it owns
+    del kept
+    gc.collect()
+    assert tracker.chain_hints(records) == []  # weak: the auditor keeps no result alive
+    with scope.request("t") as t_info:
+        pass
+    tracker.note_result(t_info, torch.zeros(2))  # generated token ids hold no cache
+    assert "t" not in tracker._results
+    held = [Result(None) for _ in range(tracker_mod._MAX_RESULTS + 5)]
+    for n, r in enumerate(held):
+        with scope.request(f"r{n}") as i:
+            pass
+        tracker.note_result(i, r)
+    assert len(tracker._results) == tracker_mod._MAX_RESULTS and "r0" not in tracker._results

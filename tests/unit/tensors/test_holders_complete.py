@@ -258,3 +258,65 @@ def test_numpy_arrays_on_kv_memory_are_holders_though_the_gc_does_not_track_them
         c = chains[k]
         assert c.complete and c.steps[0] == head, c.render()
         assert "ndarray.base" in c.steps, c.render()
+
+
+class Output:
+    """What a request returns: an object holding the request's cache (as a generate output does)."""
+
+    def __init__(self, cache):
+        self.past_key_values = cache
+
+
+def _scans(monkeypatch):
+    import sys
+
+    search_mod = sys.modules["kvguardian.tensors.holders.search"]
+    real = search_mod._referrers
+    calls = []
+
+    def counted(lv):
+        calls.append(len(lv.frontier))
+        return real(lv)
+
+    monkeypatch.setattr(search_mod, "_referrers", counted)
+    return calls
+
+
+def _sessions(app, n):
+    app.SESSIONS = {}
+    for i in range(n):
+        out = Output([kv()])
+        vars(out)  # the instance dict exists (as for most objects): one more object between output and cache
+        app.SESSIONS[f"s{i}"] = out
+
+
+def _seeds(app):
+    return {storage_key(o.past_key_values[0]): o.past_key_values for o in app.SESSIONS.values()}
+
+
+def test_hints_save_a_heap_scan_and_change_no_chain(app, monkeypatch):
+    """Hints (what each request returned) join the first level: the same chains, fewer heap scans; a wrong
+    hint (an object holding nothing of the starts) changes nothing either."""
+    _sessions(app, 6)
+    keys = list(_seeds(app))
+    calls = _scans(monkeypatch)
+    plain = find_holder_chains(keys, seeds=_seeds(app))
+    without = len(calls)
+    calls.clear()
+    hinted = find_holder_chains(keys, seeds=_seeds(app), hints=list(app.SESSIONS.values()))
+    with_hints = len(calls)
+    calls.clear()
+    wrong = find_holder_chains(keys, seeds=_seeds(app), hints=[Output(None) for _ in range(6)])
+    assert all(plain[k].complete and plain[k].steps[0] == "module complete_app: SESSIONS" for k in keys)
+    assert [hinted[k].steps for k in keys] == [plain[k].steps for k in keys]
+    assert [wrong[k].steps for k in keys] == [plain[k].steps for k in keys]
+    assert without == 3 and with_hints == 1 and len(calls) == without  # list ← __dict__ ← Output ← SESSIONS
+
+
+def test_a_hint_never_hides_a_shorter_chain(app):
+    """The hinted holder is a long way round; a module global holds the cache directly: the global wins."""
+    _sessions(app, 1)
+    app.DIRECT = app.SESSIONS["s0"].past_key_values
+    key = storage_key(app.DIRECT[0])
+    chain = find_holder_chains([key], seeds={key: app.DIRECT}, hints=[app.SESSIONS["s0"]])[key]
+    assert chain.complete and chain.steps[0] == "module complete_app: DIRECT"

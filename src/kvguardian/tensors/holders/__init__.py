@@ -57,6 +57,7 @@ def find_holder_chains(
     *,
     seeds: dict[Any, Any] | None = None,
     exclude: Iterable[object] = (),
+    hints: Iterable[Any] = (),
     options: SearchOptions | None = None,
     **fields: Any,
 ) -> dict[Any, HolderChain]:
@@ -65,7 +66,9 @@ def find_holder_chains(
     Returns a chain for every target; a target no Python root reaches has ``complete=False`` and says why
     (held from C, naming the nearest Python objects; or the budget ran out). With ``seeds`` (key -> object),
     the search starts from those objects (e.g. the caches that hold the KV) instead of scanning the heap for
-    the tensors. ``fields`` are `SearchOptions` fields (``max_seconds=``, ``redact=``, ...).
+    the tensors. ``hints`` are objects likely to hold the starts (what each request returned): expanded with
+    the first level, they save a heap scan when right and cost nothing to the result when wrong. ``fields``
+    are `SearchOptions` fields (``max_seconds=``, ``redact=``, ...).
     """
     opts = replace(options or SearchOptions(), **fields)
     seeds = seeds or {}
@@ -78,15 +81,18 @@ def find_holder_chains(
     starts = find_starts(targets, seeds, time.monotonic() + opts.max_seconds / 2)
     roots = collect_roots(all_threads=opts.all_threads, own_dir=_PKG_DIR)
     graph = Graph()
+    likely = list(hints)
     try:
-        fence = Fence(exclude=exclude, internal=(id(seeds), id(starts), id(starts.by_key), id(targets)),
+        fence = Fence(exclude=exclude, internal=(id(seeds), id(starts), id(starts.by_key), id(targets), id(likely),
+                                                 id(hints)),
                       own_dir=_PKG_DIR)
-        graph = search(starts.objects, roots, budget, fence)
+        graph = search(starts.objects, roots, budget, fence, likely)
         dist, via = root_distances(graph)
         return {key: _chain_for(key, starts, graph, (dist, via),
                                 PathView([], graph.objs, None, redact=opts.redact, light=opts.light))
                 for key in targets}
     finally:
+        likely.clear()
         graph.clear()
         roots.clear()
         starts.objects.clear()

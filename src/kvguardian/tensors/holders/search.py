@@ -9,6 +9,13 @@ order, the shortest chain from a real root to every start, the same on an idle a
 The search stops when every start's chain is proven shortest (no shorter one can exist at a deeper level),
 when nothing is left to expand, or when the budget of visited objects runs out (a wall-clock bound is only
 a safety net): a chain cut by the budget says so.
+
+Each heap scan costs about the same whatever the frontier, so the caller may pass *hints*: objects it
+expects above the starts (what a request returned to the program, which holds its cache). They join the
+first level, so one scan asks for the referrers of the starts and of their likely parents at once. A hint
+only adds references that exist; a chain is proven shortest from what was actually expanded (every
+ancestor of the start closer than its chain's length), so a wrong hint costs one frontier object, never a
+wrong chain.
 """
 
 from __future__ import annotations
@@ -97,14 +104,16 @@ class _Level:
     budget: Budget = field(default_factory=Budget)
     deadline: float = 0.0
     starts: dict[int, Any] = field(default_factory=dict)
+    expanded: set[int] = field(default_factory=set)  # ids whose referrers were asked for
 
     def own(self, container: Any) -> None:
         self.internal.add(id(container))
         self.keep.append(container)
 
 
-def search(starts: dict[int, Any], roots: Roots, budget: Budget, fence: Fence) -> Graph:
-    """Search backwards from ``starts`` (id -> object) until each start's shortest chain is known."""
+def search(starts: dict[int, Any], roots: Roots, budget: Budget, fence: Fence, hints: Iterable[Any] = ()) -> Graph:
+    """Search backwards from ``starts`` (id -> object) until each start's shortest chain is known; ``hints``
+    (objects likely above the starts) are expanded with the first level."""
     graph = Graph()
     graph.objs.update(starts)
     frontier = list(starts.values())
@@ -112,14 +121,14 @@ def search(starts: dict[int, Any], roots: Roots, budget: Budget, fence: Fence) -
                 {id(o) for o in fence.exclude}, fence.own_dir, unexpanded=dict(starts), budget=budget,
                 deadline=time.monotonic() + budget.max_seconds, starts=starts)
     unexpanded = lv.unexpanded
-    lv.internal.update((id(lv), id(unexpanded)))
+    lv.internal.update((id(lv), id(unexpanded), id(lv.expanded)))
     lv.own(lv.keep)
+    _take_hints(hints, frontier, lv, graph)
     for o in frontier:
         _label_if_rooted(o, graph, roots)
-    depth = 0
     for second_pass in (False, True):
-        depth = _levels(frontier, lv, graph, roots, depth)
-        unfinished = _unfinished(graph, starts, depth)
+        _levels(frontier, lv, graph, roots)
+        unfinished = _unfinished(graph, starts, lv.expanded)
         if second_pass or graph.stopped_at is not None or not _parentless(graph, _ancestors(graph, unfinished)):
             break
         # an unproven start, or an object above it, that nothing in Python refers to: look once for holders the
@@ -135,8 +144,21 @@ def search(starts: dict[int, Any], roots: Roots, budget: Budget, fence: Fence) -
     return graph
 
 
-def _levels(frontier: list[Any], lv: _Level, graph: Graph, roots: Roots, depth: int) -> int:
-    """Expand level by level from ``frontier`` until every start is proven or the budget ends; the depth."""
+def _take_hints(hints: Iterable[Any], frontier: list[Any], lv: _Level, graph: Graph) -> None:
+    """Each hint joins the first level, with the plain dicts it refers to (its instance ``__dict__`` when one
+    exists: read with ``gc.get_referents``, never materialised), which sit between it and what it holds."""
+    for h in hints:
+        for o in (h, *(d for d in gc.get_referents(h) if type(d) is dict)):
+            if len(frontier) >= _BULK:  # a hint must not turn the first level into the slower bulk pass
+                return
+            if id(o) not in graph.objs and id(o) not in lv.internal and id(o) not in lv.exclude:
+                graph.objs[id(o)] = o
+                frontier.append(o)
+                lv.unexpanded[id(o)] = o
+
+
+def _levels(frontier: list[Any], lv: _Level, graph: Graph, roots: Roots) -> None:
+    """Expand level by level from ``frontier`` until every start is proven or the budget ends."""
     budget, unexpanded, starts = lv.budget, lv.unexpanded, lv.starts
     while frontier:
         if len(graph.objs) >= budget.max_objects or time.monotonic() > lv.deadline:
@@ -146,18 +168,17 @@ def _levels(frontier: list[Any], lv: _Level, graph: Graph, roots: Roots, depth: 
             break
         for o in frontier:
             unexpanded.pop(id(o), None)
+            lv.expanded.add(id(o))
         lv.frontier = frontier
         lv.ids = {id(o) for o in frontier}
         lv.own(frontier)
         for o in _expand(lv, graph, roots):
             unexpanded[id(o)] = o
-        depth += 1
-        open_starts = _unfinished(graph, starts, depth)
+        open_starts = _unfinished(graph, starts, lv.expanded)
         if not open_starts:
             break
         wanted = _ancestors(graph, open_starts)
         frontier = [o for i, o in unexpanded.items() if i in wanted]
-    return depth
 
 
 def _label_if_rooted(obj: Any, graph: Graph, roots: Roots) -> None:
@@ -250,12 +271,30 @@ def root_distances(graph: Graph) -> tuple[dict[int, int], dict[int, int]]:
     return dist, via
 
 
-def _unfinished(graph: Graph, starts: dict[int, Any], proven: int) -> set[int]:
-    """Starts whose shortest chain is not proven yet: none found of length <= ``proven``. After ``n`` levels
-    every chain of length <= n whose top a root holds directly is known (tops are labelled when found);
-    one whose top sits in a namespace dict is known a level later, so it can only tie, never be shorter."""
+def _unfinished(graph: Graph, starts: dict[int, Any], expanded: set[int]) -> set[int]:
+    """Starts whose shortest chain is not proven yet. A start's chain of length d is proven when every
+    ancestor closer than d was expanded: then every chain of length <= d whose top a root holds directly is
+    known (tops are labelled when found); one whose top sits in a namespace dict is known a level later, so
+    it can only tie, never be shorter. (Level by level, after n levels that is "a chain of length <= n".)"""
     dist, _ = root_distances(graph)
-    return {s for s in starts if dist.get(s, proven + 1) > proven}
+    return {s for s in starts if s not in dist or not _expanded_below(graph, s, dist[s], expanded)}
+
+
+def _expanded_below(graph: Graph, start: int, depth: int, expanded: set[int]) -> bool:
+    """Whether every ancestor of ``start`` less than ``depth`` references above it was expanded."""
+    level = [start]
+    seen = {start}
+    for _ in range(depth):
+        nxt = []
+        for n in level:
+            if n not in expanded:
+                return False
+            for p in graph.parents.get(n, ()):
+                if p not in seen:
+                    seen.add(p)
+                    nxt.append(p)
+        level = nxt
+    return True
 
 
 def _parentless(graph: Graph, nodes: set[int]) -> bool:
