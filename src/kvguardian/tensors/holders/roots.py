@@ -151,6 +151,7 @@ def index_globals() -> None:
     """Remember which objects are module globals, so that one found by the search is known to be held by a
     root the moment it is found (one heap scan less per search). Each use checks the global still is it."""
     _globals.clear()
+    _unnamed_classes.clear()
     for name, m in sorted(list(sys.modules.items()), key=lambda kv: (kv[0].startswith("__mp_"), kv[0])):
         d = getattr(m, "__dict__", None) if isinstance(m, types.ModuleType) else None
         if not isinstance(d, dict):
@@ -202,7 +203,19 @@ def is_bound_class(cls: type) -> bool:
             obj = None
     if obj is cls:
         return True
-    return any(v is cls for m in list(sys.modules.values()) for v in _module_values(m))
+    hit = _unnamed_classes.get(id(cls))
+    if hit is not None and hit[0]() is cls:
+        return hit[1]
+    bound = any(v is cls for m in list(sys.modules.values()) for v in _module_values(m))
+    try:
+        _unnamed_classes[id(cls)] = (weakref.ref(cls), bound)
+    except TypeError:  # pragma: no cover - a metaclass without weak references: asked again next time
+        pass
+    return bound
+
+
+# id(class its module does not name) -> (weak ref, whether a module global binds it); renewed with the globals
+_unnamed_classes: dict[int, tuple[Any, bool]] = {}
 
 
 def _module_values(module: Any) -> list[Any]:
