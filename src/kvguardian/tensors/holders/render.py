@@ -123,12 +123,15 @@ def _collections(chain: HolderChain, objs: list[Any]) -> None:
         b = declared_bound(obj)
         if b is not None:
             chain.bounds[nid] = b
-        opaque = opaque_size(obj, objs[i + 1]) if i + 1 < len(objs) else None
-        if is_collection(obj) or opaque is not None:
-            chain.containers.append(nid)
-            n = safe_len(obj) if opaque is None else opaque
-            if n is not None:
-                chain.sizes[nid] = n
+        if is_collection(obj):
+            n = safe_len(obj)
+        else:  # a C object holding many members like the next one, without naming them, is one too
+            n = opaque_size(obj, objs[i + 1]) if i + 1 < len(objs) else None
+            if n is None:
+                continue
+        chain.containers.append(nid)
+        if n is not None:
+            chain.sizes[nid] = n
     edges = [edge_key(objs[i], objs[i + 1]) for i in range(len(objs) - 1)] + [""]
     for i, how in linked_runs([type(o) for o in objs], edges).items():
         nid = chain.nodes[i]

@@ -124,15 +124,21 @@ class _UntrackedWalk:
             self._edge(arr, base)
             if type(base) is self.ndarray:
                 self.holds_array(base, 0)
-        for item in object_array_items(arr) or ():  # an array of objects holds them out of the collector's sight
-            if type(item) not in _SCALARS:
-                self._edge(arr, item)
+        items = object_array_items(arr)  # an array of objects holds them out of the collector's sight
+        if items:
+            self._edges(arr, [item for item in items if type(item) not in _SCALARS])
         return True
 
     def _edge(self, holder: Any, child: Any) -> None:
-        self.roots.untracked.setdefault(id(child), []).append(holder)
+        self._edges(holder, [child])
+
+    def _edges(self, holder: Any, children: list[Any]) -> None:
+        """``holder`` holds each of ``children``; it is kept (once) while the search runs."""
+        untracked = self.roots.untracked
+        for child in children:
+            untracked.setdefault(id(child), []).append(holder)
         self.roots.keep.append(holder)
-        self.edges += 1
+        self.edges += len(children)
 
 
 def _namespaces(roots: Roots) -> None:
