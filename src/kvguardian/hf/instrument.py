@@ -26,11 +26,17 @@ updates is not observed step by step (a static cache's entries, created by the u
 tracked, and their filled tokens are read before each snapshot).
 
 Also wrapped: ``EncoderDecoderCache.__init__`` (so the self- and cross-attention sub-caches are attributed).
+And ``Cache`` gets a ``__deepcopy__`` (none of transformers' caches defines one; a subclass that does keeps its
+own): it copies exactly as `copy.deepcopy` does without it (the reduce protocol), then tells the tracker that
+knows the original, so a copy that is never updated - a snapshot kept "for later" - is still audited as the
+original request's KV (`HFTracker.note_copy`).
 """
 
 from __future__ import annotations
 
 import contextvars
+import copy
+import copyreg
 import functools
 import threading
 from collections.abc import Callable
@@ -243,6 +249,37 @@ def _wrap_edc_init(original: Any) -> Any:
     return __init__
 
 
+#: the stdlib's reconstruction step of `copy.deepcopy` (private, there since Python 2; without it no copy hook)
+_RECONSTRUCT: Any = vars(copy).get("_reconstruct")
+
+
+def _cache_deepcopy(self: Any, memo: dict[int, Any]) -> Any:
+    """``copy.deepcopy`` of a cache: what `copy.deepcopy` does for an object without ``__deepcopy__`` (a
+    ``copyreg`` reducer or ``__reduce_ex__(4)``, then the stdlib's own reconstruction, so the copy is the same
+    object graph), then the copy is told to the tracker that knows the original (fail-open)."""
+    reductor = copyreg.dispatch_table.get(type(self))
+    rv = reductor(self) if reductor is not None else self.__reduce_ex__(4)
+    if isinstance(rv, str):
+        return self
+    y = _RECONSTRUCT(self, memo, *rv)  # the stdlib's own step: the copy is exactly the one made without us
+    if not _compiling():
+        _note_copy(self, y)
+    return y
+
+
+def _note_copy(original: Any, dup: Any) -> None:
+    seen: set[int] = set()
+    for tracker in (ACTIVE.get(), _PROCESS[0], *(a.tracker() for a in list(_ATTACHED.values()))):
+        if tracker is None or id(tracker) in seen:
+            continue
+        seen.add(id(tracker))
+        try:
+            if tracker.note_copy(original, dup):
+                return
+        except Exception as exc:
+            tracker.host.fail("cache.update", exc)
+
+
 def _set(cls: type, name: str, value: Any) -> None:
     if (cls, name) not in _originals:
         _originals[(cls, name)] = cls.__dict__.get(name)
@@ -281,6 +318,8 @@ def install_cache_patch(*, generate: bool = False) -> None:
             for name in ("crop", "reset"):
                 if name in cache_cls.__dict__:
                     _set(cache_cls, name, _wrap_evict(cache_cls.__dict__[name], name))
+            if "__deepcopy__" not in cache_cls.__dict__ and _RECONSTRUCT is not None:
+                _set(cache_cls, "__deepcopy__", _cache_deepcopy)
             edc = getattr(cache_utils, "EncoderDecoderCache", None)
             if edc is not None:
                 _set(edc, "__init__", _wrap_edc_init(edc.__init__))

@@ -33,6 +33,7 @@ __all__ = ["CacheState", "HFTracker"]
 _labels = itertools.count(1)
 
 _MAX_RESULTS = 4_096  # requests whose result (weakly) is remembered as a holder-search hint
+_MAX_COPIES = 4_096  # deep copies of caches waiting to be seen (weakly), the latest kept
 
 #: why a cache goes through the generic path (KVG107)
 _GENERIC = "the cache has no `layers` list: the tensors returned by update() are audited per layer"
@@ -69,6 +70,9 @@ class HFTracker:
                                    self.caches, self._now)
         # request id -> weak reference to what its generate() returned (it holds the cache): search hints
         self._results: OrderedDict[str, weakref.ref[Any]] = OrderedDict()
+        # deep copies of known caches not looked at yet: (weak reference to the copy, the request whose KV it is,
+        # the original's label); see `note_copy`
+        self._copies: deque[tuple[weakref.ref[Any], RequestInfo, str]] = deque(maxlen=_MAX_COPIES)
         self.skipped: dict[str, str] = {}  # layer class -> reason it holds no KV
         self.notes: dict[str, str] = {}
         self.updates = 0
@@ -275,15 +279,20 @@ class HFTracker:
             self._end_manual(st)
 
     def request_ended(self, info: RequestInfo) -> None:
-        """After the ledger ended ``info``: flush its pending events and add its reuse sample."""
+        """After the ledger ended ``info``: flush its pending events and add its reuse sample; copies made since
+        the last request ended are looked at (`note_copy`)."""
         self.lifecycle.request_ended(info)
+        if self._copies:
+            self._adopt_copies()
 
     def sync(self) -> None:
         """Bring the filled-token counts of static layers up to date (O(layers) per live cache): done before
         a snapshot, not on every step, because reading a tensor counter costs more than the rest of a step's
-        bookkeeping."""
+        bookkeeping. Pending copies of caches are looked at first (`note_copy`)."""
         if self._dead:
             self._process_dead()
+        if self._copies:
+            self._adopt_copies()
         for st in list(self.caches.values()):
             cache = st.ref()
             if cache is None or st.generic or st.owner_req is None:
@@ -361,6 +370,57 @@ class HFTracker:
                 out.append(obj)
         return out
 
+    # ------------------------------------------------------------------ copies
+    def note_copy(self, original: Any, dup: Any) -> bool:
+        """``copy.deepcopy(original)`` returned ``dup`` (called by the ``Cache.__deepcopy__`` of `hf.instrument`):
+        if this tracker knows ``original``, the copy is remembered weakly, as KV of the current request (a copy
+        made inside one) or of the request that owns the original, and True is returned. A copy is looked at when
+        the next request ends or before a snapshot: one that has been updated since is tracked as any cache is;
+        one never updated (a snapshot kept for later) gets its own entries then, owned by that request - so a
+        kept copy of an ended request's cache is that request's KV, retained."""
+        st = self.caches.get(id(original))
+        if st is None or st.ref() is not original or st.generic:
+            return False
+        owner = self._current_request() or st.owner_req
+        if owner is not None:
+            try:
+                self._copies.append((weakref.ref(dup), owner, st.label))
+            except TypeError:  # a copy without weak references (a subclass with __slots__): not followed
+                pass
+        return True
+
+    def _adopt_copies(self) -> None:
+        while self._copies:
+            ref, owner, source = self._copies.popleft()
+            cache = ref()
+            if cache is None:
+                continue
+            st = self.caches.get(id(cache))
+            if st is not None and st.ref() is cache:
+                continue  # updated since it was made: tracked the usual way
+            st = self._new_cache(cache)
+            if st.generic:
+                continue
+            st.owner, st.owner_req, st.init_done = owner.request_id, owner, True
+            self._observe_layers(cache, st, owner)
+            self.ledger.emit_cache_event("init", cache=st.label, request=owner, detail=f"a deep copy of {source}",
+                                         nbytes=self.ledger.slot_bytes(st.slots()))
+
+    def _observe_layers(self, cache: Any, st: CacheState, owner: RequestInfo) -> None:
+        """Observe every layer's keys and values of ``cache`` as they are now, for ``owner`` (O(layers))."""
+        layers = getattr(cache, "layers", None)
+        if not isinstance(layers, list):
+            return
+        for idx, layer in enumerate(layers[: len(st.layers)]):
+            ls = st.layers[idx]
+            keys = getattr(layer, "keys", None)
+            if ls is None or ls.plan.skip_reason or keys is None or not hasattr(keys, "untyped_storage"):
+                continue
+            static = ls.plan.static
+            update = Update(static_filled(layer, (), {}) if static else None,
+                            int(layer.max_cache_len) if static else None)
+            self.ledger.observe_kv(keys, getattr(layer, "values", None), ls.sites, owner, update)
+
     # ------------------------------------------------------------------ crop / reset
     def on_evict(self, cache: Any, detail: str) -> None:
         """After ``cache.crop()``/``reset()``: an evict event, and the layers re-observed (O(layers))."""
@@ -371,18 +431,8 @@ class HFTracker:
             return
         self.ledger.emit_cache_event("evict", cache=st.label, request=st.owner_req, detail=detail,
                                      nbytes=self.ledger.slot_bytes(st.slots()))
-        layers = getattr(cache, "layers", None)
-        if not isinstance(layers, list) or st.owner_req is None:
-            return
-        for idx, layer in enumerate(layers[: len(st.layers)]):
-            ls = st.layers[idx]
-            keys = getattr(layer, "keys", None)
-            if ls is None or ls.plan.skip_reason or keys is None or not hasattr(keys, "untyped_storage"):
-                continue
-            static = ls.plan.static
-            update = Update(static_filled(layer, (), {}) if static else None,
-                            int(layer.max_cache_len) if static else None)
-            self.ledger.observe_kv(keys, getattr(layer, "values", None), ls.sites, st.owner_req, update)
+        if st.owner_req is not None:
+            self._observe_layers(cache, st, st.owner_req)
 
     def summary(self) -> dict[str, Any]:
         if self._dead:
