@@ -22,6 +22,8 @@ _STEP = re.compile(r"dict\[((?:'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|[^\[\]'\"]
 
 def _step(match: re.Match[str]) -> str:
     inner = match.group(1)
+    if inner.startswith("<class"):
+        return "dict[<type>]"  # a registry keyed by a class, named as the search names it unredacted
     if inner.startswith("<") and inner.endswith(">"):
         return match.group(0)  # already redacted
     try:

@@ -156,6 +156,8 @@ def test_redact_hides_dictionary_keys_like_the_chain_search():
     assert redact_text("dict[17]") == "dict[<key>]"
     assert redact_text("dict[('a', 3)]") == "dict[(<str len=1>, <key>)]"
     assert redact_text("dict[<str len=3>]") == "dict[<str len=3>]"
+    assert redact_text("dict[('s0',)]") == "dict[(<str len=2>,)]"
+    assert redact_text("dict[<class Req3>]") == "dict[<type>]"  # the search's redacted form of a class key
     data = synthetic_report(10, leak_every=2)
     assert "user-0" not in json.dumps(redact_data(data))
 

@@ -169,8 +169,8 @@ def existing_dict(obj: Any) -> dict[str, Any] | None:
         except Exception:
             return None
         return d if is_a(d, dict) else None
-    for d in gc.get_referents(obj):
-        if type(d) is dict and d and _is_own_dict(obj, d):
+    for d in gc.get_referents(obj):  # a dict subclass too: ``obj.__dict__ = MyDict()``
+        if is_a(d, dict) and dict.__len__(d) and _is_own_dict(obj, d):
             return d
     return None
 
@@ -178,7 +178,7 @@ def existing_dict(obj: Any) -> dict[str, Any] | None:
 def _is_own_dict(obj: Any, d: dict[Any, Any]) -> bool:
     tp = type(obj)
     checked = 0
-    for k, v in d.items():
+    for k, v in list(dict.items(d)):
         if not is_a(k, str):
             return False
         if _runs_code(_type_attr(tp, k)):

@@ -7,8 +7,9 @@ from dataclasses import dataclass, field
 __all__ = ["ROOT_KINDS", "HolderChain"]
 
 # where a chain starts: a module global, a class attribute, an executing frame's local, a contextvar, an
-# asyncio task or loop, the autograd graph, C (no Python root: the nearest Python objects are named), none
-ROOT_KINDS = ("module", "class", "frame", "context", "asyncio", "autograd", "c", "none")
+# asyncio task or loop, an interpreter hook (trace/profile function, signal handler), the autograd graph,
+# C (no Python root: the nearest Python objects are named), none
+ROOT_KINDS = ("module", "class", "frame", "context", "asyncio", "interpreter", "autograd", "c", "none")
 
 
 @dataclass

@@ -11,6 +11,7 @@ import collections
 import functools
 import os
 import re
+import sys
 import threading
 import types
 from typing import Any
@@ -38,7 +39,11 @@ def key_repr(key: Any, redact: bool) -> str:
     if is_a(key, (int, float, bool)) or key is None:
         return "<key>" if redact else repr(key)
     if is_a(key, tuple):
-        return "(" + ", ".join(key_repr(k, redact) for k in key[:4]) + (", …" if len(key) > 4 else "") + ")"
+        inner = ", ".join(key_repr(k, redact) for k in key[:4]) + (", …" if len(key) > 4 else "")
+        return f"({inner},)" if len(key) == 1 else f"({inner})"
+    if is_a(key, type) and not redact:  # a registry keyed by class (singledispatch, a metaclass's instances)
+        name = getattr(key, "__qualname__", "")
+        return f"<class {short(name)}>" if is_a(name, str) and _SAFE_KEY.match(short(name)) else "<class>"
     return f"<{type(key).__name__}>"
 
 
@@ -110,9 +115,20 @@ def _callable_step(parent: Any, child: Any) -> str | None:
         return f"function {func_name(parent)}()"
     if is_a(parent, types.MethodType):
         return f"bound method {func_name(parent.__func__)}()" + (" self" if child is parent.__self__ else "")
+    owner = _builtin_self(parent)
+    if owner is not None:  # ``sink.append`` kept as a callback, a task's ``task_wakeup``: it holds its object
+        return f"bound method {type(owner).__name__}.{parent.__name__}()" + (" self" if child is owner else "")
     if type(parent).__name__ == "_lru_cache_wrapper":
         return f"lru_cache {func_name(parent)}()"
     return None
+
+
+def _builtin_self(fn: Any) -> Any:
+    """The object a C method is bound to (``[].append.__self__``), None for a plain builtin function."""
+    if not is_a(fn, types.BuiltinMethodType):
+        return None
+    owner = getattr(fn, "__self__", None)
+    return None if owner is None or is_a(owner, types.ModuleType) else owner
 
 
 def _frame_step(parent: Any, child: Any) -> str | None:
@@ -132,7 +148,29 @@ def _frame_step(parent: Any, child: Any) -> str | None:
     return None
 
 
+# what a torch tensor holds in C fields, read through TensorBase's own getters (no Python code, no warning)
+_TENSOR_FIELDS = ("_backward_hooks", "_post_accumulate_grad_hooks", "_base")
+
+
+def _tensor_step(parent: Any, child: Any) -> str | None:
+    torch = sys.modules.get("torch")
+    if torch is None or not issubclass(type(parent), torch.Tensor):
+        return None
+    base = torch._C.TensorBase  # noqa: SLF001, RUF100 - the C type whose getters read the fields
+    for name in _TENSOR_FIELDS:
+        getter = base.__dict__.get(name)
+        try:
+            if getter is not None and getter.__get__(parent, base) is child:
+                return f"{type(parent).__name__}.{name}"
+        except Exception:  # pragma: no cover - a tensor subclass whose field cannot be read
+            continue
+    return None
+
+
 def _special_step(parent: Any, child: Any) -> str | None:
+    tensor = _tensor_step(parent, child)
+    if tensor is not None:
+        return tensor
     if type(parent).__module__ == "numpy" and getattr(parent, "base", None) is child:
         return "ndarray.base"  # a numpy array on the tensor's memory (``tensor.numpy()``, or a view of one)
     if type(parent).__name__ == "_local" and type(parent).__module__ == "_thread":
@@ -145,7 +183,7 @@ def _special_step(parent: Any, child: Any) -> str | None:
                 return f"contextvar {var.name}"
         return "contextvars.Context"
     if is_future(parent):
-        return f"{type(parent).__name__}.{_future_part(child)}"
+        return f"{type(parent).__name__}.{_future_part(parent, child)}"
     if is_a(parent, BaseException):
         for attr in ("__traceback__", "__context__", "__cause__"):
             if getattr(parent, attr, None) is child:
@@ -159,13 +197,25 @@ def _special_step(parent: Any, child: Any) -> str | None:
     return None
 
 
+_CALLABLES = (types.FunctionType, types.MethodType, types.BuiltinMethodType, functools.partial)
+
+
+def _done(future: Any) -> bool:
+    try:
+        return bool(future.done())
+    except Exception:  # pragma: no cover - a future whose done() fails: assume it may hold a result
+        return True
+
+
 def is_future(obj: Any) -> bool:
     """An asyncio Future or Task (C or Python): what it holds is read with ``gc.get_referents``, never with
     ``result()``/``exception()``, which would mark an exception as retrieved."""
     return type(obj).__module__ in ("_asyncio", "asyncio.futures", "asyncio.tasks") and hasattr(type(obj), "done")
 
 
-def _future_part(child: Any) -> str:
+def _future_part(future: Any, child: Any) -> str:
+    if not _done(future) and is_a(child, _CALLABLES):  # a pending future holds no result: its done-callbacks
+        return "add_done_callback() callback"
     if is_a(child, BaseException):
         return "exception()"
     if is_a(child, (types.CoroutineType, types.GeneratorType)):
@@ -199,6 +249,10 @@ def render_step(parent: Any, child: Any, *, redact: bool = False) -> str:
     name = attr_name(parent, child)
     if name is not None:
         return f"{type(parent).__name__}.{name}"
+    if child is type(parent):  # an instance holds its class (a class made at run time, its attributes shared)
+        return f"{type(parent).__name__}.__class__"
+    if type(child) is not dict and is_a(child, dict) and _own_attrs(parent, child):
+        return f"{type(parent).__name__}.__dict__ ({type(child).__name__})"  # ``obj.__dict__ = MyDict()``
     return type(parent).__name__
 
 
@@ -230,11 +284,27 @@ def _dict_collapse(a: Any, b: dict[Any, Any], c: Any) -> str | None:
             if v is c:
                 return f"class {short(a.__qualname__)}.{k}"
         return None
-    if not is_a(a, (dict, types.FunctionType, types.ModuleType)) and existing_dict(a) is b:
+    if is_a(a, types.ModuleType) and a.__dict__ is b:  # a module object no ``sys.modules`` entry names
         for k, v in list(b.items()):
+            if v is c and is_a(k, str):
+                return f"module object {a.__name__}: {k}"
+        return None
+    if is_a(a, types.FunctionType) and a.__dict__ is b:  # an attribute set on a function (``fn.seen = []``)
+        for k, v in list(b.items()):
+            if v is c and is_a(k, str):
+                return f"function {func_name(a)}().{k}"
+        return None
+    # an instance's attribute; a dict subclass has its own attributes besides its items
+    if not is_a(a, types.ModuleType) and type(a) is not dict and _own_attrs(a, b):
+        for k, v in list(dict.items(b)):
             if v is c and is_a(k, str):
                 return f"{type(a).__name__}.{k}"
     return None
+
+
+def _own_attrs(a: Any, b: Any) -> bool:
+    """Whether ``b`` is the instance dict of ``a`` (not one of ``a``'s items when ``a`` is a mapping)."""
+    return existing_dict(a) is b and not (is_a(a, dict) and any(v is b for v in dict.values(a)))
 
 
 def edge_key(parent: Any, child: Any) -> str:
@@ -255,4 +325,9 @@ def node_label(obj: Any) -> str:
         return f"function {func_name(obj)}()"
     if type(obj).__name__ == "_lru_cache_wrapper":
         return f"lru_cache {func_name(obj)}()"
+    if is_a(obj, types.MethodType):
+        return f"bound method {func_name(obj.__func__)}()"
+    owner = _builtin_self(obj)
+    if owner is not None:
+        return f"bound method {type(owner).__name__}.{obj.__name__}()"
     return type(obj).__name__

@@ -7,6 +7,8 @@
   locals to the garbage collector), read without leaving a snapshot behind (`access.frame_locals`);
 * the contextvars of this thread's current context (held by the thread state, not by an object), and
   the running event loop;
+* the interpreter's hooks: this thread's trace and profile functions (``sys.settrace``/``sys.setprofile``)
+  and the Python signal handlers (``signal.signal``), held in the thread state and in C tables;
 * asyncio tasks, done or pending (``_asyncio.Task``'s GC traversal in CPython 3.11 stops reporting after its
   own fields, so its result, exception and callbacks have no referrer): what each task refers to, read with
   ``gc.get_referents``, is added as an edge the backward search would otherwise miss.
@@ -63,6 +65,7 @@ def collect_roots(*, all_threads: bool, own_dir: str) -> Roots:
     _frames(roots, all_threads, own_dir)
     _contextvars(roots)
     _asyncio(roots)
+    _interpreter_hooks(roots, own_dir)
     return roots
 
 
@@ -284,6 +287,39 @@ def _contextvars(roots: Roots) -> None:
         if id(value) not in roots.held:
             roots.held[id(value)] = ("context", f"contextvar {var.name}{name}")
             roots.keep.append(value)
+
+
+def _interpreter_hooks(roots: Roots, own_dir: str) -> None:
+    """Callables the interpreter holds outside any object: ``sys.gettrace()`` and ``sys.getprofile()`` of this
+    thread (a profiler or tracer closure keeping what it captured), and every Python signal handler (the
+    signal module keeps them in a C array). The guard's own hooks are not roots."""
+    hooks: list[tuple[str, Any]] = [("sys.gettrace() (this thread's trace function)", sys.gettrace()),
+                                    ("sys.getprofile() (this thread's profile function)", sys.getprofile())]
+    signal = sys.modules.get("signal")
+    if signal is not None:
+        for sig in sorted(signal.valid_signals()):
+            try:
+                handler = signal.getsignal(sig)
+            except (ValueError, OSError):  # pragma: no cover - a signal number the platform refuses
+                continue
+            hooks.append((f"signal handler {_signal_name(signal, sig)}", handler))
+    for label, fn in hooks:
+        if fn is None or type(fn) in _SCALARS or isinstance(fn, int) or _own_code(fn, own_dir) or id(fn) in roots.held:
+            continue
+        roots.held[id(fn)] = ("interpreter", label)
+        roots.keep.append(fn)
+
+
+def _signal_name(signal: Any, sig: int) -> str:
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return str(sig)
+
+
+def _own_code(fn: Any, own_dir: str) -> bool:
+    code = getattr(getattr(fn, "__func__", fn), "__code__", None)
+    return isinstance(code, types.CodeType) and bool(own_dir) and code.co_filename.startswith(own_dir)
 
 
 def _asyncio(roots: Roots) -> None:

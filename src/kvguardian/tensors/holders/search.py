@@ -33,7 +33,7 @@ from kvguardian.tensors.holders.roots import Roots, class_namespace, global_labe
 __all__ = ["Budget", "Fence", "Graph", "nearest_top", "root_distances", "search", "walk"]
 
 _BULK = 600  # above this many frontier objects, one pass over the heap beats gc.get_referrers' O(edges × n)
-_KIND_ORDER = {"module": 0, "class": 1, "frame": 2, "context": 3, "asyncio": 4}
+_KIND_ORDER = {"module": 0, "class": 1, "frame": 2, "context": 3, "asyncio": 4, "interpreter": 5}
 
 
 @dataclass(frozen=True)

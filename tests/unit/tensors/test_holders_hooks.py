@@ -1,0 +1,210 @@
+"""Holder chains through what the interpreter holds outside any object (trace/profile functions, signal
+handlers) and through attributes that live in unusual places (a function's ``__dict__``, a dict subclass's
+own attributes, an instance ``__dict__`` replaced by a dict subclass, registries keyed by classes)."""
+
+import asyncio
+import functools
+import signal
+import sys
+import types
+
+import pytest
+import torch
+
+from kvg_testing import fake_module
+from kvguardian.tensors.holders import find_holder_chains
+from kvguardian.tensors.holders.edges import key_repr
+from kvguardian.tensors.storage import storage_key
+
+
+@pytest.fixture
+def app():
+    with fake_module("hooks_app") as mod:
+        yield mod
+
+
+def kv():
+    return torch.zeros(1, 2, 4, 8)
+
+
+def _profiler_holding(keys):
+    seen = [kv() for _ in range(3)]
+    keys.extend(storage_key(t) for t in seen)
+
+    def prof(frame, event, arg):
+        return None
+
+    prof.seen = seen  # a profiler's per-call records, the shape under test
+    return prof
+
+
+def test_a_profile_function_is_a_root_and_its_attributes_are_named():
+    keys: list = []
+    prof = _profiler_holding(keys)
+    old = sys.getprofile()
+    sys.setprofile(prof)
+    del prof
+    try:
+        chains = find_holder_chains(keys)
+    finally:
+        sys.setprofile(old)
+    for k in keys:
+        c = chains[k]
+        assert c.complete and c.root == "interpreter", c.render()
+        assert c.steps[0] == "sys.getprofile() (this thread's profile function)"
+        assert c.steps[1] == "function prof().seen", c.render()
+
+
+class Stats:
+    def __init__(self):
+        self.outs = []
+
+    def dump(self, signum, frame):  # pragma: no cover - never delivered
+        return len(self.outs)
+
+
+def test_a_signal_handler_is_a_root():
+    def install():
+        s = Stats()
+        s.outs.extend(kv() for _ in range(2))
+        return signal.signal(signal.SIGUSR1, s.dump), [storage_key(t) for t in s.outs]
+
+    old, keys = install()
+    try:
+        chains = find_holder_chains(keys)
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+    for k in keys:
+        c = chains[k]
+        assert c.complete and c.root == "interpreter", c.render()
+        assert c.steps[0] == "signal handler SIGUSR1"
+        assert c.steps[1:3] == ["bound method Stats.dump() self", "Stats.outs"], c.render()
+
+
+class HistDict(dict):
+    def __init__(self):
+        super().__init__()
+        self.history = []
+
+
+class Worker:
+    pass
+
+
+def test_an_instance_dict_that_is_a_dict_subclass_and_its_own_attributes_are_named(app):
+    def build():
+        w = Worker()
+        w.__dict__ = HistDict()
+        w.__dict__["name"] = "w"
+        w.__dict__.history.extend(kv() for _ in range(2))
+        app.W = w
+        return [storage_key(t) for t in w.__dict__.history]
+
+    keys = build()
+    chains = find_holder_chains(keys)
+    for k in keys:
+        c = chains[k]
+        want = ["module hooks_app: W", "Worker.__dict__ (HistDict)", "HistDict.history"]
+        assert c.complete and c.steps[:3] == want, c.render()
+
+
+def test_a_registry_keyed_by_class_names_the_class(app):
+    @functools.singledispatch
+    def render(x):  # pragma: no cover - never called
+        return x
+
+    def build():
+        keys = []
+        for i in range(2):
+            t = kv()
+            keys.append(storage_key(t))
+            render.register(type(f"Req{i}", (), {}))(lambda x, t=t: t)
+        app.render = render
+        return keys
+
+    keys = build()
+    chains = find_holder_chains(keys)
+    assert {chains[k].steps[1] for k in keys} == {"function render().registry"}
+    assert {chains[k].steps[3] for k in keys} == {"dict[<class Req0>]", "dict[<class Req1>]"}
+
+
+def test_key_repr_of_one_tuples_and_classes():
+    assert key_repr(("s0",), False) == "('s0',)"
+    assert key_repr((Worker, ("s0",)), False) == "(<class Worker>, ('s0',))"
+    assert key_repr(Worker, True) == "<type>"
+    assert key_repr(type("has space", (), {}), False) == "<class>"
+
+
+def test_backward_hooks_on_a_long_lived_parameter_are_named(app):
+    weight = torch.nn.Parameter(torch.zeros(2))
+
+    def build():
+        keys = []
+        for _ in range(2):
+            t = kv()
+            keys.append(storage_key(t))
+            weight.register_hook(lambda g, t=t: g)  # a debugging hook capturing a request's KV
+        app.W = weight
+        return keys
+
+    keys = build()
+    chains = find_holder_chains(keys)
+    assert {tuple(chains[k].steps[:2]) for k in keys} == {("module hooks_app: W", "Parameter._backward_hooks")}
+
+
+def test_builtin_bound_methods_kept_as_callbacks_are_named(app):
+    def build():
+        sinks = [[kv()] for _ in range(2)]
+        app.LISTENERS = [s.append for s in sinks]  # callbacks that are C methods of per-request lists
+        return [storage_key(s[0]) for s in sinks]
+
+    keys = build()
+    chains = find_holder_chains(keys)
+    for k in keys:
+        assert chains[k].steps[2:4] == ["bound method list.append() self", "list[0]"], chains[k].render()
+
+
+def test_a_pending_futures_callbacks_are_not_called_its_result(app):
+    async def waiter(kv_):
+        await app.SHUTDOWN.wait()
+        return kv_  # pragma: no cover - never woken
+
+    async def main():
+        app.SHUTDOWN = asyncio.Event()
+        tasks = [asyncio.ensure_future(waiter(kv())) for _ in range(2)]
+        await asyncio.sleep(0)
+        keys = [storage_key(t.get_coro().cr_frame.f_locals["kv_"]) for t in tasks]
+        del tasks
+        return keys
+
+    loop = asyncio.new_event_loop()
+    try:
+        keys = loop.run_until_complete(main())
+        chains = find_holder_chains(keys)
+    finally:
+        pending = asyncio.all_tasks(loop)
+        for t in pending:
+            t.cancel()
+        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        loop.close()
+    for k in keys:
+        text = chains[k].render()
+        assert chains[k].complete and "Future.add_done_callback() callback" in text, text
+        assert "bound method Task.task_wakeup() self" in text and "Future.result()" not in text, text
+
+
+def test_a_local_class_reached_through_its_instance_and_a_module_object_outside_sys_modules(app):
+    def build():
+        class Handler:  # made per app: not a root, its instance is
+            history = [kv()]
+
+        plugin = types.ModuleType("plugin0")  # never in sys.modules
+        plugin.STATE = {"kv": kv()}
+        app.HANDLER, app.PLUGINS = Handler(), [plugin]
+        return storage_key(Handler.history[0]), storage_key(plugin.STATE["kv"])
+
+    k_class, k_plugin = build()
+    chains = find_holder_chains([k_class, k_plugin])
+    assert chains[k_class].steps[:3] == ["module hooks_app: HANDLER", "Handler.__class__", "class Handler.history"]
+    assert chains[k_plugin].steps[:4] == ["module hooks_app: PLUGINS", "list[0]", "module object plugin0: STATE",
+                                          "dict['kv']"], chains[k_plugin].render()
