@@ -196,7 +196,7 @@ def test_a_pending_futures_callbacks_are_not_called_its_result(app):
 def test_a_local_class_reached_through_its_instance_and_a_module_object_outside_sys_modules(app):
     def build():
         class Handler:  # made per app: not a root, its instance is
-            history = [kv()]
+            history = [kv()]  # noqa: RUF012 - the shape under test
 
         plugin = types.ModuleType("plugin0")  # never in sys.modules
         plugin.STATE = {"kv": kv()}
@@ -208,3 +208,50 @@ def test_a_local_class_reached_through_its_instance_and_a_module_object_outside_
     assert chains[k_class].steps[:3] == ["module hooks_app: HANDLER", "Handler.__class__", "class Handler.history"]
     assert chains[k_plugin].steps[:4] == ["module hooks_app: PLUGINS", "list[0]", "module object plugin0: STATE",
                                           "dict['kv']"], chains[k_plugin].render()
+
+
+class Span:
+    __slots__ = ("n", "req")
+
+    def __init__(self, req, n):
+        self.req = req
+        self.n = n
+
+
+class Request:
+    def __init__(self, n_spans):
+        self.kv = kv()
+        self.spans = [Span(self, n) for n in range(n_spans)]  # tracing spans pointing back at their request
+
+
+class App:
+    def __init__(self):
+        self.history = []
+
+
+def test_thousands_of_back_references_do_not_exhaust_the_budget(app):
+    """Each request has more spans pointing back at it than the whole budget: the search leaves those fan-in
+    groups unexpanded and finds the history through the request's other referrer."""
+    def build():
+        app.APP = App()
+        app.APP.history.extend(Request(300) for _ in range(8))
+        return [storage_key(r.kv) for r in app.APP.history]
+
+    keys = build()
+    chains = find_holder_chains(keys, max_objects=1_000)
+    for i, k in enumerate(keys):
+        c = chains[k]
+        assert c.complete and not c.stopped, c.render()
+        assert c.steps[:4] == ["module hooks_app: APP", "App.history", f"list[{i}]", "Request.kv"], c.render()
+
+
+def test_a_start_only_a_deferred_group_leads_to_says_the_search_stopped(app):
+    def build():
+        req = Request(300)
+        app.SPANS = [list(req.spans)]  # the request is held only by its spans, the spans by a global list
+        return storage_key(req.kv)
+
+    k = build()
+    c = find_holder_chains([k], max_objects=200)[k]
+    assert not c.complete and c.stopped and c.root == "none", c.render()
+    assert "search stopped after" in c.render() and "held from outside Python" not in c.render()

@@ -105,6 +105,7 @@ class _Level:
     deadline: float = 0.0
     starts: dict[int, Any] = field(default_factory=dict)
     expanded: set[int] = field(default_factory=set)  # ids whose referrers were asked for
+    deferred: set[int] = field(default_factory=set)  # fan-in groups left unexpanded to stay in the budget
 
     def own(self, container: Any) -> None:
         self.internal.add(id(container))
@@ -128,8 +129,9 @@ def search(starts: dict[int, Any], roots: Roots, budget: Budget, fence: Fence, h
         _label_if_rooted(o, graph, roots)
     for second_pass in (False, True):
         _levels(frontier, lv, graph, roots)
-        unfinished = _unfinished(graph, starts, lv.expanded)
-        if second_pass or graph.stopped_at is not None or not _parentless(graph, _ancestors(graph, unfinished)):
+        unfinished = _unfinished(graph, starts, lv.expanded | lv.deferred)
+        if second_pass or graph.stopped_at is not None or not _parentless(
+                graph, _ancestors(graph, unfinished) - lv.deferred):
             break
         # an unproven start, or an object above it, that nothing in Python refers to: look once for holders the
         # garbage collector does not track (a numpy array on a tensor's memory holds it through ``.base``; an
@@ -161,9 +163,9 @@ def _levels(frontier: list[Any], lv: _Level, graph: Graph, roots: Roots) -> None
     """Expand level by level from ``frontier`` until every start is proven or the budget ends."""
     budget, unexpanded, starts = lv.budget, lv.unexpanded, lv.starts
     while frontier:
-        if len(graph.objs) >= budget.max_objects or time.monotonic() > lv.deadline:
+        if _charged(graph, lv) >= budget.max_objects or time.monotonic() > lv.deadline:
             graph.stopped_at = len(graph.objs)
-            graph.stop_reason = (f"search stopped after {len(graph.objs)} objects" if len(graph.objs) >=
+            graph.stop_reason = (f"search stopped after {len(graph.objs)} objects" if _charged(graph, lv) >=
                                  budget.max_objects else f"search stopped at its {budget.max_seconds:g} s safety net")
             break
         for o in frontier:
@@ -172,13 +174,46 @@ def _levels(frontier: list[Any], lv: _Level, graph: Graph, roots: Roots) -> None
         lv.frontier = frontier
         lv.ids = {id(o) for o in frontier}
         lv.own(frontier)
-        for o in _expand(lv, graph, roots):
+        new = _expand(lv, graph, roots)
+        for o in new:
             unexpanded[id(o)] = o
-        open_starts = _unfinished(graph, starts, lv.expanded)
+        _defer_fan_in(new, lv, graph)
+        open_starts = _unfinished(graph, starts, lv.expanded | lv.deferred if lv.deferred else lv.expanded)
         if not open_starts:
             break
-        wanted = _ancestors(graph, open_starts)
+        wanted = _ancestors(graph, open_starts) - lv.deferred
         frontier = [o for i, o in unexpanded.items() if i in wanted]
+    if lv.deferred and graph.stopped_at is None and any(s not in root_distances(graph)[0] for s in starts):
+        graph.stopped_at = len(graph.objs)  # a start only the deferred objects could lead to: not held from C
+        graph.stop_reason = (f"search stopped after {len(graph.objs)} objects ({len(lv.deferred)} back-references "
+                             "not followed)")
+
+
+_FAN_IN = 64  # this many objects of one type referring to one object alone: a fan-in group
+
+
+def _charged(graph: Graph, lv: _Level) -> int:
+    """Objects counted against the budget: those found, less the deferred fan-in groups."""
+    return len(graph.objs) - len(lv.deferred)
+
+
+def _defer_fan_in(new: list[Any], lv: _Level, graph: Graph) -> None:
+    """When the objects just found would exhaust the budget, leave unexpanded every group of at least
+    ``_FAN_IN`` same-type objects whose one reference in the graph is to the same object: back-references
+    (a request's thousands of spans or tokens pointing at it, children at their parent), which almost always
+    sit below the object they refer to. The search goes on through the object's other referrers; a chain
+    found that way starts at a real root (it is shortest among the chains not through a deferred object),
+    and a start only a deferred group could lead to says that the search stopped."""
+    if _charged(graph, lv) < lv.budget.max_objects:
+        return
+    groups: dict[tuple[type, int], list[int]] = {}
+    for o in new:
+        kids = graph.children.get(id(o), ())
+        if len(kids) == 1 and id(o) not in graph.root_of:
+            groups.setdefault((type(o), kids[0]), []).append(id(o))
+    for ids in groups.values():
+        if len(ids) >= _FAN_IN:
+            lv.deferred.update(ids)
 
 
 def _label_if_rooted(obj: Any, graph: Graph, roots: Roots) -> None:
