@@ -3,6 +3,7 @@ handlers) and through attributes that live in unusual places (a function's ``__d
 own attributes, an instance ``__dict__`` replaced by a dict subclass, registries keyed by classes)."""
 
 import asyncio
+import enum
 import functools
 import signal
 import sys
@@ -255,3 +256,49 @@ def test_a_start_only_a_deferred_group_leads_to_says_the_search_stopped(app):
     c = find_holder_chains([k], max_objects=200)[k]
     assert not c.complete and c.stopped and c.root == "none", c.render()
     assert "search stopped after" in c.render() and "held from outside Python" not in c.render()
+
+
+class Slot(enum.IntEnum):
+    A = 1
+    B = 2
+
+    def __repr__(self):
+        raise RuntimeError("a user __repr__ must not run")
+
+    __str__ = __repr__
+
+
+class Name(str):
+    def __repr__(self):
+        raise RuntimeError("a user __repr__ must not run")
+
+    def __len__(self):
+        raise RuntimeError("a user __len__ must not run")
+
+
+def test_keys_of_user_subclasses_are_shown_without_running_their_code(app):
+    def build():
+        app.BY_SLOT = {Slot.A: kv(), Name("user-1"): kv(), Name("free text"): kv()}
+        return [storage_key(t) for t in app.BY_SLOT.values()]
+
+    keys = build()
+    chains = find_holder_chains(keys)
+    assert [chains[k].steps[1] for k in keys] == ["dict[1]", "dict['user-1']", "dict[<str len=9>]"]
+    assert key_repr(Slot.B, True) == "<key>" and key_repr(True, False) == "True"
+
+
+def test_a_step_whose_naming_raises_costs_its_name_not_the_search(app, monkeypatch):
+    from kvguardian.tensors.holders import render
+
+    def broken(parent, child, redact=False):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(render, "render_step", broken)
+
+    def build():
+        app.HELD = [kv()]
+        return storage_key(app.HELD[0])
+
+    k = build()
+    c = find_holder_chains([k])[k]
+    assert c.complete and c.steps[:2] == ["module hooks_app: HELD", "list"], c.render()

@@ -32,15 +32,22 @@ _SAFE_KEY = re.compile(r"^[\w.:\-/@#]{1,48}$")
 
 
 def key_repr(key: Any, redact: bool) -> str:
+    """A dictionary key as a chain shows it. Keys of user subclasses (an ``IntEnum``, a ``str`` subclass, a
+    named tuple) are read with the builtin type's own methods: no user ``__repr__``/``__len__`` runs."""
     if is_a(key, str):
         if not redact and _SAFE_KEY.match(key):
-            return repr(key)
-        return f"<str len={len(key)}>"
-    if is_a(key, (int, float, bool)) or key is None:
-        return "<key>" if redact else repr(key)
+            return str.__repr__(str.__str__(key))
+        return f"<str len={str.__len__(key)}>"
+    if is_a(key, (int, float)) or key is None:  # bool is an int
+        if redact:
+            return "<key>"
+        base: Any = bool if is_a(key, bool) else (int if is_a(key, int) else float)
+        return "None" if key is None else base.__repr__(key)
     if is_a(key, tuple):
-        inner = ", ".join(key_repr(k, redact) for k in key[:4]) + (", …" if len(key) > 4 else "")
-        return f"({inner},)" if len(key) == 1 else f"({inner})"
+        items = tuple.__getitem__(key, slice(0, 4))
+        more = tuple.__len__(key) > 4
+        inner = ", ".join(key_repr(k, redact) for k in items) + (", …" if more else "")
+        return f"({inner},)" if tuple.__len__(key) == 1 else f"({inner})"
     if is_a(key, type) and not redact:  # a registry keyed by class (singledispatch, a metaclass's instances)
         name = getattr(key, "__qualname__", "")
         return f"<class {short(name)}>" if is_a(name, str) and _SAFE_KEY.match(short(name)) else "<class>"

@@ -105,16 +105,27 @@ def _steps(objs: list[Any], redact: bool) -> list[str]:
             i = hop[1]
             continue
         nxt = objs[i + 2] if i + 2 < len(objs) else None
-        collapsed = collapse(objs[i], objs[i + 1], nxt) if nxt is not None else None
+        collapsed = _safely(collapse, objs[i], objs[i + 1], nxt) if nxt is not None else None
         if collapsed is not None:
             steps.append(collapsed)
             i += 2
             continue
-        step = render_step(objs[i], objs[i + 1], redact=redact)
+        step = _safely(render_step, objs[i], objs[i + 1], redact=redact)
+        if step is None:
+            step = type(objs[i]).__name__
         if step:
             steps.append(step)
         i += 1
     return steps
+
+
+def _safely(name_step: Any, *args: Any, **kwargs: Any) -> str | None:
+    """A step's name, or None when naming it failed: an object of the program whose reading raises (a user
+    method reached despite the care in `edges`) costs its step's name, never the audit."""
+    try:
+        return name_step(*args, **kwargs)  # type: ignore[no-any-return]
+    except Exception:
+        return None
 
 
 def _collections(chain: HolderChain, objs: list[Any]) -> None:
