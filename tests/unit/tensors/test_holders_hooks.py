@@ -302,3 +302,32 @@ def test_a_step_whose_naming_raises_costs_its_name_not_the_search(app, monkeypat
     k = build()
     c = find_holder_chains([k])[k]
     assert c.complete and c.steps[:2] == ["module hooks_app: HELD", "list"], c.render()
+
+
+class State:
+    pass
+
+
+class Engine:
+    def __init__(self):
+        self.system = kv()
+        self.default = kv()
+
+
+def test_attributes_set_by_computed_names_make_the_instance_a_collection(app):
+    def build():
+        app.STATE, app.ENGINE = State(), Engine()
+        for i in range(5):
+            setattr(app.STATE, f"req_{i}", kv())  # one attribute per request, CPython keeps them inline
+        return [storage_key(getattr(app.STATE, f"req_{i}")) for i in range(5)]
+
+    keys = build()
+    named = [storage_key(app.ENGINE.system), storage_key(app.ENGINE.default)]
+    chains = find_holder_chains(keys + named)
+    for k in keys:
+        c = chains[k]
+        assert c.steps[1] == "State.<attribute set by a computed name>", c.render()
+        assert c.nodes[0] in c.containers and c.sizes[c.nodes[0]] == 5
+    for k in named:  # attributes the class's code names are single references, not a collection
+        c = chains[k]
+        assert c.steps[1] in ("Engine.system", "Engine.default") and c.nodes[0] not in c.containers, c.render()

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from typing import Any
 
 __all__ = ["attr_name", "executing_frames", "existing_dict", "frame_locals", "instance_attrs", "is_a",
-           "object_array_items", "safe_attr", "safe_len", "safe_members", "thread_frames"]
+           "object_array_items", "pure_python_class", "safe_attr", "safe_len", "safe_members", "thread_frames"]
 
 _MANAGED_DICT = 1 << 4  # Py_TPFLAGS_MANAGED_DICT (3.11+): the instance dict may not exist yet
 _CO_OPTIMIZED = 0x0001
@@ -155,6 +155,15 @@ def _candidate_names(tp: type) -> frozenset[str]:
     result = frozenset(names)
     _names_cache[id(tp)] = (tp, result)
     return result
+
+
+_HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a type made by a class statement, not written in C
+
+
+def pure_python_class(tp: type) -> bool:
+    """Whether every class of ``tp``'s MRO but ``object`` was made by a class statement: what its instances
+    refer to is their attributes, slots and class (no C fields of a builtin base)."""
+    return all(c.__flags__ & _HEAPTYPE for c in tp.__mro__[:-1])
 
 
 def existing_dict(obj: Any) -> dict[str, Any] | None:

@@ -23,6 +23,7 @@ from kvguardian.tensors.holders.access import (
     frame_locals,
     is_a,
     object_array_items,
+    pure_python_class,
 )
 
 __all__ = ["collapse", "edge_key", "frame_name", "func_name", "is_future", "key_repr", "node_label", "render_step",
@@ -258,6 +259,8 @@ def render_step(parent: Any, child: Any, *, redact: bool = False) -> str:
         return f"{type(parent).__name__}.{name}"
     if child is type(parent):  # an instance holds its class (a class made at run time, its attributes shared)
         return f"{type(parent).__name__}.__class__"
+    if pure_python_class(type(parent)) and existing_dict(parent) is None:
+        return f"{type(parent).__name__}.<attribute set by a computed name>"  # setattr(obj, f"req_{i}", ...)
     if type(child) is not dict and is_a(child, dict) and _own_attrs(parent, child):
         return f"{type(parent).__name__}.__dict__ ({type(child).__name__})"  # ``obj.__dict__ = MyDict()``
     return type(parent).__name__

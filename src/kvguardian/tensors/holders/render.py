@@ -8,7 +8,14 @@ from typing import Any
 from kvguardian.tensors.holders.access import safe_len
 from kvguardian.tensors.holders.chain import HolderChain
 from kvguardian.tensors.holders.edges import collapse, edge_key, is_future, node_label, render_step
-from kvguardian.tensors.holders.shapes import declared_bound, is_collection, linked_runs, linked_size, opaque_size
+from kvguardian.tensors.holders.shapes import (
+    declared_bound,
+    dynamic_attrs_size,
+    is_collection,
+    linked_runs,
+    linked_size,
+    opaque_size,
+)
 
 __all__ = ["PathView", "render_chain", "top_label"]
 
@@ -119,6 +126,11 @@ def _steps(objs: list[Any], redact: bool) -> list[str]:
     return steps
 
 
+def _unnamed_members(obj: Any, member: Any) -> int | None:
+    n = opaque_size(obj, member)
+    return n if n is not None else dynamic_attrs_size(obj, member)
+
+
 def _safely(name_step: Any, *args: Any, **kwargs: Any) -> str | None:
     """A step's name, or None when naming it failed: an object of the program whose reading raises (a user
     method reached despite the care in `edges`) costs its step's name, never the audit."""
@@ -136,8 +148,9 @@ def _collections(chain: HolderChain, objs: list[Any]) -> None:
             chain.bounds[nid] = b
         if is_collection(obj):
             n = safe_len(obj)
-        else:  # a C object holding many members like the next one, without naming them, is one too
-            n = opaque_size(obj, objs[i + 1]) if i + 1 < len(objs) else None
+        else:  # a C object holding many members like the next one without naming them is one too, and so is
+            # an instance holding them in attributes set by computed names
+            n = _unnamed_members(obj, objs[i + 1]) if i + 1 < len(objs) else None
             if n is None:
                 continue
         chain.containers.append(nid)

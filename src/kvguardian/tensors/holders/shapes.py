@@ -17,9 +17,18 @@ import weakref
 from collections.abc import Mapping, MutableSequence, MutableSet
 from typing import Any
 
-from kvguardian.tensors.holders.access import is_a, object_array_items, safe_attr, safe_members
+from kvguardian.tensors.holders.access import (
+    attr_name,
+    existing_dict,
+    is_a,
+    object_array_items,
+    pure_python_class,
+    safe_attr,
+    safe_members,
+)
 
-__all__ = ["declared_bound", "is_collection", "is_tensor_like", "linked_runs", "linked_size", "opaque_size"]
+__all__ = ["declared_bound", "dynamic_attrs_size", "is_collection", "is_tensor_like", "linked_runs", "linked_size",
+           "opaque_size"]
 
 _BOUND_ATTRS = ("maxsize", "maxlen", "max_size", "capacity", "max_entries", "_Cache__maxsize")
 _MAX_WALK = 100_000
@@ -56,6 +65,23 @@ def opaque_size(obj: Any, member: Any) -> int | None:
         items = object_array_items(obj)
         n = sum(1 for r in (gc.get_referents(obj) if items is None else items) if type(r) is type(member))
     except Exception:  # pragma: no cover - a C type whose traversal fails
+        return None
+    return n if n >= 2 else None
+
+
+def dynamic_attrs_size(obj: Any, member: Any) -> int | None:
+    """How many objects of ``member``'s type an instance holds in attributes its class's code never names
+    (``setattr(state, f"req_{i}", out)``, one attribute per request), when ``member`` is one of them: two or
+    more make the instance a collection, as its ``__dict__`` is once CPython stops keeping the attributes
+    inline. None otherwise (an attribute the code names, ``self.cache``, is a single reference)."""
+    tp = type(obj)
+    if not pure_python_class(tp) or existing_dict(obj) is not None:
+        return None
+    if attr_name(obj, member) is not None:
+        return None
+    try:
+        n = sum(1 for r in gc.get_referents(obj) if type(r) is type(member) and r is not tp)
+    except Exception:  # pragma: no cover - a type whose traversal fails
         return None
     return n if n >= 2 else None
 
