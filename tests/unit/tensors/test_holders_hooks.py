@@ -8,6 +8,7 @@ import functools
 import signal
 import sys
 import types
+import weakref
 
 import pytest
 import torch
@@ -331,3 +332,23 @@ def test_attributes_set_by_computed_names_make_the_instance_a_collection(app):
     for k in named:  # attributes the class's code names are single references, not a collection
         c = chains[k]
         assert c.steps[1] in ("Engine.system", "Engine.default") and c.nodes[0] not in c.containers, c.render()
+
+
+def test_staticmethods_properties_and_weakref_callbacks_are_named(app):
+    def build():
+        a, b, c = kv(), kv(), kv()
+
+        class Api:
+            pass
+
+        Api.run = staticmethod(lambda: a)
+        Api.result = property(lambda self: b)
+        target = State()
+        app.KEEP, app.API = [target, weakref.ref(target, lambda r: c)], Api()
+        return storage_key(a), storage_key(b), storage_key(c)
+
+    ka, kb, kc = build()
+    chains = find_holder_chains([ka, kb, kc])
+    assert "staticmethod.__func__" in chains[ka].steps, chains[ka].render()
+    assert "property.fget" in chains[kb].steps, chains[kb].render()
+    assert chains[kc].steps[:3] == ["module hooks_app: KEEP", "list[1]", "weakref callback"], chains[kc].render()

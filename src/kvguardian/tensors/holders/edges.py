@@ -14,6 +14,7 @@ import re
 import sys
 import threading
 import types
+import weakref
 from typing import Any
 
 from kvguardian.tensors.holders.access import (
@@ -128,6 +129,13 @@ def _callable_step(parent: Any, child: Any) -> str | None:
         return f"bound method {type(owner).__name__}.{parent.__name__}()" + (" self" if child is owner else "")
     if type(parent).__name__ == "_lru_cache_wrapper":
         return f"lru_cache {func_name(parent)}()"
+    if is_a(parent, (staticmethod, classmethod)) and child is parent.__func__:
+        return f"{type(parent).__name__}.__func__"
+    if is_a(parent, property):
+        part = next((a for a in ("fget", "fset", "fdel") if getattr(parent, a) is child), None)
+        return f"property.{part}" if part is not None else "property"
+    if is_a(parent, weakref.ref) and child is parent.__callback__:
+        return "weakref callback"  # weakref.ref(obj, callback): kept as long as the weak reference is
     return None
 
 
