@@ -36,7 +36,7 @@ _QL_NODE = 32  # struct quicklistNode
 _RAX_NODE = 48  # a stream's radix-tree node per listpack (key + child pointer), on average
 _STREAM_NODE_PREALLOC = 4096  # a server appending to a stream allocates each node's listpack 4 KiB up front
 _PEL_ENTRY = 48  # a pending entry: streamNACK + its radix-tree slot
-_U64 = struct.Struct("<Q")
+_I64 = struct.Struct("<q")  # EXPIRETIME_MS: signed milliseconds, as Redis reads them
 _INLINE = 4096  # bytes kept ahead of the inline path: a short string key and value always fit
 _EOF, _NEW_DB = 1, 2  # what `_record` met
 _D = struct.Struct("<d")
@@ -401,7 +401,7 @@ class RdbReader:
         if has_exp.any():
             first = at[has_exp] + 1
             raw = b[first[:, None] + _BYTES8]  # the 8 little-endian bytes of each expiry, one row a key
-            cols[has_exp, 2] = raw.view("<u8").ravel().astype(np.int64)
+            cols[has_exp, 2] = np.maximum(raw.view("<i8").ravel(), 0)  # signed, as `_record` reads it
             at = at + 9 * has_exp
         op = b[at]
         nxt = b[at + 1]
@@ -427,7 +427,7 @@ class RdbReader:
             self._key_value(t, out, self.expire, self.idle)
             self.expire = self.idle = -1
         elif t == OP.EXPIRETIME_MS:
-            self.expire = _U64.unpack(self.raw(8))[0]
+            self.expire = max(_I64.unpack(self.raw(8))[0], 0)  # before 1970: expired long ago (-1 means none)
         elif t == OP.IDLE:
             self.saw_idle = True
             self.idle = self.plain_length()
