@@ -238,3 +238,25 @@ def test_an_aux_number_that_is_not_one_is_a_warning_not_an_internal_error(ctime)
     assert res.complete and res.keys_scanned == 1
     assert res.server["rdb"]["ctime"] == 0 and res.server["rdb"]["used_mem"] == 0
     assert sum("AUX field" in w for w in res.warnings) == 2
+
+
+@pytest.mark.parametrize("record", [
+    b"\x00" + ln(2**62) + b"abc",  # a key length no file holds: read(2**62) was a MemoryError
+    b"\x00" + st("k") + b"\xc3" + ln(3) + ln(2**62) + b"\x00ab",  # an LZF value "of 4 EiB" in 3 bytes
+    b"\x00" + b"\xc3" + ln(3) + ln(2**40) + b"\x00ab" + st("v"),  # an LZF key the same way
+])
+def test_a_length_the_file_cannot_hold_is_damage_not_a_crash_or_a_huge_key(record, tmp_path):
+    good = b"".join(b"\x00" + st(f"k{i}") + st("v") for i in range(20))
+    (tmp_path / "d.rdb").write_bytes(rdb(good, record))
+    with open(tmp_path / "d.rdb", "rb") as f:  # a real file: its read(n) allocates n bytes first
+        res = scan_rdb(RdbSource(f, "t"))
+    assert not res.complete and res.incomplete_reason.startswith("damaged or truncated RDB at byte")
+    assert "MemoryError" not in res.incomplete_reason
+    assert res.keys_scanned == 20 and res.bytes < 10_000
+
+
+def test_lzf_at_its_densest_is_read():
+    """LZF's best ratio (a run of one byte) is 88: the damage check above must not refuse it."""
+    n, clen = 10_000_000, 113_643  # what Redis 7 writes for SET a <10 MB of 'a'> (measured)
+    res = scan_rdb(RdbSource(io.BytesIO(rdb(b"\x00" + st("a") + b"\xc3" + ln(clen) + ln(n) + bytes(clen))), "t"))
+    assert res.complete and res.keys_scanned == 1

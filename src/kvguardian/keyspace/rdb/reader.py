@@ -29,6 +29,9 @@ class ByteStream(Protocol):
     def read(self, n: int, /) -> bytes: ...
 
 CHUNK = 1 << 20
+#: most bytes asked of the stream at once: a length field is data from the file, and read(2**62) of a damaged
+#: one would try to allocate it all (MemoryError) instead of finding that the file ends first
+MAX_READ = 64 << 20
 _HEADROOM = 64  # bytes a record's opcode, expiry, idle and length prefixes fit in
 _ZSET_NODE = 53  # a skiplist node (24 bytes + 16 a level), averaged over levels (p = 1/4) and size classes
 _QUICKLIST = 40  # struct quicklist
@@ -158,7 +161,7 @@ class RdbReader:
         have = len(self.buf) - self.pos
         parts = [self.buf[self.pos:]]
         while have < n:
-            want = max(CHUNK, n - have)
+            want = max(CHUNK, min(n - have, MAX_READ))
             if self.limit is not None:
                 want = min(want, self.limit - self.base - self.pos - have)
                 if want <= 0:
@@ -243,7 +246,7 @@ class RdbReader:
             width = 1 << enc
             return str(int.from_bytes(self.raw(width), "little", signed=True)).encode()
         if enc == 3:
-            clen, ulen = self.plain_length(), self.plain_length()
+            clen, ulen = self._lzf_lengths()
             at = self.offset
             try:
                 return lzf_decompress(self.raw(clen), ulen)
@@ -261,10 +264,20 @@ class RdbReader:
             width = 1 << enc
             return len(str(int.from_bytes(self.raw(width), "little", signed=True))), True
         if enc == 3:
-            clen, ulen = self.plain_length(), self.plain_length()
+            clen, ulen = self._lzf_lengths()
             self.skip(clen)
             return ulen, False
         raise RdbError(f"unknown string encoding {enc}", self.offset)
+
+    def _lzf_lengths(self) -> tuple[int, int]:
+        """An LZF string's compressed and original lengths. LZF writes at most 264 bytes per 3-byte back
+        reference, so an original length over 88 times the compressed one is a damaged file (read as it
+        stands, one such key counted 5 million TiB)."""
+        at = self.offset
+        clen, ulen = self.plain_length(), self.plain_length()
+        if ulen > 100 * clen + 64:  # 88 at most, measured 88.0 on a 10 MB run of one byte
+            raise RdbError(f"damaged LZF string: {clen} compressed bytes cannot hold {ulen}", at)
+        return clen, ulen
 
     # ------------------------------------------------------------------ the file
     def header(self) -> int:
