@@ -122,9 +122,12 @@ def ping(client: Any, where: str) -> None:
     except redis.AuthenticationError as exc:
         raise UsageError(f"Redis at {where} refused the credentials ({exc}); fix the user/password in the URL "
                          "(redis://USER:PASSWORD@HOST:PORT)", exit_code=EXIT_ENVIRONMENT) from None
-    except redis.exceptions.NoPermissionError as exc:
-        raise UsageError(f"Redis at {where}: the ACL user may not run PING ({exc}); grant +ping "
-                         "(see README: read-only ACL user)", exit_code=EXIT_ENVIRONMENT) from None
+    except redis.exceptions.NoPermissionError as exc:  # PING itself, or what the connection sends first
+        refused = re.search(r"to run the '([^']+)' command", str(exc))  # SELECT (?db=), CLIENT SETNAME, ...
+        command = refused.group(1).lower() if refused else "ping"
+        raise UsageError(f"Redis at {where}: the ACL user may not run {command.upper().replace('|', ' ')} "
+                         f"({exc}); grant +{command} (see README: read-only ACL user)",
+                         exit_code=EXIT_ENVIRONMENT) from None
     except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
         raise UsageError(f"cannot reach Redis at {where}: {exc}; is the server running and the URL right?",
                          exit_code=EXIT_ENVIRONMENT) from None

@@ -162,6 +162,17 @@ def test_an_acl_user_without_dbsize_still_scans(hostile, kv_cli):
     assert data["keys_scanned"] == 30 * len(HOSTILE_KEYS) and any("DBSIZE" in w for w in data["warnings"])
 
 
+@pytest.mark.parametrize(("grants", "refused"), [(["+ping"], "select"), (["+select"], "ping")])
+def test_an_acl_user_refused_at_connect_is_told_the_command_redis_named(hostile, kv_cli, grants, refused):
+    """A user without +select (a URL with /1 sends SELECT before PING) was told "may not run PING ...; grant
+    +ping" while Redis had named SELECT: the fix named the wrong command."""
+    user = f"only{grants[0][1:]}"
+    hostile.client().execute_command("ACL", "SETUSER", user, "on", ">pw-c", "~*", *grants, "+hello", "+auth")
+    rc, _out, err = kv_cli("redis", "scan", f"redis://{user}:pw-c@127.0.0.1:{hostile.port}/1")
+    assert rc == 3 and len(err.strip().splitlines()) == 1, err
+    assert f"may not run {refused.upper()} " in err and f"grant +{refused} " in err and "pw-c" not in err
+
+
 @pytest.mark.parametrize("mode, body", [("redis-reply", b"E\r\n"), ("http", b""), ("garbage", b""),
                                         ("long-header", b"")])
 def test_a_server_that_is_not_redis_is_one_line(kv_cli, mode, body):
