@@ -183,16 +183,20 @@ def _write_views(args: argparse.Namespace, report: Report) -> None:
     if not (args.html or args.memory_snapshot or args.trace):
         return
     from kvguardian.report.document import classify
-    from kvguardian.report.exports import write_outputs
+    from kvguardian.report.exports import OutputsNotWritten, write_outputs
 
     source = Path(args.report).name if args.report else "kv-guardian run"
+    done: list[str] = []
     try:
-        for line in write_outputs(classify(report.to_dict(), source=source), html=args.html,
-                                  memory_snapshot=args.memory_snapshot, trace=args.trace):
-            if not args.quiet:
-                _say(f"wrote {line}")
-    except (OSError, UsageError) as exc:
-        _say(f"error: {getattr(exc, 'strerror', None) or exc}")
+        done = write_outputs(classify(report.to_dict(), source=source), html=args.html,
+                             memory_snapshot=args.memory_snapshot, trace=args.trace)
+    except OutputsNotWritten as exc:
+        done = exc.done
+        _say(f"error: {exc}")
+    except UsageError as exc:
+        _say(f"error: {exc}")
+    for line in [] if args.quiet else done:
+        _say(f"wrote {line}")
 
 
 def _names(signals: list[int]) -> list[str]:

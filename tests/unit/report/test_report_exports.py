@@ -141,3 +141,22 @@ def test_exports_need_a_timeline(tmp_path, capsys):
     assert not html.exists()  # every output is checked before anything is written
     assert main(["report", str(path)]) == 2
     assert "nothing to write" in capsys.readouterr().err
+
+
+def test_an_output_that_cannot_be_written_is_named_and_loses_none_of_the_others(tmp_path, report_file, capsys):
+    """A full disk under -o stopped the exports after it (the trace was never written) and the line said
+    "cannot write the output ... (-o FILE)" whichever one failed; `run --html /dev/full` said only "error: No
+    space left on device"."""
+    trace = tmp_path / "kv-trace.json"
+    assert main(["report", str(report_file), "-o", "/dev/full", "--trace", str(trace)]) == 3
+    err = capsys.readouterr().err
+    assert "cannot write -o /dev/full: No space left on device" in err and "Traceback" not in err
+    assert f"wrote {trace}" in err and _check_trace(json.loads(trace.read_text()))
+    assert main(["report", str(report_file), "-o", str(tmp_path / "r.html"), "--trace", "/dev/full"]) == 3
+    err = capsys.readouterr().err
+    assert "cannot write --trace /dev/full" in err and "cannot write -o" not in err and (tmp_path / "r.html").exists()
+
+
+def test_run_names_the_view_it_could_not_write_and_keeps_the_programs_code(capsys):
+    assert main(["run", "--html", "/dev/full", "--", sys.executable, "-c", "import sys; sys.exit(4)"]) == 4
+    assert "cannot write --html /dev/full: No space left on device" in capsys.readouterr().err
