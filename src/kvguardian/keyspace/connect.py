@@ -15,7 +15,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from kvguardian._errors import EXIT_ENVIRONMENT, UsageError, require
 from kvguardian.report import secrets
@@ -24,7 +24,6 @@ __all__ = ["AUTH_ENV", "Node", "Topology", "connect", "discover", "display_url",
 
 SCHEMES = ("redis", "rediss", "unix")
 AUTH_ENV = "REDISCLI_AUTH"  # the password when the URL has none, as redis-cli reads it
-_SECRET_QUERY = re.compile(r"pass|auth|token|secret", re.IGNORECASE)
 _SECRET_PAIR = re.compile(r"((?:pass|auth|token|secret)[^=&/]*=)(?!\*\*\*(?:&|$))[^&]*", re.IGNORECASE)
 
 
@@ -35,7 +34,7 @@ def display_url(url: str) -> str:
         netloc = parts.netloc
         if parts.password is not None:
             netloc = f"{parts.username or ''}:***@{netloc.rsplit('@', 1)[1]}"
-        query = urlencode([(k, "***" if _SECRET_QUERY.search(k) else v)
+        query = urlencode([(k, "***" if secrets.SECRET_QUERY.search(k) else v)
                            for k, v in parse_qsl(parts.query, keep_blank_values=True)], safe="*")
         shown = urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
     except ValueError:  # not even a URL: hide whatever sits where credentials would
@@ -46,18 +45,13 @@ def display_url(url: str) -> str:
 
 def _remember_credentials(url: str) -> str | None:
     """Register every credential in ``url`` (and ``REDISCLI_AUTH``) for masking; the env password to use."""
+    secrets.remember_url(url)
     try:
         parts = urlsplit(url)
         password = parts.password
         query = parse_qsl(parts.query, keep_blank_values=True)
     except ValueError:
         return None
-    if password is not None:
-        secrets.remember(password)
-        secrets.remember(unquote(password))
-    for key, value in query:
-        if _SECRET_QUERY.search(key):
-            secrets.remember(value)
     env = os.environ.get(AUTH_ENV)
     secrets.remember(env)
     has_password = password is not None or any(k.lower() == "password" for k, _ in query)
