@@ -188,6 +188,7 @@ def test_a_server_that_is_not_redis_is_one_line(kv_cli, mode, body):
     (["--cold-after", "1e400"], "--cold-after '1e400' is out of range"), (["--cold-after", "nan"], "out of range"),
     (["--top", "-5"], "--top -5 must be >= 1"), (["--min-keys", "-1"], "--min-keys -1 must be >= 0"),
     (["--max-keys-per-sec", "nan"], "--max-keys-per-sec nan"),
+    (["--max-keys-per-sec", "1e-300"], "--max-keys-per-sec 1e-300 is out of range"),  # was rc 70 (sleep overflow)
 ])
 def test_bad_scan_arguments_are_refused(hostile, kv_cli, argv, fragment):
     rc, _out, err = kv_cli("redis", "scan", hostile.url, *argv)
