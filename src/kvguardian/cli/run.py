@@ -67,8 +67,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _say(text: str) -> None:
-    sys.stderr.write(visible(f"kv-guardian run: {text}") + "\n")
-    sys.stderr.flush()
+    try:
+        sys.stderr.write(visible(f"kv-guardian run: {text}") + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):  # stderr closed or full: the line is lost, never the program's exit code
+        pass
 
 
 def _child_env(folder: str, args: argparse.Namespace) -> dict[str, str]:
@@ -173,7 +176,10 @@ def run(args: argparse.Namespace) -> int:
             _say(f"error: cannot write --report {args.report}: {exc.strerror or exc}")
     _write_views(args, report)
     if not args.quiet:
-        print_summary(report, audit, ConsoleReporter(stderr=True))
+        try:
+            print_summary(report, audit, ConsoleReporter(stderr=True))
+        except (OSError, ValueError):  # as in _say: 2>/dev/full turned the program's code 5 into 1
+            pass
     return exit_code(report, audit, outcome.returncode, Severity.parse(args.fail_on), quiet=args.quiet)
 
 
