@@ -73,6 +73,8 @@ def _check_url(url: str) -> None:
         raise UsageError(f"Redis URL {where!r} names no socket path; use unix:///path/to/redis.sock")
     if parts.scheme != "unix" and not parts.hostname:
         raise UsageError(f"Redis URL {where!r} names no host; use redis://HOST:PORT/DB")
+    if parts.scheme != "unix" and parts.port == 0:  # redis-py reads port 0 as "none given": 6379, another server
+        raise UsageError(f"Redis URL {where!r} names port 0; fix: the server's port, e.g. redis://HOST:6379/0")
     db = parts.path.strip("/") if parts.scheme != "unix" else ""
     if db and not db.isdigit():
         raise UsageError(f"Redis URL {where!r} names database {db!r}; fix: a database is a number, e.g. "
@@ -102,6 +104,9 @@ def connect(url: str, *, timeout: float = 10.0) -> Any:
         ping(client, display_url(url))
     except TypeError as exc:  # redis-py hands unknown ?options to the connection as keyword arguments
         option = str(exc).rpartition("argument ")[2] or str(exc)
+        if "ssl" in option and not url.startswith("rediss://"):
+            raise UsageError(f"Redis URL {display_url(url)!r} has the TLS option {option}, which only a rediss:// "
+                             "URL takes; fix: use rediss://, or drop the option") from None
         raise UsageError(f"Redis URL {display_url(url)!r} has an option redis-py does not know ({option}); fix: "
                          "drop it (known: db, username, password, socket_timeout, ssl_cert_reqs, …)") from None
     return client
@@ -126,7 +131,9 @@ def ping(client: Any, where: str) -> None:
         raise UsageError(f"cannot reach Redis at {where}: {exc}; is the server running and the URL right?",
                          exit_code=EXIT_ENVIRONMENT) from None
     except redis.ResponseError as exc:
-        raise UsageError(f"Redis at {where} answered PING with an error: {exc}",
+        fix = ("; fix: pick a database the server has (CONFIG GET databases; 0 always exists)"
+               if "DB index" in str(exc) else "")
+        raise UsageError(f"Redis at {where} answered PING with an error: {exc}{fix}",
                          exit_code=EXIT_ENVIRONMENT) from None
     except redis.RedisError as exc:  # InvalidResponse: the reply is not the Redis protocol
         raise UsageError(f"the server at {where} does not speak the Redis protocol ({exc}); fix: check the host "

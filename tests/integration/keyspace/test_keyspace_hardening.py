@@ -173,6 +173,17 @@ def test_an_acl_user_refused_at_connect_is_told_the_command_redis_named(hostile,
     assert f"may not run {refused.upper()} " in err and f"grant +{refused} " in err and "pw-c" not in err
 
 
+@pytest.mark.parametrize(("tail", "rc", "says"), [
+    ("PORT/99", 3, "DB index is out of range; fix: pick a database the server has"),
+    ("0/0", 2, "names port 0; fix: the server's port"),  # redis-py took port 0 for 6379: another server
+    ("PORT/0?ssl_cert_reqs=none", 2, "the TLS option 'ssl_cert_reqs', which only a rediss:// URL takes"),
+])
+def test_urls_that_name_the_wrong_thing_are_one_line_with_the_fix(hostile, kv_cli, tail, rc, says):
+    url = "redis://127.0.0.1:" + tail.replace("PORT", str(hostile.port))
+    code, _out, err = kv_cli("redis", "scan", url)
+    assert code == rc and says in err and len(err.strip().splitlines()) == 1, err
+
+
 @pytest.mark.parametrize("mode, body", [("redis-reply", b"E\r\n"), ("http", b""), ("garbage", b""),
                                         ("long-header", b"")])
 def test_a_server_that_is_not_redis_is_one_line(kv_cli, mode, body):
