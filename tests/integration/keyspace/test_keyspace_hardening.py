@@ -236,6 +236,18 @@ def test_stdout_on_a_full_disk_is_one_line(hostile):
     assert len(done.stderr.strip().splitlines()) == 1
 
 
+def test_an_output_file_that_cannot_be_written_loses_nothing_else(hostile, kv_cli, tmp_path):
+    """-o on a full disk raised after the sweep: the table, the HTML page and the --prometheus file after it
+    were never written, and the line did not say which flag (rc 2)."""
+    prom, page = tmp_path / "s.prom", tmp_path / "s.html"
+    rc, out, err = kv_cli("redis", "scan", hostile.url, "-o", "/dev/full", "--prometheus", str(prom), "--html",
+                          str(page), "--fail-on", "never")
+    assert rc == 3, err
+    assert "cannot write -o '/dev/full': No space left on device; the result was still shown" in err
+    assert "key patterns by memory" in out and prom.read_text().startswith("# HELP") and page.stat().st_size
+    assert len(err.strip().splitlines()) == 1
+
+
 def _scan_file(tmp_path: Path, hostile, kv_cli) -> dict:
     path = tmp_path / "scan.json"
     rc, _, err = kv_cli("redis", "scan", hostile.url, "-o", str(path), "--fail-on", "never")
