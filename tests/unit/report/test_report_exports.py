@@ -160,3 +160,29 @@ def test_an_output_that_cannot_be_written_is_named_and_loses_none_of_the_others(
 def test_run_names_the_view_it_could_not_write_and_keeps_the_programs_code(capsys):
     assert main(["run", "--html", "/dev/full", "--", sys.executable, "-c", "import sys; sys.exit(4)"]) == 4
     assert "cannot write --html /dev/full: No space left on device" in capsys.readouterr().err
+
+
+def test_an_html_page_written_to_a_fifo_or_through_a_link_keeps_them(tmp_path):
+    """The page was written to a temporary file renamed over the path: `--html /dev/full` (as root) replaced
+    the device with a regular file for every program on the machine, `--html /dev/stdout` the link, a FIFO
+    became a file and a symbolic link was cut from its target. Only a regular file is replaced whole."""
+    import os
+    import stat
+    import threading
+
+    from kvguardian.report.html.reporter import html_file
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()), daemon=True)
+    reader.start()
+    html_file(fifo).close()
+    reader.join(30)
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and got and got[0].startswith(b"<!DOCTYPE html>")
+    real = tmp_path / "real.html"
+    real.write_text("old")
+    (tmp_path / "link.html").symlink_to(real)
+    html_file(tmp_path / "link.html").close()
+    assert (tmp_path / "link.html").is_symlink() and real.read_text().startswith("<!DOCTYPE html>")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.html", "pipe", "real.html"]  # no temporary left
