@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-__all__ = ["SECRET_QUERY", "has_secrets", "mask", "remember", "remember_url"]
+__all__ = ["SECRET_QUERY", "has_secrets", "mask", "remember", "remember_url", "remember_urls_in"]
 
 #: query parameters whose value is a credential (password=, auth=, token=, access_token=, client_secret=, ...)
 SECRET_QUERY = re.compile(r"pass|auth|token|secret", re.IGNORECASE)
@@ -43,6 +43,22 @@ def remember_url(url: str | None) -> None:
     for key, value in query:
         if SECRET_QUERY.search(key):
             remember(value)
+
+
+def remember_urls_in(data: object) -> None:
+    """`remember_url` for every string in JSON ``data`` that looks like a URL with a credential: a file read
+    back (a scan's ``target``, a watch's ``metrics_url``) may come from an older or another writer that did
+    not mask it, and is shown again by ``report``, ``redis diff`` and ``--compare``."""
+    stack = [data]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if "://" in item and ("@" in item or "=" in item):
+                remember_url(item)
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
 
 
 def has_secrets() -> bool:

@@ -186,3 +186,19 @@ def test_an_html_page_written_to_a_fifo_or_through_a_link_keeps_them(tmp_path):
     html_file(tmp_path / "link.html").close()
     assert (tmp_path / "link.html").is_symlink() and real.read_text().startswith("<!DOCTYPE html>")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["link.html", "pipe", "real.html"]  # no temporary left
+
+
+def test_a_credential_left_in_a_report_files_url_is_masked_when_it_is_shown_again(tmp_path, capsys):
+    """A scan JSON from an older or another writer with redis://user:PASSWORD@… in "target" was shown as
+    it stood by `report` (the HTML page) and by `redis diff` / `--compare` (every line)."""
+    from kvguardian.keyspace.result import ScanResult, load_result
+
+    scan = ScanResult(target="redis://bob:pw-Hunter7@10.0.0.1:6379/0?password=pw-Hunter8", started=1).to_dict()
+    scan["target"] = "redis://bob:pw-Hunter7@10.0.0.1:6379/0?password=pw-Hunter8"  # as an unmasking writer left it
+    path = tmp_path / "scan.json"
+    path.write_text(json.dumps(scan))
+    html = tmp_path / "r.html"
+    assert main(["report", str(path), "-o", str(html)]) == 0
+    page = html.read_text()
+    assert "Hunter" not in page + capsys.readouterr().err and "redis://bob:***@10.0.0.1" in page
+    assert "Hunter" not in load_result(path).to_json()
