@@ -13,8 +13,8 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 __all__ = ["SECRET_QUERY", "has_secrets", "mask", "remember", "remember_url", "remember_urls_in"]
 
-#: query parameters whose value is a credential (password=, auth=, token=, access_token=, client_secret=, ...)
-SECRET_QUERY = re.compile(r"pass|auth|token|secret", re.IGNORECASE)
+#: query parameters whose value is a credential (password=, auth=, token=, access_token=, api_key=, ...)
+SECRET_QUERY = re.compile(r"pass|auth|token|secret|key|signature", re.IGNORECASE)
 
 _MIN = 3
 _secrets: set[str] = set()

@@ -102,7 +102,7 @@ def test_credentials_in_the_metrics_url_appear_nowhere(tmp_path):
     metrics = VllmMetrics()
     metrics.set(running=0, waiting=0, usage=0.2)
     server = MetricsServer(metrics.registry)
-    url = server.url.replace("http://", "http://me:pw-Secret1@") + "?access_token=tok-Secret2"
+    url = server.url.replace("http://", "http://me:pw-Secret1@") + "?access_token=tok-Secret2&api_key=k-Secret3"
     try:
         proc = _watch("vllm", "--metrics", url, "--interval", "0.1", "--grace", "0.2", "--duration", "1",
                       "--json", "--html", str(tmp_path / "w.html"))
