@@ -107,7 +107,10 @@ class KVGuardianPlugin:
         self.config = config
         self.all = bool(_option(config, "kv_no_leak_all", "kv_no_leak_all"))
         fail_on = _option(config, "kv_fail_on", "kv_fail_on") or "info"
-        self.fail_on = Severity.parse(fail_on)
+        try:
+            self.fail_on = Severity.parse(fail_on)
+        except UsageError as exc:  # an ini value: argparse's choices never saw it
+            raise pytest.UsageError(f"kv_fail_on: {exc}") from None
         try:
             self.holder_seconds = float(_option(config, "kv_holder_seconds", "kv_holder_seconds"))
         except ValueError:
@@ -137,11 +140,7 @@ class KVGuardianPlugin:
         marker = item.get_closest_marker("kv_no_leak")
         if marker is None and not self.all:
             return (yield)
-        kwargs = dict(marker.kwargs) if marker is not None else {}
-        fail_on = Severity.parse(kwargs.pop("fail_on", self.fail_on))
-        allow = int(kwargs.pop("allow_bytes", 0))
-        if kwargs:
-            raise pytest.UsageError(f"kv_no_leak got unknown arguments {sorted(kwargs)}; use fail_on=, allow_bytes=")
+        fail_on, allow = self._marker_options(item, marker)
         funcargs = getattr(item, "funcargs", {})
         guard = funcargs.get("kv_guard")
         if guard is None:
@@ -169,6 +168,27 @@ class KVGuardianPlugin:
         if failing and (orphaned > allow or any(f.id != "KVG102" for f in failing)):
             pytest.fail(leak_failure_text(report, failing, fail_on), pytrace=False)
         return result
+
+    def _marker_options(self, item: pytest.Item, marker: pytest.Mark | None) -> tuple[Severity, int]:
+        """``fail_on`` and ``allow_bytes`` of the test's marker; a bad one fails that test with one line naming
+        the marker and the fix (not a traceback into kv-guardian)."""
+        kwargs = dict(marker.kwargs) if marker is not None else {}
+        where = f"@pytest.mark.kv_no_leak on {item.nodeid}"
+        if marker is not None and marker.args:
+            pytest.fail(f"{where} takes keywords only, got {marker.args!r}; fix: fail_on='warning', "
+                        "allow_bytes=1024", pytrace=False)
+        try:
+            fail_on = Severity.parse(kwargs.pop("fail_on", self.fail_on))
+        except UsageError as exc:
+            pytest.fail(f"{where}: fail_on: {exc}", pytrace=False)
+        allow = kwargs.pop("allow_bytes", 0)
+        if isinstance(allow, bool) or not isinstance(allow, int) or allow < 0:
+            pytest.fail(f"{where}: allow_bytes={allow!r} must be a whole number of bytes >= 0; fix: e.g. "
+                        "allow_bytes=1024", pytrace=False)
+        if kwargs:
+            pytest.fail(f"{where} got unknown arguments {sorted(kwargs)}; fix: use fail_on=, allow_bytes=",
+                        pytrace=False)
+        return fail_on, allow
 
     def _write(self, item: pytest.Item, report: Report) -> None:
         if self.html_path:

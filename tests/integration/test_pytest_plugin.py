@@ -76,7 +76,36 @@ def test_options_and_ini_twins(pytester):
 def test_bad_marker_arguments_are_a_usage_error(pytester):
     pytester.makepyfile("import pytest\n@pytest.mark.kv_no_leak(budget=3)\ndef test_x():\n    pass\n")
     result = pytester.runpytest_inprocess("-q")
-    assert "kv_no_leak got unknown arguments ['budget']" in result.stdout.str() + result.stderr.str()
+    assert "kv_no_leak on test_bad_marker_arguments_are_a_usage_error.py::test_x got unknown arguments " \
+        "['budget']" in result.stdout.str() + result.stderr.str()
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    ('fail_on="bogus"', "fail_on: unknown severity 'bogus'"),
+    ("allow_bytes=-5", "allow_bytes=-5 must be a whole number of bytes >= 0"),
+    ('allow_bytes="lots"', "allow_bytes='lots' must be a whole number"),
+    ("allow_bytes=1.5", "allow_bytes=1.5 must be a whole number"),
+    ('"error"', "takes keywords only, got ('error',)"),
+])
+def test_a_bad_marker_value_fails_that_test_with_one_line(pytester, args, says):
+    """A marker's value was a traceback into kv-guardian (ValueError from int('lots'), UsageError from the
+    severity parser) or silently accepted (allow_bytes=-5, a positional argument)."""
+    pytester.makepyfile(f"import pytest\n@pytest.mark.kv_no_leak({args})\ndef test_x():\n    pass\n"
+                        "def test_y():\n    pass\n")
+    result = pytester.runpytest_inprocess("-q", "-p", "no:randomly")
+    result.assert_outcomes(passed=1, failed=1)
+    out = result.stdout.str()
+    assert says in out and "@pytest.mark.kv_no_leak on " in out
+    assert "Traceback" not in out and "kvguardian/" not in out and "pytest_plugin.py" not in out
+
+
+def test_a_bad_kv_fail_on_ini_value_is_a_usage_error_not_an_internal_error(pytester):
+    pytester.makepyfile("def test_x():\n    pass\n")
+    pytester.makeini("[pytest]\nkv_fail_on = bogus\n")
+    result = pytester.runpytest_subprocess("-q")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    err = result.stderr.str()
+    assert "kv_fail_on: unknown severity 'bogus'" in err and "INTERNALERROR" not in err
 
 
 @pytest.mark.parametrize("value", ["soon"])

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import errno
 import importlib
+import io
 import logging
 import os
 import sys
@@ -90,6 +91,7 @@ def build_parser(only: str | None = None) -> ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    _stand_in_for_closed_streams()
     words = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(words[0] if words and words[0] in COMMANDS else None)
     args = parser.parse_args(words)
@@ -104,12 +106,37 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger("kvguardian").removeHandler(handler)
 
 
-_WRITE_ERRORS = (errno.ENOSPC, errno.EIO, errno.EDQUOT, errno.EFBIG, errno.EROFS)
+_WRITE_ERRORS = (errno.ENOSPC, errno.EIO, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EBADF)
+
+
+class _ClosedStdout(io.TextIOBase):
+    """Stands in for a stdout the command was started without (``>&-``): writing to it is the write error
+    (EBADF) that `_run` turns into one line and exit code 3, as for a full disk."""
+
+    def write(self, _text: str) -> int:
+        raise OSError(errno.EBADF, "stdout is closed")
+
+
+def _stand_in_for_closed_streams() -> None:
+    """Started with stdout or stderr closed, Python sets them to None and every write was an AttributeError
+    (rc 70; ``run`` lost the program's exit code). stderr becomes os.devnull (its lines have nowhere to go;
+    the exit code still tells), stdout `_ClosedStdout`. Nothing here opens a descriptor a program under
+    ``run`` could inherit (os.devnull's is not inheritable)."""
+    if sys.stdout is None:
+        sys.stdout = _ClosedStdout()
+    if sys.stderr is None:
+        try:
+            sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - replaces the stream until exit
+        except OSError:
+            pass
 
 
 def _run(run: Callable[[argparse.Namespace], int | None], args: argparse.Namespace) -> int:
     def say(text: str) -> None:
-        sys.stderr.write(visible(f"kv-guardian {args.command}: {text}") + "\n")
+        try:
+            sys.stderr.write(visible(f"kv-guardian {args.command}: {text}") + "\n")
+        except (OSError, ValueError):  # stderr full or gone: the exit code still says what happened
+            pass
 
     try:
         code = int(run(args) or 0)
@@ -128,8 +155,8 @@ def _run(run: Callable[[argparse.Namespace], int | None], args: argparse.Namespa
         if exc.errno not in _WRITE_ERRORS:
             return _internal(exc, say)
         _quiet_stdout()
-        say(f"error: cannot write the output: {exc.strerror or exc}; fix: free space or write elsewhere "
-            "(-o FILE)")
+        fix = "give the command a stdout" if exc.errno == errno.EBADF else "free space"
+        say(f"error: cannot write the output: {exc.strerror or exc}; fix: {fix} or write elsewhere (-o FILE)")
         return EXIT_ENVIRONMENT
     except Exception as exc:
         return _internal(exc, say)

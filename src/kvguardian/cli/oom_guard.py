@@ -99,6 +99,17 @@ def _cgroup(args: argparse.Namespace) -> tuple[Any, Path | None]:
     return sig, sig.path
 
 
+def _check_numbers(args: argparse.Namespace) -> None:
+    """--memory-limit-mb, --drain-deadline and --settle: a negative limit made every reading nonsense, and a
+    nan deadline made /drain wait for ever (nan <= 0 is never true)."""
+    if args.memory_limit_mb is not None and args.memory_limit_mb <= 0:
+        raise UsageError(f"--memory-limit-mb {args.memory_limit_mb} must be > 0; fix: the container's limit in MB, "
+                         "e.g. --memory-limit-mb 16384")
+    for flag, value in (("--drain-deadline", args.drain_deadline), ("--settle", args.settle)):
+        if not 0 <= value <= 86400:  # nan fails too
+            raise UsageError(f"{flag} {value:g} must be a number of seconds in 0..86400; fix: e.g. {flag} 30")
+
+
 def build(args: argparse.Namespace) -> Any:
     """The `Sidecar` the arguments describe (bad input raises `UsageError` with the fix)."""
     from kvguardian.oom.guard import OOMGuard
@@ -106,6 +117,7 @@ def build(args: argparse.Namespace) -> Any:
     from kvguardian.oom.signals.nvml import NvmlSignal
 
     wm = Watermarks(**{name: getattr(args, name) for name in _WATERMARKS})
+    _check_numbers(args)
     if args.metrics is not None:
         from kvguardian.engines.promtext import check_url
 

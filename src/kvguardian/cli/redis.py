@@ -169,17 +169,22 @@ def emit_scan(args: argparse.Namespace, result: Any, old: Any, *, command: str, 
     """Findings, outputs and the exit code of a finished scan (live or from an RDB)."""
     result = _finalize(args)(result)
     diff_out = _compare(args, old, result) if old is not None else None
+    failed = []  # a file that cannot be written loses nothing else: the table, the page, the other files
     if args.output:
-        _write(args.output, result.to_json() + "\n")
+        failed.append(_write(args.output, result.to_json() + "\n", "-o"))
     if args.prometheus:
         from kvguardian.keyspace.metrics import exposition
 
-        _write(args.prometheus, exposition(result))
+        failed.append(_write(args.prometheus, exposition(result), "--prometheus"))
     if args.json or args.prometheus != "-":
         _show(args, result, diff_out)
     elif args.html:  # the exposition is on stdout: the HTML report alone
         _show(args, result, diff_out, html_only=True)
-    return _scan_exit(args, result, command, ending or Ending())
+    code = _scan_exit(args, result, command, ending or Ending())
+    if any(failed):
+        raise UsageError("; ".join(f for f in failed if f) + "; the result was still shown; fix: free space or "
+                         "write elsewhere", exit_code=EXIT_ENVIRONMENT)
+    return code
 
 
 def _compare(args: argparse.Namespace, old: Any, result: Any) -> tuple[Any, Any, Any]:
@@ -272,11 +277,13 @@ def run_exporter(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _write(path: str, text: str) -> None:
+def _write(path: str, text: str, flag: str) -> str | None:
+    """Write ``text`` to ``path`` ('-': stdout); what went wrong, or None."""
     if path == "-":
         sys.stdout.write(text)
-        return
+        return None
     try:
         Path(path).write_text(text, encoding="utf-8")
     except OSError as exc:
-        raise UsageError(f"cannot write {path!r}: {exc.strerror or exc}") from None
+        return f"cannot write {flag} {path!r}: {exc.strerror or exc}"
+    return None

@@ -51,6 +51,7 @@ def _progress_and_stop(args: argparse.Namespace) -> tuple[Any, threading.Event]:
 
 
 def run_rdb(args: argparse.Namespace, hooks: ScanHooks) -> int:
+    from kvguardian.keyspace.rdb.format import RdbError
     from kvguardian.keyspace.rdb.scan import RdbSource, scan_rdb
     from kvguardian.keyspace.result import load_result
 
@@ -64,7 +65,12 @@ def run_rdb(args: argparse.Namespace, hooks: ScanHooks) -> int:
     bar, stop = _progress_and_stop(args)
     with f, bar as progress:
         size = path.stat().st_size if path.is_file() else 0
-        result = scan_rdb(RdbSource(f, str(path), total_bytes=size), opts, db=args.db, progress=progress, stop=stop)
+        try:
+            result = scan_rdb(RdbSource(f, str(path), total_bytes=size), opts, db=args.db, progress=progress,
+                              stop=stop)
+        except RdbError as exc:  # the header: nothing was read yet
+            raise UsageError(f"RDB file {str(path)!r}: {exc}; fix: pass a snapshot written by Redis 5.0 or "
+                             "later (dump.rdb, redis-cli --rdb FILE)") from None
     return hooks.emit(args, result, old, command="rdb")
 
 

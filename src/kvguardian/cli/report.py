@@ -35,7 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from kvguardian.report.document import load_document
-    from kvguardian.report.exports import write_outputs
+    from kvguardian.report.exports import OutputsNotWritten, write_outputs
 
     outputs = [(args.output, "-o"), (args.memory_snapshot, "--memory-snapshot"), (args.trace, "--trace")]
     if not any(path for path, _ in outputs):
@@ -45,9 +45,19 @@ def run(args: argparse.Namespace) -> int:
         if path:
             check_writable(path, flag)
     doc = load_document(args.file, redact=redact_report if args.redact else None)
-    for line in write_outputs(doc, html=args.output, memory_snapshot=args.memory_snapshot, trace=args.trace):
-        sys.stderr.write(visible(f"kv-guardian report: wrote {line}") + "\n")
+    try:
+        done = write_outputs(doc, html=args.output, memory_snapshot=args.memory_snapshot, trace=args.trace,
+                             flags=("-o", "--memory-snapshot", "--trace"))
+    except OutputsNotWritten as exc:
+        _wrote(exc.done)
+        raise
+    _wrote(done)
     return EXIT_OK
+
+
+def _wrote(lines: list[str]) -> None:
+    for line in lines:
+        sys.stderr.write(visible(f"kv-guardian report: wrote {line}") + "\n")
 
 
 def redact_report(data: Any) -> Any:

@@ -67,8 +67,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _say(text: str) -> None:
-    sys.stderr.write(visible(f"kv-guardian run: {text}") + "\n")
-    sys.stderr.flush()
+    try:
+        sys.stderr.write(visible(f"kv-guardian run: {text}") + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):  # stderr closed or full: the line is lost, never the program's exit code
+        pass
 
 
 def _child_env(folder: str, args: argparse.Namespace) -> dict[str, str]:
@@ -173,7 +176,10 @@ def run(args: argparse.Namespace) -> int:
             _say(f"error: cannot write --report {args.report}: {exc.strerror or exc}")
     _write_views(args, report)
     if not args.quiet:
-        print_summary(report, audit, ConsoleReporter(stderr=True))
+        try:
+            print_summary(report, audit, ConsoleReporter(stderr=True))
+        except (OSError, ValueError):  # as in _say: 2>/dev/full turned the program's code 5 into 1
+            pass
     return exit_code(report, audit, outcome.returncode, Severity.parse(args.fail_on), quiet=args.quiet)
 
 
@@ -183,16 +189,20 @@ def _write_views(args: argparse.Namespace, report: Report) -> None:
     if not (args.html or args.memory_snapshot or args.trace):
         return
     from kvguardian.report.document import classify
-    from kvguardian.report.exports import write_outputs
+    from kvguardian.report.exports import OutputsNotWritten, write_outputs
 
     source = Path(args.report).name if args.report else "kv-guardian run"
+    done: list[str] = []
     try:
-        for line in write_outputs(classify(report.to_dict(), source=source), html=args.html,
-                                  memory_snapshot=args.memory_snapshot, trace=args.trace):
-            if not args.quiet:
-                _say(f"wrote {line}")
-    except (OSError, UsageError) as exc:
-        _say(f"error: {getattr(exc, 'strerror', None) or exc}")
+        done = write_outputs(classify(report.to_dict(), source=source), html=args.html,
+                             memory_snapshot=args.memory_snapshot, trace=args.trace)
+    except OutputsNotWritten as exc:
+        done = exc.done
+        _say(f"error: {exc}")
+    except UsageError as exc:
+        _say(f"error: {exc}")
+    for line in [] if args.quiet else done:
+        _say(f"wrote {line}")
 
 
 def _names(signals: list[int]) -> list[str]:

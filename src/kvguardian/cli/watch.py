@@ -88,7 +88,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from kvguardian.engines.watch import Watch
+    from kvguardian.report import secrets
 
+    for url in (args.metrics, getattr(args, "events", None), getattr(args, "replay", None)):
+        secrets.remember_url(url)  # http://user:PASSWORD@…, ?token=…: never in a line, the JSON or the page
     if args.exporter_port is not None and not 0 <= args.exporter_port < 65536:
         raise UsageError(f"--exporter-port {args.exporter_port} is not a TCP port; fix: use 0-65535 (0 picks a "
                          "free one)")

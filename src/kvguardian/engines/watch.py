@@ -141,12 +141,13 @@ class Watch:
             self.audit.check_wake(now, engine_served=served)
 
     # ------------------------------------------------------------------ is the event stream reaching us?
-    def check_events(self, now: float) -> None:
-        """Warn (once each) when no publisher connected, or prompts were served while no batch arrived."""
+    def check_events(self, now: float, *, ending: bool = False) -> None:
+        """Warn (once each) when no publisher connected (within ``connect_grace``, or at all by the end of the
+        watch), or prompts were served while no batch arrived."""
         sub = self.subscriber
         if sub is None:
             return
-        if not sub.ever_connected and now - self._started >= self.connect_grace:
+        if not sub.ever_connected and (ending or now - self._started >= self.connect_grace):
             if sub.bind:
                 why = f"no KV-event publisher connected to {sub.endpoint} (bound by --events-bind)"
                 fix = "set vLLM's kv-events-config endpoint to this address"
@@ -259,7 +260,9 @@ class Watch:
         return self.audit.incomplete or bool(self._warned & {"no-publisher", "silent-stream"})
 
     def report(self) -> Report:
-        self.check_events(time.monotonic())  # a short watch still says that nothing connected
+        # a watch shorter than the connect grace (--duration 2, default --interval 5) still says that nothing
+        # connected: it was "incomplete: false" with 0 batches
+        self.check_events(time.monotonic(), ending=True)
         return Report(findings=self.board.all(), summary=self.summary())
 
     def summary_lines(self) -> list[str]:

@@ -15,7 +15,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from kvguardian._errors import EXIT_ENVIRONMENT, UsageError, require
 from kvguardian.report import secrets
@@ -24,7 +24,6 @@ __all__ = ["AUTH_ENV", "Node", "Topology", "connect", "discover", "display_url",
 
 SCHEMES = ("redis", "rediss", "unix")
 AUTH_ENV = "REDISCLI_AUTH"  # the password when the URL has none, as redis-cli reads it
-_SECRET_QUERY = re.compile(r"pass|auth|token|secret", re.IGNORECASE)
 _SECRET_PAIR = re.compile(r"((?:pass|auth|token|secret)[^=&/]*=)(?!\*\*\*(?:&|$))[^&]*", re.IGNORECASE)
 
 
@@ -35,7 +34,7 @@ def display_url(url: str) -> str:
         netloc = parts.netloc
         if parts.password is not None:
             netloc = f"{parts.username or ''}:***@{netloc.rsplit('@', 1)[1]}"
-        query = urlencode([(k, "***" if _SECRET_QUERY.search(k) else v)
+        query = urlencode([(k, "***" if secrets.SECRET_QUERY.search(k) else v)
                            for k, v in parse_qsl(parts.query, keep_blank_values=True)], safe="*")
         shown = urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
     except ValueError:  # not even a URL: hide whatever sits where credentials would
@@ -46,18 +45,13 @@ def display_url(url: str) -> str:
 
 def _remember_credentials(url: str) -> str | None:
     """Register every credential in ``url`` (and ``REDISCLI_AUTH``) for masking; the env password to use."""
+    secrets.remember_url(url)
     try:
         parts = urlsplit(url)
         password = parts.password
         query = parse_qsl(parts.query, keep_blank_values=True)
     except ValueError:
         return None
-    if password is not None:
-        secrets.remember(password)
-        secrets.remember(unquote(password))
-    for key, value in query:
-        if _SECRET_QUERY.search(key):
-            secrets.remember(value)
     env = os.environ.get(AUTH_ENV)
     secrets.remember(env)
     has_password = password is not None or any(k.lower() == "password" for k, _ in query)
@@ -79,6 +73,8 @@ def _check_url(url: str) -> None:
         raise UsageError(f"Redis URL {where!r} names no socket path; use unix:///path/to/redis.sock")
     if parts.scheme != "unix" and not parts.hostname:
         raise UsageError(f"Redis URL {where!r} names no host; use redis://HOST:PORT/DB")
+    if parts.scheme != "unix" and parts.port == 0:  # redis-py reads port 0 as "none given": 6379, another server
+        raise UsageError(f"Redis URL {where!r} names port 0; fix: the server's port, e.g. redis://HOST:6379/0")
     db = parts.path.strip("/") if parts.scheme != "unix" else ""
     if db and not db.isdigit():
         raise UsageError(f"Redis URL {where!r} names database {db!r}; fix: a database is a number, e.g. "
@@ -108,6 +104,9 @@ def connect(url: str, *, timeout: float = 10.0) -> Any:
         ping(client, display_url(url))
     except TypeError as exc:  # redis-py hands unknown ?options to the connection as keyword arguments
         option = str(exc).rpartition("argument ")[2] or str(exc)
+        if "ssl" in option and not url.startswith("rediss://"):
+            raise UsageError(f"Redis URL {display_url(url)!r} has the TLS option {option}, which only a rediss:// "
+                             "URL takes; fix: use rediss://, or drop the option") from None
         raise UsageError(f"Redis URL {display_url(url)!r} has an option redis-py does not know ({option}); fix: "
                          "drop it (known: db, username, password, socket_timeout, ssl_cert_reqs, …)") from None
     return client
@@ -122,14 +121,19 @@ def ping(client: Any, where: str) -> None:
     except redis.AuthenticationError as exc:
         raise UsageError(f"Redis at {where} refused the credentials ({exc}); fix the user/password in the URL "
                          "(redis://USER:PASSWORD@HOST:PORT)", exit_code=EXIT_ENVIRONMENT) from None
-    except redis.exceptions.NoPermissionError as exc:
-        raise UsageError(f"Redis at {where}: the ACL user may not run PING ({exc}); grant +ping "
-                         "(see README: read-only ACL user)", exit_code=EXIT_ENVIRONMENT) from None
+    except redis.exceptions.NoPermissionError as exc:  # PING itself, or what the connection sends first
+        refused = re.search(r"to run the '([^']+)' command", str(exc))  # SELECT (?db=), CLIENT SETNAME, ...
+        command = refused.group(1).lower() if refused else "ping"
+        raise UsageError(f"Redis at {where}: the ACL user may not run {command.upper().replace('|', ' ')} "
+                         f"({exc}); grant +{command} (see README: read-only ACL user)",
+                         exit_code=EXIT_ENVIRONMENT) from None
     except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
         raise UsageError(f"cannot reach Redis at {where}: {exc}; is the server running and the URL right?",
                          exit_code=EXIT_ENVIRONMENT) from None
     except redis.ResponseError as exc:
-        raise UsageError(f"Redis at {where} answered PING with an error: {exc}",
+        fix = ("; fix: pick a database the server has (CONFIG GET databases; 0 always exists)"
+               if "DB index" in str(exc) else "")
+        raise UsageError(f"Redis at {where} answered PING with an error: {exc}{fix}",
                          exit_code=EXIT_ENVIRONMENT) from None
     except redis.RedisError as exc:  # InvalidResponse: the reply is not the Redis protocol
         raise UsageError(f"the server at {where} does not speak the Redis protocol ({exc}); fix: check the host "

@@ -49,6 +49,7 @@ from typing import Any
 
 from kvguardian._errors import UsageError
 from kvguardian.findings import Finding, Report
+from kvguardian.report import secrets
 from kvguardian.report.escape import dumps
 
 __all__ = ["SCHEMA", "VERSION", "ScanResult", "key_text", "load_result"]
@@ -264,6 +265,7 @@ def load_result(path: str | Path) -> ScanResult:
                  else "nested too deep" if isinstance(exc, RecursionError) else str(exc))
         raise UsageError(f"scan file {str(p)!r} is not JSON ({where}); "
                          "write one with: kv-guardian redis scan URL --json > FILE") from None
+    secrets.remember_urls_in(data)  # a credential an older writer left in "target" is shown as ***
     return ScanResult.from_dict(data, where=f"scan file {str(p)!r}")
 
 

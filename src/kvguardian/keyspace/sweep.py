@@ -14,7 +14,6 @@ process mines the last one. It ends in one of four ways, always with a `ScanResu
 from __future__ import annotations
 
 import functools
-import math
 import threading
 import time
 from collections.abc import Callable
@@ -65,8 +64,9 @@ class SweepOptions:
             raise UsageError(f"--max-call-ms {self.max_call_ms:g} is out of range; use 0.05..1000 (default 0.5)")
         if not 0 <= self.nice <= 19:
             raise UsageError(f"--nice {self.nice} is out of range; use 0..19")
-        if self.max_keys_per_sec is not None and not 0 < self.max_keys_per_sec < math.inf:
-            raise UsageError(f"--max-keys-per-sec {self.max_keys_per_sec} must be a number > 0")
+        if self.max_keys_per_sec is not None and not 1 <= self.max_keys_per_sec <= 1e9:
+            raise UsageError(f"--max-keys-per-sec {self.max_keys_per_sec:g} is out of range; fix: use 1..1e9 "
+                             "keys per second (1e-300 made one sleep overflow)")
         if self.sample is not None and self.sample <= 0:
             raise UsageError(f"--sample {self.sample} must be > 0")
         if self.mode not in ("auto", "lua", "pipeline"):

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from kvguardian._errors import UsageError
+from kvguardian.report import secrets
 
 __all__ = ["REPORT_SCHEMA", "SCAN_SCHEMA", "Audit", "Document", "FindingView", "classify", "load_document",
            "parse_document", "tool_version"]
@@ -128,6 +129,7 @@ def parse_document(body: str, *, source: str = "report", where: str = "the repor
         return _pytest_document(lines, source, where)
     except RecursionError:
         raise UsageError(f"{where} nests JSON too deeply to be a kv-guardian report; {_WRITE_AGAIN}") from None
+    secrets.remember_urls_in(data)  # a credential an older writer left in a URL is shown as ***
     return classify(redact(data) if redact is not None else data, source=source, where=where)
 
 

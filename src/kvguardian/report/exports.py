@@ -10,11 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvguardian._errors import UsageError
+from kvguardian._errors import EXIT_ENVIRONMENT, UsageError
 from kvguardian.report.document import Audit, Document
 from kvguardian.report.history import History, read_history
 
-__all__ = ["KVAudit", "kv_audits", "write_memory_snapshot_of", "write_outputs", "write_trace_of"]
+__all__ = ["KVAudit", "OutputsNotWritten", "kv_audits", "write_memory_snapshot_of", "write_outputs", "write_trace_of"]
 
 
 @dataclass(frozen=True)
@@ -66,23 +66,40 @@ def write_trace_of(audits: list[KVAudit], path: str | Path) -> int:
                                     for f in k.audit.findings]) for k in audits], path)
 
 
+class OutputsNotWritten(UsageError):
+    """Some asked-for outputs could not be written (the others were): ``done`` says what was."""
+
+    def __init__(self, message: str, done: list[str]) -> None:
+        super().__init__(message, exit_code=EXIT_ENVIRONMENT)
+        self.done = done
+
+
 def write_outputs(doc: Document, *, html: str | None = None, memory_snapshot: str | None = None,
-                  trace: str | None = None) -> list[str]:
+                  trace: str | None = None, flags: tuple[str, str, str] = ("--html", "--memory-snapshot",
+                                                                         "--trace")) -> list[str]:
     """Write the HTML page, the memory snapshot and the trace of ``doc`` that are asked for; one line per file
     written. Raises `UsageError` before writing anything when an export is asked for and ``doc`` has no KV
-    timeline."""
+    timeline, and `OutputsNotWritten` (naming each failed one by its flag in ``flags``) after trying all of
+    them when some could not be written: a full disk for one loses none of the others."""
     from kvguardian.report.html import write_html
 
     audits = kv_audits(doc, "--memory-snapshot/--trace") if (memory_snapshot or trace) else []
-    done = []
-    if html:
-        n = write_html(doc, html)
-        done.append(f"{html} ({n:,} bytes, {len(doc.findings)} finding(s))")
-    if memory_snapshot:
-        n = write_memory_snapshot_of(audits, memory_snapshot)
-        done.append(f"{memory_snapshot} ({n:,} bytes; view: python -m torch.cuda._memory_viz trace_plot "
-                    f"{memory_snapshot} -o kv.html)")
-    if trace:
-        n = write_trace_of(audits, trace)
-        done.append(f"{trace} ({n:,} bytes; open in Perfetto or chrome://tracing)")
+    jobs = [
+        (flags[0], html, lambda path: f"{path} ({write_html(doc, path):,} bytes, {len(doc.findings)} finding(s))"),
+        (flags[1], memory_snapshot, lambda path: f"{path} ({write_memory_snapshot_of(audits, path):,} bytes; "
+                                                 f"view: python -m torch.cuda._memory_viz trace_plot {path} -o "
+                                                 "kv.html)"),
+        (flags[2], trace, lambda path: f"{path} ({write_trace_of(audits, path):,} bytes; open in Perfetto or "
+                                       "chrome://tracing)"),
+    ]
+    done, failed = [], []
+    for flag, path, write in jobs:
+        if not path:
+            continue
+        try:
+            done.append(write(path))
+        except OSError as exc:
+            failed.append(f"cannot write {flag} {path}: {exc.strerror or exc}")
+    if failed:
+        raise OutputsNotWritten("; ".join(failed) + "; fix: free space or write elsewhere", done)
     return done

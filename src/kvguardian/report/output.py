@@ -9,7 +9,7 @@ from typing import Any
 
 from kvguardian._errors import UsageError
 
-__all__ = ["HTML_HELP", "add_html_option", "check_writable"]
+__all__ = ["HTML_HELP", "add_html_option", "check_writable", "write_whole"]
 
 
 def check_writable(path: str | os.PathLike[str], flag: str) -> Path:
@@ -44,3 +44,22 @@ HTML_HELP = "also write the result as one self-contained HTML report (as kv-guar
 def add_html_option(p: Any) -> None:
     """``--html FILE`` on an argparse parser (check it with `check_writable` before the work starts)."""
     p.add_argument("--html", metavar="FILE", help=HTML_HELP)
+
+
+def write_whole(path: str | os.PathLike[str], text: str) -> None:
+    """Write ``text`` to ``path`` so a reader never sees half of it: a temporary file next to the file, renamed
+    over it. Only a regular file (or a new one) is replaced that way, through its symbolic links (the link
+    stays); anything else is written in place: renaming over ``/dev/full`` or ``/dev/stdout`` replaced the
+    device or the link itself with a file (as root, for every program on the machine). Raises OSError."""
+    target = Path(os.path.realpath(path))
+    if target.exists() and not target.is_file():  # a device, a FIFO, /dev/stdout's descriptor
+        with open(target, "w", encoding="utf-8") as out:
+            out.write(text)
+        return
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, target)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise

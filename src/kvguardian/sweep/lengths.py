@@ -52,21 +52,23 @@ def parse_lengths(text: str, *, max_length: int = DEFAULT_MAX) -> list[int]:
         if not part:
             continue
         try:
-            if "-" in part:
-                a, b = (int(x) for x in part.split("-", 1))
-                if b < a:
-                    raise ValueError
-                out.update(range(a, b + 1))
-            else:
-                out.add(int(part))
+            a, b = (int(x) for x in part.split("-", 1)) if "-" in part else (int(part), int(part))
+            if b < a:
+                raise ValueError
         except ValueError:
             raise UsageError(
                 f"--lengths: {part!r} is not a length or a range a-b; fix: e.g. --lengths 1000-1030,2047,2048 "
                 "(or 'pow2', or 'all')"
             ) from None
+        _check_range(a, b)  # before the set is filled: 1-99999999999999 took every byte of memory
+        out.update(range(a, b + 1))
     if not out:
         raise UsageError("--lengths is empty; fix: e.g. --lengths pow2")
-    bad = [n for n in out if not 1 <= n <= HARD_MAX]
-    if bad:
-        raise UsageError(f"--lengths: {min(bad)} is out of range; fix: lengths must be 1..{HARD_MAX}")
+    _check_range(min(out), max(out))
     return sorted(out)
+
+
+def _check_range(low: int, high: int) -> None:
+    for n in (low, high):
+        if not 1 <= n <= HARD_MAX:
+            raise UsageError(f"--lengths: {n} is out of range; fix: lengths must be 1..{HARD_MAX}")

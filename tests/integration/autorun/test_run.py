@@ -2,6 +2,7 @@
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -340,3 +341,20 @@ def test_python_dash_e_says_why_it_cannot_audit(kv_cli, tmp_path):
     assert data["summary"]["complete"] is False
     assert blind_interpreter(["python3", "-IB", "x.py"]) and blind_interpreter(["python", "-X", "dev", "-S", "x"])
     assert blind_interpreter(["python", "-c", "pass", "-E"]) is None and blind_interpreter(["bash", "-E"]) is None
+
+
+def test_a_failing_sitecustomize_of_the_program_prints_what_python_prints(kv_cli, tmp_path):
+    """The boot folder shadows the program's own sitecustomize and runs it; when it raised, the program's
+    stderr said "kv-guardian run: the shadowed ... failed: boom" instead of Python's own two lines."""
+    (tmp_path / "sc").mkdir()
+    (tmp_path / "sc" / "sitecustomize.py").write_text("raise RuntimeError('boom in sitecustomize')\n")
+    code = "import sys; print('prog'); sys.exit(4)"
+    plain = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                           env={**os.environ, "PYTHONPATH": str(tmp_path / "sc")})
+    # only the program gets the folder (after run's own boot entries), so run itself does not import it
+    rc, out, err = kv_cli("run", "--quiet", "--", "sh", "-c", f'PYTHONPATH="$PYTHONPATH:{tmp_path / "sc"}" '
+                          f'exec {sys.executable} -c "{code}"', timeout=120)
+    assert (rc, out) == (plain.returncode, plain.stdout) == (4, "prog\n")
+    assert plain.stderr == "Error in sitecustomize; set PYTHONVERBOSE for traceback:\n" \
+                           "RuntimeError: boom in sitecustomize\n"
+    assert err.startswith(plain.stderr), err

@@ -94,3 +94,24 @@ def test_zmq_garbage_on_the_event_stream_is_counted_and_the_watch_goes_on():
     events = json.loads(proc.stdout)["summary"]["kv_events"]
     assert sum(events["decode_errors"].values()) > 0 and events["index_blocks"] == 0
     assert "Traceback" not in proc.stderr and "internal error" not in proc.stderr
+
+
+def test_credentials_in_the_metrics_url_appear_nowhere(tmp_path):
+    """A password in the userinfo or a ?token= of --metrics was printed in the 'watching' line, the error
+    line, the JSON summary's metrics_url and the HTML page (Redis URLs were masked, watch URLs were not)."""
+    metrics = VllmMetrics()
+    metrics.set(running=0, waiting=0, usage=0.2)
+    server = MetricsServer(metrics.registry)
+    url = server.url.replace("http://", "http://me:pw-Secret1@") + "?access_token=tok-Secret2&api_key=k-Secret3"
+    try:
+        proc = _watch("vllm", "--metrics", url, "--interval", "0.1", "--grace", "0.2", "--duration", "1",
+                      "--json", "--html", str(tmp_path / "w.html"))
+    finally:
+        server.close()
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["summary"]["metrics_url"].startswith("http://me:***@127.0.0.1:")
+    gone = _watch("vllm", "--metrics", "http://me:pw-Secret1@127.0.0.1:1/metrics?token=tok-Secret2",
+                  "--duration", "0.5")
+    assert gone.returncode == 3 and "cannot reach" in gone.stderr
+    for text in (proc.stdout, proc.stderr, (tmp_path / "w.html").read_text(), gone.stdout, gone.stderr):
+        assert "Secret" not in text

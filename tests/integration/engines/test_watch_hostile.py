@@ -177,6 +177,18 @@ def test_an_event_endpoint_with_nothing_there_is_a_warning_and_an_incomplete_res
     assert "--events-bind" in lines[0]
 
 
+def test_a_watch_shorter_than_the_connect_grace_still_says_nothing_connected(vllm_metrics, tmp_path):
+    """--duration 2 with the default --interval 5 (a 10 s connect grace) ended "incomplete: false" with 0
+    batches and no line: the grace hid that no publisher ever connected."""
+    _, server = vllm_metrics
+    proc = subprocess.run(_cli("--metrics", server.url, "--events", f"ipc://{tmp_path}/none", "--duration", "2",
+                               "--json"), capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)["summary"]
+    assert summary["incomplete"] is True and summary["kv_events"]["batches"] == 0
+    assert any("nothing accepts connections at --events ipc://" in w for w in summary["warnings"])
+
+
 def test_a_bound_watcher_receives_from_a_connecting_publisher(vllm_metrics):
     _, server = vllm_metrics
     endpoint = f"tcp://127.0.0.1:{free_port()}"

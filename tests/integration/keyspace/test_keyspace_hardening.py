@@ -162,6 +162,28 @@ def test_an_acl_user_without_dbsize_still_scans(hostile, kv_cli):
     assert data["keys_scanned"] == 30 * len(HOSTILE_KEYS) and any("DBSIZE" in w for w in data["warnings"])
 
 
+@pytest.mark.parametrize(("grants", "refused"), [(["+ping"], "select"), (["+select"], "ping")])
+def test_an_acl_user_refused_at_connect_is_told_the_command_redis_named(hostile, kv_cli, grants, refused):
+    """A user without +select (a URL with /1 sends SELECT before PING) was told "may not run PING ...; grant
+    +ping" while Redis had named SELECT: the fix named the wrong command."""
+    user = f"only{grants[0][1:]}"
+    hostile.client().execute_command("ACL", "SETUSER", user, "on", ">pw-c", "~*", *grants, "+hello", "+auth")
+    rc, _out, err = kv_cli("redis", "scan", f"redis://{user}:pw-c@127.0.0.1:{hostile.port}/1")
+    assert rc == 3 and len(err.strip().splitlines()) == 1, err
+    assert f"may not run {refused.upper()} " in err and f"grant +{refused} " in err and "pw-c" not in err
+
+
+@pytest.mark.parametrize(("tail", "rc", "says"), [
+    ("PORT/99", 3, "DB index is out of range; fix: pick a database the server has"),
+    ("0/0", 2, "names port 0; fix: the server's port"),  # redis-py took port 0 for 6379: another server
+    ("PORT/0?ssl_cert_reqs=none", 2, "the TLS option 'ssl_cert_reqs', which only a rediss:// URL takes"),
+])
+def test_urls_that_name_the_wrong_thing_are_one_line_with_the_fix(hostile, kv_cli, tail, rc, says):
+    url = "redis://127.0.0.1:" + tail.replace("PORT", str(hostile.port))
+    code, _out, err = kv_cli("redis", "scan", url)
+    assert code == rc and says in err and len(err.strip().splitlines()) == 1, err
+
+
 @pytest.mark.parametrize("mode, body", [("redis-reply", b"E\r\n"), ("http", b""), ("garbage", b""),
                                         ("long-header", b"")])
 def test_a_server_that_is_not_redis_is_one_line(kv_cli, mode, body):
@@ -177,6 +199,7 @@ def test_a_server_that_is_not_redis_is_one_line(kv_cli, mode, body):
     (["--cold-after", "1e400"], "--cold-after '1e400' is out of range"), (["--cold-after", "nan"], "out of range"),
     (["--top", "-5"], "--top -5 must be >= 1"), (["--min-keys", "-1"], "--min-keys -1 must be >= 0"),
     (["--max-keys-per-sec", "nan"], "--max-keys-per-sec nan"),
+    (["--max-keys-per-sec", "1e-300"], "--max-keys-per-sec 1e-300 is out of range"),  # was rc 70 (sleep overflow)
 ])
 def test_bad_scan_arguments_are_refused(hostile, kv_cli, argv, fragment):
     rc, _out, err = kv_cli("redis", "scan", hostile.url, *argv)
@@ -211,6 +234,18 @@ def test_stdout_on_a_full_disk_is_one_line(hostile):
     assert done.returncode == 3, done.stderr
     assert done.stderr.strip().endswith("fix: free space or write elsewhere (-o FILE)")
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_an_output_file_that_cannot_be_written_loses_nothing_else(hostile, kv_cli, tmp_path):
+    """-o on a full disk raised after the sweep: the table, the HTML page and the --prometheus file after it
+    were never written, and the line did not say which flag (rc 2)."""
+    prom, page = tmp_path / "s.prom", tmp_path / "s.html"
+    rc, out, err = kv_cli("redis", "scan", hostile.url, "-o", "/dev/full", "--prometheus", str(prom), "--html",
+                          str(page), "--fail-on", "never")
+    assert rc == 3, err
+    assert "cannot write -o '/dev/full': No space left on device; the result was still shown" in err
+    assert "key patterns by memory" in out and prom.read_text().startswith("# HELP") and page.stat().st_size
+    assert len(err.strip().splitlines()) == 1
 
 
 def _scan_file(tmp_path: Path, hostile, kv_cli) -> dict:

@@ -168,6 +168,7 @@ def test_truncated_and_corrupt_files_give_a_partial_result_and_one_error_line(tm
     (tmp_path / "text.rdb").write_text("not an rdb\n")
     rc, out, err = kv_cli("redis", "rdb", str(tmp_path / "text.rdb"))
     assert rc == 2 and "not an RDB file" in err and err.count("\n") == 1 and not out
+    assert "text.rdb" in err and "fix: " in err  # which file, and what to pass instead
     rc, out, err = kv_cli("redis", "rdb", str(tmp_path / "missing.rdb"))
     assert rc == 2 and "cannot read RDB file" in err and err.count("\n") == 1
 

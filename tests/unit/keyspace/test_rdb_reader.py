@@ -215,3 +215,48 @@ def test_size_tables_match_the_size_functions():
 
     assert [je(n) for n in range(1 << 14)] == reader._JE
     assert [string_bytes(n, False) for n in range(1 << 14)] == reader._STR_SIZE
+
+
+@pytest.mark.parametrize("expire", [-5, -(2**63), 2**63 - 1, 0])
+def test_any_int64_expiry_reads_the_same_on_both_paths_and_never_means_no_ttl(expire):
+    """EXPIRETIME_MS is a signed int64 in Redis; one before 1970 (a hand-made or damaged file) is a key that
+    expired long ago, not "no TTL" and not a reader failure (it was OverflowError on the record path)."""
+    recs = b"".join(b"\xfc" + struct.pack("<q", expire) + b"\x00" + st(f"k:{i}") + st("v") for i in range(400))
+    data = rdb(recs)
+    fast, slow = RdbReader(io.BytesIO(data), batch=512), _RecordAtATime(io.BytesIO(data), batch=512)
+    got = [e for b in fast.batches() for e in b.expires.tolist()]
+    assert got == [e for b in slow.batches() for e in b.expires.tolist()] == [max(expire, 0)] * 400
+    res = scan_rdb(RdbSource(io.BytesIO(data), "t"))
+    assert res.complete and res.keys_scanned == 400
+
+
+@pytest.mark.parametrize("ctime", ["abc", "-1", "9" * 30, "\u00b2", ""])
+def test_an_aux_number_that_is_not_one_is_a_warning_not_an_internal_error(ctime):
+    data = b"REDIS0012" + st_aux("ctime", ctime) + st_aux("used-mem", ctime) + b"\xfe\x00" \
+        + b"\xfc" + struct.pack("<q", 2**62) + b"\x00" + st("k") + st("v") + b"\xff" + bytes(8)
+    res = scan_rdb(RdbSource(io.BytesIO(data), "t"))
+    assert res.complete and res.keys_scanned == 1
+    assert res.server["rdb"]["ctime"] == 0 and res.server["rdb"]["used_mem"] == 0
+    assert sum("AUX field" in w for w in res.warnings) == 2
+
+
+@pytest.mark.parametrize("record", [
+    b"\x00" + ln(2**62) + b"abc",  # a key length no file holds: read(2**62) was a MemoryError
+    b"\x00" + st("k") + b"\xc3" + ln(3) + ln(2**62) + b"\x00ab",  # an LZF value "of 4 EiB" in 3 bytes
+    b"\x00" + b"\xc3" + ln(3) + ln(2**40) + b"\x00ab" + st("v"),  # an LZF key the same way
+])
+def test_a_length_the_file_cannot_hold_is_damage_not_a_crash_or_a_huge_key(record, tmp_path):
+    good = b"".join(b"\x00" + st(f"k{i}") + st("v") for i in range(20))
+    (tmp_path / "d.rdb").write_bytes(rdb(good, record))
+    with open(tmp_path / "d.rdb", "rb") as f:  # a real file: its read(n) allocates n bytes first
+        res = scan_rdb(RdbSource(f, "t"))
+    assert not res.complete and res.incomplete_reason.startswith("damaged or truncated RDB at byte")
+    assert "MemoryError" not in res.incomplete_reason
+    assert res.keys_scanned == 20 and res.bytes < 10_000
+
+
+def test_lzf_at_its_densest_is_read():
+    """LZF's best ratio (a run of one byte) is 88: the damage check above must not refuse it."""
+    n, clen = 10_000_000, 113_643  # what Redis 7 writes for SET a <10 MB of 'a'> (measured)
+    res = scan_rdb(RdbSource(io.BytesIO(rdb(b"\x00" + st("a") + b"\xc3" + ln(clen) + ln(n) + bytes(clen))), "t"))
+    assert res.complete and res.keys_scanned == 1

@@ -223,6 +223,11 @@ def v1_cgroup(tmp_path, limit, name="grp"):
     (["--cgroup", "{limited}", "--port", "70000"], 2, "--port 70000 is not a TCP port"),
     (["--cgroup", "{limited}", "--host", "203.0.113.7"], 3, "fix: bind an address of this machine"),
     (["--cgroup", "{limited}", "--web-config", "{tmp}/nope.yml"], 2, "--web-config"),
+    # accepted before: a negative limit judged every reading against it, a nan deadline never passes
+    (["--cgroup", "{unlimited}", "--memory-limit-mb", "-5"], 2, "--memory-limit-mb -5 must be > 0"),
+    (["--cgroup", "{limited}", "--memory-limit-mb", "0"], 2, "--memory-limit-mb 0 must be > 0"),
+    (["--cgroup", "{limited}", "--drain-deadline", "nan"], 2, "--drain-deadline nan must be a number of seconds"),
+    (["--cgroup", "{limited}", "--settle", "-5"], 2, "--settle -5 must be a number of seconds"),
 ])
 def test_oom_guard_bad_input_is_one_line_and_an_exit_code(kv_cli, tmp_path, args, code, message):
     if "--nvml-index" in args:

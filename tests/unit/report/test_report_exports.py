@@ -141,3 +141,64 @@ def test_exports_need_a_timeline(tmp_path, capsys):
     assert not html.exists()  # every output is checked before anything is written
     assert main(["report", str(path)]) == 2
     assert "nothing to write" in capsys.readouterr().err
+
+
+def test_an_output_that_cannot_be_written_is_named_and_loses_none_of_the_others(tmp_path, report_file, capsys):
+    """A full disk under -o stopped the exports after it (the trace was never written) and the line said
+    "cannot write the output ... (-o FILE)" whichever one failed; `run --html /dev/full` said only "error: No
+    space left on device"."""
+    trace = tmp_path / "kv-trace.json"
+    assert main(["report", str(report_file), "-o", "/dev/full", "--trace", str(trace)]) == 3
+    err = capsys.readouterr().err
+    assert "cannot write -o /dev/full: No space left on device" in err and "Traceback" not in err
+    assert f"wrote {trace}" in err and _check_trace(json.loads(trace.read_text()))
+    assert main(["report", str(report_file), "-o", str(tmp_path / "r.html"), "--trace", "/dev/full"]) == 3
+    err = capsys.readouterr().err
+    assert "cannot write --trace /dev/full" in err and "cannot write -o" not in err and (tmp_path / "r.html").exists()
+
+
+def test_run_names_the_view_it_could_not_write_and_keeps_the_programs_code(capsys):
+    assert main(["run", "--html", "/dev/full", "--", sys.executable, "-c", "import sys; sys.exit(4)"]) == 4
+    assert "cannot write --html /dev/full: No space left on device" in capsys.readouterr().err
+
+
+def test_an_html_page_written_to_a_fifo_or_through_a_link_keeps_them(tmp_path):
+    """The page was written to a temporary file renamed over the path: `--html /dev/full` (as root) replaced
+    the device with a regular file for every program on the machine, `--html /dev/stdout` the link, a FIFO
+    became a file and a symbolic link was cut from its target. Only a regular file is replaced whole."""
+    import os
+    import stat
+    import threading
+
+    from kvguardian.report.html.reporter import html_file
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()), daemon=True)
+    reader.start()
+    html_file(fifo).close()
+    reader.join(30)
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and got and got[0].startswith(b"<!DOCTYPE html>")
+    real = tmp_path / "real.html"
+    real.write_text("old")
+    (tmp_path / "link.html").symlink_to(real)
+    html_file(tmp_path / "link.html").close()
+    assert (tmp_path / "link.html").is_symlink() and real.read_text().startswith("<!DOCTYPE html>")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.html", "pipe", "real.html"]  # no temporary left
+
+
+def test_a_credential_left_in_a_report_files_url_is_masked_when_it_is_shown_again(tmp_path, capsys):
+    """A scan JSON from an older or another writer with redis://user:PASSWORD@… in "target" was shown as
+    it stood by `report` (the HTML page) and by `redis diff` / `--compare` (every line)."""
+    from kvguardian.keyspace.result import ScanResult, load_result
+
+    scan = ScanResult(target="redis://bob:pw-Hunter7@10.0.0.1:6379/0?password=pw-Hunter8", started=1).to_dict()
+    scan["target"] = "redis://bob:pw-Hunter7@10.0.0.1:6379/0?password=pw-Hunter8"  # as an unmasking writer left it
+    path = tmp_path / "scan.json"
+    path.write_text(json.dumps(scan))
+    html = tmp_path / "r.html"
+    assert main(["report", str(path), "-o", str(html)]) == 0
+    page = html.read_text()
+    assert "Hunter" not in page + capsys.readouterr().err and "redis://bob:***@10.0.0.1" in page
+    assert "Hunter" not in load_result(path).to_json()

@@ -1,3 +1,6 @@
+import subprocess
+import sys
+
 import pytest
 
 from kvguardian._errors import UsageError
@@ -38,3 +41,14 @@ def test_bad_lengths_name_the_part_and_the_fix(text, needle):
     with pytest.raises(UsageError) as exc:
         parse_lengths(text)
     assert needle in str(exc.value) and "fix:" in str(exc.value)
+
+
+@pytest.mark.parametrize("text", ["1-99999999999999", "5,0-3", "2000000-2000001"])
+def test_a_range_out_of_bounds_is_refused_before_it_is_expanded(text):
+    """``--lengths 1-99999999999999`` built the set of 10^14 lengths before checking them: the OOM killer
+    ended it (rc 137). Checked in a child held to 512 MiB of address space, so the old code fails here."""
+    code = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (512 << 20, 512 << 20))\n"
+            "from kvguardian.sweep.lengths import parse_lengths\n"
+            "try:\n    parse_lengths(sys.argv[1])\nexcept ValueError as exc:\n    print(exc)\n")
+    proc = subprocess.run([sys.executable, "-c", code, text], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "is out of range; fix: lengths must be 1..1048576" in proc.stdout, proc.stderr

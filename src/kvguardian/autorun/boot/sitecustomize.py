@@ -37,8 +37,12 @@ def _kvg_chain() -> None:
                 module = importlib.util.module_from_spec(spec)
                 try:
                     spec.loader.exec_module(module)
-                except Exception as exc:
-                    sys.stderr.write(f"kv-guardian run: the shadowed {cand} failed: {exc}\n")
+                except Exception as exc:  # what site.execsitecustomize prints, so stderr is as without us
+                    if sys.flags.verbose:
+                        sys.excepthook(*sys.exc_info())
+                    else:
+                        sys.stderr.write("Error in sitecustomize; set PYTHONVERBOSE for traceback:\n"
+                                         f"{exc.__class__.__name__}: {exc}\n")
             return
 
 

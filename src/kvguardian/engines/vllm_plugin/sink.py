@@ -25,6 +25,7 @@ from typing import Any
 
 from kvguardian.engines.vllm_plugin.hooks import AuditedScheduler, say
 from kvguardian.findings import Finding, Report
+from kvguardian.report.output import write_whole
 
 __all__ = ["AuditSink"]
 
@@ -165,10 +166,7 @@ class AuditSink:
             }, default=str)
         else:
             text = report.to_json()
-        tmp = f"{self.report_path}.tmp"
-        with open(tmp, "w") as fh:
-            fh.write(text)
-        os.replace(tmp, self.report_path)
+        write_whole(self.report_path, text)  # a user's report path may be a link or /dev/stdout
 
     def close(self) -> None:
         """Final report (idempotent)."""

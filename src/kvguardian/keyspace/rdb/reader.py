@@ -29,6 +29,9 @@ class ByteStream(Protocol):
     def read(self, n: int, /) -> bytes: ...
 
 CHUNK = 1 << 20
+#: most bytes asked of the stream at once: a length field is data from the file, and read(2**62) of a damaged
+#: one would try to allocate it all (MemoryError) instead of finding that the file ends first
+MAX_READ = 64 << 20
 _HEADROOM = 64  # bytes a record's opcode, expiry, idle and length prefixes fit in
 _ZSET_NODE = 53  # a skiplist node (24 bytes + 16 a level), averaged over levels (p = 1/4) and size classes
 _QUICKLIST = 40  # struct quicklist
@@ -36,7 +39,7 @@ _QL_NODE = 32  # struct quicklistNode
 _RAX_NODE = 48  # a stream's radix-tree node per listpack (key + child pointer), on average
 _STREAM_NODE_PREALLOC = 4096  # a server appending to a stream allocates each node's listpack 4 KiB up front
 _PEL_ENTRY = 48  # a pending entry: streamNACK + its radix-tree slot
-_U64 = struct.Struct("<Q")
+_I64 = struct.Struct("<q")  # EXPIRETIME_MS: signed milliseconds, as Redis reads them
 _INLINE = 4096  # bytes kept ahead of the inline path: a short string key and value always fit
 _EOF, _NEW_DB = 1, 2  # what `_record` met
 _D = struct.Struct("<d")
@@ -158,7 +161,7 @@ class RdbReader:
         have = len(self.buf) - self.pos
         parts = [self.buf[self.pos:]]
         while have < n:
-            want = max(CHUNK, n - have)
+            want = max(CHUNK, min(n - have, MAX_READ))
             if self.limit is not None:
                 want = min(want, self.limit - self.base - self.pos - have)
                 if want <= 0:
@@ -243,7 +246,7 @@ class RdbReader:
             width = 1 << enc
             return str(int.from_bytes(self.raw(width), "little", signed=True)).encode()
         if enc == 3:
-            clen, ulen = self.plain_length(), self.plain_length()
+            clen, ulen = self._lzf_lengths()
             at = self.offset
             try:
                 return lzf_decompress(self.raw(clen), ulen)
@@ -261,10 +264,20 @@ class RdbReader:
             width = 1 << enc
             return len(str(int.from_bytes(self.raw(width), "little", signed=True))), True
         if enc == 3:
-            clen, ulen = self.plain_length(), self.plain_length()
+            clen, ulen = self._lzf_lengths()
             self.skip(clen)
             return ulen, False
         raise RdbError(f"unknown string encoding {enc}", self.offset)
+
+    def _lzf_lengths(self) -> tuple[int, int]:
+        """An LZF string's compressed and original lengths. LZF writes at most 264 bytes per 3-byte back
+        reference, so an original length over 88 times the compressed one is a damaged file (read as it
+        stands, one such key counted 5 million TiB)."""
+        at = self.offset
+        clen, ulen = self.plain_length(), self.plain_length()
+        if ulen > 100 * clen + 64:  # 88 at most, measured 88.0 on a 10 MB run of one byte
+            raise RdbError(f"damaged LZF string: {clen} compressed bytes cannot hold {ulen}", at)
+        return clen, ulen
 
     # ------------------------------------------------------------------ the file
     def header(self) -> int:
@@ -401,7 +414,7 @@ class RdbReader:
         if has_exp.any():
             first = at[has_exp] + 1
             raw = b[first[:, None] + _BYTES8]  # the 8 little-endian bytes of each expiry, one row a key
-            cols[has_exp, 2] = raw.view("<u8").ravel().astype(np.int64)
+            cols[has_exp, 2] = np.maximum(raw.view("<i8").ravel(), 0)  # signed, as `_record` reads it
             at = at + 9 * has_exp
         op = b[at]
         nxt = b[at + 1]
@@ -427,7 +440,7 @@ class RdbReader:
             self._key_value(t, out, self.expire, self.idle)
             self.expire = self.idle = -1
         elif t == OP.EXPIRETIME_MS:
-            self.expire = _U64.unpack(self.raw(8))[0]
+            self.expire = max(_I64.unpack(self.raw(8))[0], 0)  # before 1970: expired long ago (-1 means none)
         elif t == OP.IDLE:
             self.saw_idle = True
             self.idle = self.plain_length()

@@ -70,6 +70,18 @@ def _probe(b: Batch, now_ms: int) -> np.ndarray:
     return probe
 
 
+_MAX_CTIME = 2**63 // 1000 - 1  # seconds whose milliseconds still fit the int64 columns
+
+
+def aux_int(aux: dict[str, str], name: str, top: int) -> int | None:
+    """An AUX field that Redis writes as a number (``ctime``, ``used-mem``), or None when the file carries
+    something else there (a damaged or hand-made file): never an exception, never out of the columns' range."""
+    text = aux.get(name, "").strip()
+    if not (text.isascii() and text.isdigit()) or len(text) > 20 or int(text) > top:
+        return None
+    return int(text)
+
+
 class _Run:
     """One pass over a file: stats are built when the first key says which idle metric the file carries."""
 
@@ -102,7 +114,7 @@ class _Run:
         now_ms = 0
         for batch in reader.batches():
             if not now_ms:  # AUX fields come before the first key
-                now_ms = int(reader.aux.get("ctime", "0") or 0) * 1000 or int(time.time() * 1000)
+                now_ms = (aux_int(reader.aux, "ctime", _MAX_CTIME) or int(time.time())) * 1000
             b = keep.apply(batch)
             if sample is not None and self.done + len(b) >= sample:
                 self.add(_take(b, range(sample - self.done)), now_ms)
@@ -171,11 +183,16 @@ def _finish(result: ScanResult, reader: RdbReader | ReaderProcess, run: _Run, op
         "version": writer, "cluster": False, "maxmemory_policy": policy,
         "nodes": [{"addr": result.target, "role": "rdb", "dbsize": run.done, "uptime_s": None,
                    "keys_scanned": run.done}],
-        "rdb": {"version": reader.version, "ctime": int(aux.get("ctime", "0") or 0),
-                "used_mem": int(aux.get("used-mem", "0") or 0), "bytes_read": reader.offset,
+        "rdb": {"version": reader.version, "ctime": aux_int(aux, "ctime", _MAX_CTIME) or 0,
+                "used_mem": aux_int(aux, "used-mem", 2**63 - 1) or 0, "bytes_read": reader.offset,
                 "databases": {str(k): v for k, v in sorted(run.per_db.items())}, "db": db,
                 "modules_skipped": reader.modules_skipped, "functions": reader.functions},
     }
+    for name, top in (("ctime", _MAX_CTIME), ("used-mem", 2**63 - 1)):
+        if name in aux and aux_int(aux, name, top) is None:
+            result.warnings.append(f"the file's AUX field {name} is {aux[name][:40]!r}, not a number "
+                                   f"in 0-{top}: ignored" + (" (TTLs are measured from now)" if name == "ctime"
+                                                             else ""))
     if reader.version not in VERSIONS:
         result.warnings.append(f"RDB version {reader.version} is newer than the 9-12 this reader was tested on")
     if run.done and not (reader.saw_idle or reader.saw_freq):

@@ -96,22 +96,20 @@ class HtmlReporter:
         return render_page(doc, output=output)
 
     def close(self) -> None:
-        """Write the page. To a file: a temporary file next to it, renamed over it, so a reader never sees half
-        a page. Raises `UsageError` when the file cannot be written (the command's other output is done)."""
+        """Write the page (to a file: whole, see `write_whole`). Raises `UsageError` when the file cannot be
+        written (the command's other output is done)."""
         page = self.page()
         if self.path is None:
             out = self.stream if self.stream is not None else sys.stdout
             out.write(page)
             out.flush()
             return
-        target = Path(self.path)
-        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        from kvguardian.report.output import write_whole
+
         try:
-            tmp.write_text(page, encoding="utf-8")
-            os.replace(tmp, target)
+            write_whole(self.path, page)
         except OSError as exc:
-            tmp.unlink(missing_ok=True)
-            raise UsageError(f"cannot write --html {str(target)!r}: {exc.strerror or exc}") from None
+            raise UsageError(f"cannot write --html {str(self.path)!r}: {exc.strerror or exc}") from None
 
 
 def html_file(path: str | os.PathLike[str]) -> HtmlReporter:
