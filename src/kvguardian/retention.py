@@ -83,6 +83,7 @@ class _History:
     members: dict[str, Any] = field(default_factory=dict)  # owner -> weak ref to its cache (or None)
     evictions: int = 0
     size_at_first_eviction: int | None = None
+    first_eviction_after: int | None = None  # ended requests when the first eviction was seen
 
     def add_size(self, ended: int, size: int, members: int) -> None:
         if self.sizes and self.sizes[-1][0] == ended:
@@ -95,6 +96,11 @@ class _History:
 
     def max_size(self) -> int:
         return max((s for _, s, _ in self.sizes), default=0)
+
+    def max_size_evicting(self) -> int:
+        """The largest size sampled since it was first seen evicting (0 when no sample was taken since)."""
+        since = self.first_eviction_after
+        return max((s for e, s, _ in self.sizes if since is not None and e >= since), default=0)
 
 
 def representative_chains(records: list[Record], chains: Mapping[Any, HolderChain]) -> dict[str, HolderChain]:
@@ -174,6 +180,8 @@ class RetentionMonitor:
         self.max_owners = max_owners
         self._ended = 0  # requests ended so far
         self._next_threshold = 2
+        self._evicting_unsampled = False  # a collection was first seen evicting since the last sample
+        self._extra_allowed = True
         self._history: OrderedDict[tuple[Any, ...], _History] = OrderedDict()
         self.samples = 0
         self.sample_seconds = 0.0
@@ -188,9 +196,13 @@ class RetentionMonitor:
         if host is None:
             return
         self.note_evictions()
-        if self._ended < self._next_threshold:
+        due = self._ended >= self._next_threshold
+        if not due and not (self._evicting_unsampled and self._extra_allowed):
             return
-        self._next_threshold = self._ended * 2
+        if due:
+            self._next_threshold = self._ended * 2
+        self._extra_allowed = due  # at most one extra sample between two scheduled ones
+        self._evicting_unsampled = False
         t0, c0 = time.monotonic(), time.process_time()
         try:
             self._sample(host)
@@ -263,15 +275,18 @@ class RetentionMonitor:
             return
         for h in self._history.values():
             for rid, ref in list(h.members.items()):
-                if ref is not None:
-                    gone = ref() is None
+                info = host.ledger.request(rid)
+                if ref is not None:  # its cache freed, or the cache lives on with newer KV (a conversation
+                    # continued by a later request: the storages this request owned were replaced)
+                    gone = ref() is None or (info is not None and not info.entry_ids)
                 else:
-                    info = host.ledger.request(rid)
                     gone = info is None or not info.entry_ids
                 if gone:
                     del h.members[rid]
                     if h.size_at_first_eviction is None:
                         h.size_at_first_eviction = h.max_size()
+                        h.first_eviction_after = self._ended
+                        self._evicting_unsampled = True  # measure its size now it evicts (one extra sample)
                     h.evictions += 1
 
     # ------------------------------------------------------------------ verdicts
@@ -283,6 +298,7 @@ class RetentionMonitor:
         linked = {n: how for ch in reps.values() for n, how in ch.linked.items()}
         count = Counter(n for ns in cols.values() for n in set(ns))
         ended = max(self._ended, sum(1 for r in snapshot.requests.values() if r.ended is not None))
+        latest = set(cols.get(_latest_owner(reps, snapshot), ()))
         judged: dict[int, _Judgement] = {}
         out: dict[str, Verdict] = {}
         for rid, ch in reps.items():
@@ -292,11 +308,14 @@ class RetentionMonitor:
                 continue
             for n in shared:
                 if n not in judged:
-                    judged[n] = self._judge(ch, n, count[n], ended)
+                    judged[n] = self._judge(ch, n, count[n], ended, in_flight=int(n in latest))
             out[rid] = _decide(ch, shared, judged, count, linked)
         return out
 
-    def _judge(self, ch: HolderChain, nid: int, members: int, ended: int) -> _Judgement:
+    def _judge(self, ch: HolderChain, nid: int, members: int, ended: int, *, in_flight: int = 0) -> _Judgement:
+        """``in_flight``: 1 when the latest request's KV is in the collection. Every sample ran as a request
+        ended, before the program could store what it returned; the final size counts that last store, so it
+        is compared with the samples without it."""
         idx = ch.nodes.index(nid)
         size = _size_of(ch, nid, members)
         h = self._history.get(_identity(ch, nid))
@@ -307,7 +326,7 @@ class RetentionMonitor:
         if bound is not None:
             ev["declared_bound"] = bound
             return _Judgement(True, False, "declared-bound", f"the collection declares {bound}", ev)
-        return _from_sizes(h, sizes, members, ev)
+        return _from_sizes(h, sizes, members, ev, in_flight)
 
     def summary(self) -> dict[str, Any]:
         return {"sampling": self.sampling, "samples": self.samples,
@@ -326,18 +345,22 @@ def _weak(obj: Any) -> Any:
         return None
 
 
-def _from_sizes(h: _History | None, sizes: list[tuple[int, int, int]], members: int, ev: dict[str, Any]) -> _Judgement:
+def _from_sizes(h: _History | None, sizes: list[tuple[int, int, int]], members: int, ev: dict[str, Any],
+                in_flight: int = 0) -> _Judgement:
     """Bounded or growing, from what was seen over time (the last entry is now): the collection's length and
-    how many ended requests' KV it held, and evictions."""
+    how many ended requests' KV it held, and evictions. An evicting collection is bounded when it is no larger
+    now than it was when it began to evict (or at any sample since, or early in the run)."""
     ended, size, _ = sizes[-1]
     early = [p for p in sizes[:-1] if p[0] <= ended / 2]
     early_size = max((p[1] for p in early), default=None)
     early_members = max((p[2] for p in early), default=None)
-    if h is not None and h.evictions and size <= max(h.size_at_first_eviction or 0, early_size or 0):
+    was_size, was_members = size - in_flight, members - in_flight  # like for like with the samples
+    if h is not None and h.evictions and was_size <= max(h.size_at_first_eviction or 0, early_size or 0,
+                                                         h.max_size_evicting()):
         return _Judgement(True, False, "observed-eviction",
                           f"an evicting cache: {h.evictions} earlier request(s)' KV freed while the program ran, "
                           f"size {size} at the end; {_trend(sizes)}", ev)
-    growing = early_size is not None and (size > early_size or members > (early_members or 0))
+    growing = early_size is not None and (was_size > early_size or was_members > (early_members or 0))
     if early and not growing and ended - max(p[0] for p in early) >= _MIN_PLATEAU:
         return _Judgement(True, False, "stopped-growing", f"its size stopped growing, none evicted; {_trend(sizes)}",
                           ev)
@@ -345,6 +368,14 @@ def _from_sizes(h: _History | None, sizes: list[tuple[int, int, int]], members: 
     what = f"it only grew; {_trend(sizes)}" if growing else "no earlier sample saw it stay bounded"
     return _Judgement(False, growing, "unbounded-collection",
                       f"{members} ended requests' KV in one collection, {evicted}; {what}", ev)
+
+
+def _latest_owner(reps: Mapping[str, HolderChain], snapshot: LedgerSnapshot) -> str | None:
+    """The owner among ``reps`` that ended last."""
+    def ended(rid: str) -> float:
+        info = snapshot.requests.get(rid)
+        return info.ended if info is not None and info.ended is not None else float("-inf")
+    return max(reps, key=ended, default=None)
 
 
 def _trend(sizes: list[tuple[int, int, int]]) -> str:

@@ -109,3 +109,113 @@ def test_one_constant_cache_nobody_declared_stays_info(app):
         serve(guard, i, lambda i, k: None)
     ((sev, v),) = verdicts(guard).values()
     assert sev == "info" and v["why"] == "single-reference"
+
+
+class Conversation:
+    def __init__(self, model):
+        from transformers import DynamicCache
+
+        self.model = model
+        self.cache = DynamicCache()
+        self.history = torch.zeros((1, 0), dtype=torch.long)
+
+    def turn(self, i):
+        ids = torch.cat([self.history, torch.full((1, 3), 5 + i)], 1)
+        self.history = self.model.generate(ids, past_key_values=self.cache, max_new_tokens=2, do_sample=False)
+
+
+def test_a_fixed_set_of_conversations_each_continuing_its_cache_is_bounded(app, tiny_model):
+    # three users, each turn continues the user's own DynamicCache (the earlier turn's storages are replaced,
+    # the cache object lives on); while a turn ends, its cache is reached through the running method's frame
+    guard = Guard(retention_sampling=True).attach(tiny_model)
+    app.SESSIONS = {u: Conversation(tiny_model) for u in "abc"}
+    for i in range(18):
+        app.SESSIONS["abc"[i % 3]].turn(i)
+    out = verdicts(guard)
+    assert len(out) == 3 and {sev for sev, _ in out.values()} == {"info"}, out
+    assert {v["collection"] for _, v in out.values()} == {"dict under module retention_app: SESSIONS"}
+
+
+def test_an_lru_that_fills_for_most_of_the_run_then_evicts_is_bounded(app):
+    # 17 slots, 24 distinct keys: no geometric sample saw it full before it began to evict
+    guard = Guard(retention_sampling=True)
+    app.LRU = collections.OrderedDict()
+
+    def keep(i, k):
+        app.LRU[i] = k
+        if len(app.LRU) > 17:
+            app.LRU.popitem(last=False)
+
+    for i in range(24):
+        serve(guard, i, keep)
+    out = verdicts(guard)
+    assert len(out) == 17 and {sev for sev, _ in out.values()} == {"info"}
+    v = next(iter(out.values()))[1]
+    assert v["why"] == "observed-eviction" and v["evidence"]["evictions_seen"] > 0
+
+
+def test_a_buffer_trimmed_in_bursts_is_bounded_and_one_trimmed_too_slowly_is_not(app):
+    guard = Guard(retention_sampling=True)
+    app.RECENT = []
+
+    def trim_half(i, k):
+        app.RECENT.append(k)
+        if len(app.RECENT) > 6:
+            del app.RECENT[:3]
+
+    for i in range(24):
+        serve(guard, i, trim_half)
+    out = verdicts(guard)
+    assert {sev for sev, _ in out.values()} == {"info"}
+    assert {v["why"] for _, v in out.values()} == {"observed-eviction"}
+
+    slow = Guard(retention_sampling=True)
+    app.RECENT = []
+
+    def trim_one_in_three(i, k):
+        app.RECENT.append(k)
+        if len(app.RECENT) > 6 and i % 3 == 0:
+            del app.RECENT[0]
+
+    for i in range(24):
+        serve(slow, i, trim_one_in_three)
+    out = verdicts(slow)
+    assert len(out) > 12 and {sev for sev, _ in out.values()} == {"error"}
+    assert {v["why"] for _, v in out.values()} == {"unbounded-collection"}
+
+
+def growth(guard):
+    return [(f.severity.value, f.message) for f in guard.check().by_id("KVG103")]
+
+
+def test_retained_kv_that_grows_in_one_conversation_is_info_not_a_warning(app):
+    # one live conversation: every turn's KV replaces the previous turn's, one token longer each time
+    guard = Guard(retention_sampling=True)
+    for i in range(24):
+        with guard.request(f"r{i}"):
+            k = torch.zeros(1, 1, 8 + 4 * i, 4)
+            guard.track(k, layer=0)
+        app.CONVERSATION = k
+    ((sev, message),) = growth(guard)
+    assert sev == "info" and "1 single-reference" in message
+
+
+def test_retained_kv_that_grows_as_an_lru_fills_is_info_but_new_names_per_request_stay_a_warning(app):
+    guard = Guard(retention_sampling=True)
+    app.LRU = collections.OrderedDict()
+
+    def keep(i, k):
+        app.LRU[i] = k
+        if len(app.LRU) > 17:
+            app.LRU.popitem(last=False)
+
+    for i in range(24):
+        serve(guard, i, keep)
+    ((sev, message),) = growth(guard)
+    assert sev == "info" and "17 observed-eviction" in message
+
+    names = Guard(retention_sampling=True)
+    for i in range(24):
+        serve(names, i, lambda i, k: setattr(app, f"out_{i}", k))  # each request's KV under a name of its own
+    ((sev, _),) = growth(names)
+    assert sev == "warning"

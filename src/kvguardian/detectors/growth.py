@@ -14,14 +14,18 @@ The test, run over the most recent windows of the series (16, 24, 32, ... up to 
    bounded cache is autocorrelated (an LRU changes one entry per miss), so it can climb for 16 requests in
    a row; but it climbs back into a range it has already visited, never beyond it for good.
 
-Warm-up is not special-cased: a bounded cache whose fill-up lasts longer than the shortest window looks like
-a leak while it fills, and is reported as a suspected (warning) finding until the floor stops rising.
+Warm-up is not special-cased by the test: a bounded cache whose fill-up lasts longer than the shortest window
+looks like a leak while it fills, and is reported as a suspected (warning) finding until the floor stops
+rising - unless the final check's retention verdicts prove every ended request's KV still alive bounded (an
+LRU seen evicting, a memo that stopped growing, a few conversations each continuing its own cache): then the
+growth is that fill-up or those conversations, and the finding is info.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -29,7 +33,7 @@ import numpy as np
 
 from kvguardian.detectors.context import DetectContext
 from kvguardian.findings import Finding, Severity
-from kvguardian.ledger import LedgerSnapshot
+from kvguardian.ledger import EntryState, LedgerSnapshot
 
 __all__ = ["TrendResult", "detect", "mann_kendall", "theil_sen", "trend_line", "trend_test"]
 
@@ -130,21 +134,44 @@ def trend_line(window: Sequence[tuple[float, str, int]], slope: float) -> list[l
     return [[float(window[0][0]), intercept], [float(window[-1][0]), intercept + slope * (ys.size - 1)]]
 
 
+def _bounded_retention(snapshot: LedgerSnapshot, ctx: DetectContext, window: int) -> str | None:
+    """What holds the ended requests' KV, when the retention verdicts (`kvguardian.retention`) prove all of it
+    bounded - an LRU that filled up, a memo of fixed prompts, a few conversations each continuing its own cache -
+    else None. Single references explain growth only when they are few (under a quarter of the window): that
+    many owners, each held by a name of its own, would be a namespace that grows with requests."""
+    verdicts = ctx.options.get("retention") or {}
+    if not verdicts or any(r.state is EntryState.RETAINED for r in snapshot.records):
+        return None
+    owners = {r.request_id for r in snapshot.records if r.state is EntryState.ORPHANED}
+    if not owners or None in owners:
+        return None
+    found = [verdicts.get(o) for o in owners]
+    if any(v is None or not v.bounded for v in found):
+        return None
+    whys = Counter(v.why for v in found if v is not None)
+    if whys["single-reference"] * 4 >= window:
+        return None
+    return ", ".join(f"{n} {why}" for why, n in sorted(whys.items()))
+
+
 def detect(snapshot: LedgerSnapshot, ctx: DetectContext) -> list[Finding]:
     series = [float(b) for (_, _, b) in snapshot.retained_series]
     res = trend_test(series, alpha=ctx.growth_alpha, min_growth=ctx.growth_min_bytes)
     if not res.growing:
         return []
+    bounded = _bounded_retention(snapshot, ctx, res.window)
+    tail = f"; all of it is bounded retention ({bounded}): a fill-up or live conversations" if bounded else ""
     return [
         Finding(
             id="KVG103",
-            severity=Severity.WARNING,
+            severity=Severity.INFO if bounded else Severity.WARNING,
             message=(
                 f"retained KV grew by {res.growth:.0f} bytes over the last {res.window} requests "
                 f"(≈{res.slope:.0f} bytes/request, Mann–Kendall p={res.p_value:.2g}, "
-                f"confidence {res.confidence:.4f})"
+                f"confidence {res.confidence:.4f}){tail}"
             ),
             evidence={
+                "bounded_retention": bounded,
                 "window_requests": res.window,
                 "slope_bytes_per_request": res.slope,
                 "growth_bytes": res.growth,
