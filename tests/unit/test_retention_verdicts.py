@@ -136,8 +136,9 @@ def test_a_fixed_set_of_conversations_each_continuing_its_cache_is_bounded(app, 
     assert {v["collection"] for _, v in out.values()} == {"dict under module retention_app: SESSIONS"}
 
 
-def test_an_lru_that_fills_for_most_of_the_run_then_evicts_is_bounded(app):
-    # 17 slots, 24 distinct keys: no geometric sample saw it full before it began to evict
+def late_full_lru(app):
+    """A guard that served 24 requests into an LRU of 17 slots with 24 distinct keys: it filled for 70% of
+    the run, then evicted one entry per request."""
     guard = Guard(retention_sampling=True)
     app.LRU = collections.OrderedDict()
 
@@ -148,6 +149,12 @@ def test_an_lru_that_fills_for_most_of_the_run_then_evicts_is_bounded(app):
 
     for i in range(24):
         serve(guard, i, keep)
+    return guard
+
+
+def test_an_lru_that_fills_for_most_of_the_run_then_evicts_is_bounded(app):
+    # 17 slots, 24 distinct keys: no geometric sample saw it full before it began to evict
+    guard = late_full_lru(app)
     out = verdicts(guard)
     assert len(out) == 17 and {sev for sev, _ in out.values()} == {"info"}
     v = next(iter(out.values()))[1]
@@ -201,16 +208,7 @@ def test_retained_kv_that_grows_in_one_conversation_is_info_not_a_warning(app):
 
 
 def test_retained_kv_that_grows_as_an_lru_fills_is_info_but_new_names_per_request_stay_a_warning(app):
-    guard = Guard(retention_sampling=True)
-    app.LRU = collections.OrderedDict()
-
-    def keep(i, k):
-        app.LRU[i] = k
-        if len(app.LRU) > 17:
-            app.LRU.popitem(last=False)
-
-    for i in range(24):
-        serve(guard, i, keep)
+    guard = late_full_lru(app)
     ((sev, message),) = growth(guard)
     assert sev == "info" and "17 observed-eviction" in message
 
