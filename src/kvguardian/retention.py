@@ -9,11 +9,13 @@ requests is judged from what was seen of it:
 
 * it declares a bound (``lru_cache(maxsize=N)``, ``deque(maxlen=N)``, a ``maxsize``/``capacity`` attribute,
   a cachetools cache): bounded;
-* it was *seen evicting* (members it held earlier were freed while the program ran) and its size did not
-  grow past what it had when the first eviction was seen: bounded (an LRU, even if some entries stay all
-  run);
-* its size stopped growing (the size at the end is no larger than at half the ended requests, seen over at
-  least `_MIN_PLATEAU` of them), nothing evicted: bounded by its keys (a memo of a few fixed prompts);
+* it was *seen evicting* (members it held earlier were freed while the program ran - a continued cache's
+  earlier owner counts: its storages were replaced) and its size did not grow past what it had when it began
+  to evict (one extra sample measures that) or at a sample since: bounded (an LRU, even if some entries stay
+  all run or it filled for most of the run, a buffer trimmed in bursts);
+* its size stopped growing (the size at the end is no larger than at a sample taken at least a quarter of the
+  ended requests, and `_MIN_PLATEAU` of them, earlier), nothing evicted: bounded by its keys (a memo of a
+  few fixed prompts, even one that took most of the run to fill);
 * otherwise - its size only grew, or nothing earlier was seen of it - it grows with requests: unbounded.
 
 A request's KV is bounded when its innermost such collection is, and no collection further out keeps
@@ -21,6 +23,10 @@ growing (a dict of bounded deques that gains a deque per user is not bounded). K
 collection is held by single references (the last output in a variable, one constant cache): bounded. A
 chain that reaches no Python root alone never makes an error: it is a warning that names the nearest Python
 objects. Each verdict states its evidence: sizes over time, evictions seen, the declared bound.
+
+Samples run as a request ends, before the program can store what it returned; the final check runs after
+the last store. So the final size and membership are compared with the samples' less the latest request's
+store, when the latest request's KV is in the collection.
 
 The evidence comes from sampling (``kv-guardian run``, the pytest plugin): at geometrically spaced counts of
 ended requests (2, 4, 8, ...: the same on any machine) the holder chains of the orphaned KV still alive are
@@ -351,7 +357,7 @@ def _from_sizes(h: _History | None, sizes: list[tuple[int, int, int]], members: 
     how many ended requests' KV it held, and evictions. An evicting collection is bounded when it is no larger
     now than it was when it began to evict (or at any sample since, or early in the run)."""
     ended, size, _ = sizes[-1]
-    early = [p for p in sizes[:-1] if p[0] <= ended / 2]
+    early = [p for p in sizes[:-1] if ended - p[0] >= max(_MIN_PLATEAU, ended / 4)]
     early_size = max((p[1] for p in early), default=None)
     early_members = max((p[2] for p in early), default=None)
     was_size, was_members = size - in_flight, members - in_flight  # like for like with the samples
@@ -361,7 +367,7 @@ def _from_sizes(h: _History | None, sizes: list[tuple[int, int, int]], members: 
                           f"an evicting cache: {h.evictions} earlier request(s)' KV freed while the program ran, "
                           f"size {size} at the end; {_trend(sizes)}", ev)
     growing = early_size is not None and (was_size > early_size or was_members > (early_members or 0))
-    if early and not growing and ended - max(p[0] for p in early) >= _MIN_PLATEAU:
+    if early and not growing:
         return _Judgement(True, False, "stopped-growing", f"its size stopped growing, none evicted; {_trend(sizes)}",
                           ev)
     evicted = f"{h.evictions} evicted but it kept growing" if h is not None and h.evictions else "none seen evicted"

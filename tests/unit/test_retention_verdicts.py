@@ -217,3 +217,15 @@ def test_retained_kv_that_grows_as_an_lru_fills_is_info_but_new_names_per_reques
         serve(names, i, lambda i, k: setattr(app, f"out_{i}", k))  # each request's KV under a name of its own
     ((sev, _),) = growth(names)
     assert sev == "warning"
+
+
+def test_a_memo_that_took_most_of_the_run_to_fill_is_bounded(app):
+    # ten canned prompts asked in a rotation that covers them all only after 15 of 24 requests
+    guard = Guard(retention_sampling=True)
+    app.MEMO = {}
+    order = [0, 1, 0, 2, 1, 3, 0, 4, 5, 2, 6, 7, 1, 8, 9] + [i % 10 for i in range(9)]
+    for i, key in enumerate(order):
+        serve(guard, i, lambda i, k, key=key: app.MEMO.setdefault(key, k))
+    out = verdicts(guard)
+    assert len(out) == 10 and {sev for sev, _ in out.values()} == {"info"}
+    assert {v["why"] for _, v in out.values()} == {"stopped-growing"}
