@@ -9,15 +9,10 @@ import typing
 import pytest
 import torch
 
-from kvg_testing import fake_module
 from kvguardian.tensors.holders import find_holder_chains
 from kvguardian.tensors.storage import storage_key
 
-
-@pytest.fixture
-def app():
-    with fake_module("leaky_app") as mod:
-        yield mod
+APP_MODULE = "leaky_app"  # the `app` fixture (conftest.py)
 
 
 def kv(n=16):

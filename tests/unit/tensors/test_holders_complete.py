@@ -11,19 +11,13 @@ import threading
 import types
 import weakref
 
-import pytest
 import torch
 
-from kvg_testing import fake_module
 from kvguardian.tensors.holders import find_holder_chains
 from kvguardian.tensors.holders.access import frame_locals, instance_attrs, safe_attr
 from kvguardian.tensors.storage import storage_key
 
-
-@pytest.fixture
-def app():
-    with fake_module("complete_app") as mod:
-        yield mod
+APP_MODULE = "complete_app"  # the `app` fixture (conftest.py)
 
 
 def kv():

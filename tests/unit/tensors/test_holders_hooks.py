@@ -10,19 +10,13 @@ import sys
 import types
 import weakref
 
-import pytest
 import torch
 
-from kvg_testing import fake_module
 from kvguardian.tensors.holders import find_holder_chains
 from kvguardian.tensors.holders.edges import key_repr
 from kvguardian.tensors.storage import storage_key
 
-
-@pytest.fixture
-def app():
-    with fake_module("hooks_app") as mod:
-        yield mod
+APP_MODULE = "hooks_app"  # the `app` fixture (conftest.py)
 
 
 def kv():
