@@ -85,7 +85,7 @@ def find_holder_chains(
     try:
         fence = Fence(exclude=exclude, internal=(id(seeds), id(starts), id(starts.by_key), id(targets), id(likely),
                                                  id(hints)),
-                      own_dir=_PKG_DIR)
+                      own_dir=_PKG_DIR, holding=(seeds, likely, *((hints,) if isinstance(hints, list) else ())))
         graph = search(starts.objects, roots, budget, fence, likely)
         dist, via = root_distances(graph)
         return {key: _chain_for(key, starts, graph, (dist, via),
