@@ -369,6 +369,7 @@ def _referrers_beside(lv: _Level, inner: set[int]) -> list[Any] | None:
     refs += frontier_holders(lv.frontier, inner, refs)
     held = [o for o in lv.frontier if id(o) in inner]
     if not fully_accounted(held, [refs, *refs, *lv.frontier, *lv.keep]):
+        lv.shortcut = False  # something else holds them: the rest of this search scans in full at once
         return None
     lv.reordered |= inner
     return refs
