@@ -66,6 +66,10 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$HASH" ] || [ ! -f "$API/devicep
   "${PIP[@]}" -e ".[$EXTRAS]"
   echo "$HASH" > "$STAMP"
 fi
+# byte-compile kv-guardian as installing it with pip does: an editable install under PYTHONDONTWRITEBYTECODE
+# has no .pyc, and every process that imports it (each `kv-guardian run` child) compiles it again (a .pyc
+# older than its source is ignored: editing stays safe)
+"$VPY" -m compileall -q src/kvguardian >/dev/null || true
 
 # overlay_venv DIR MODULE PACKAGE VERSION: a virtualenv that sees .venv's packages (torch, kv-guardian) through
 # a .pth file and holds only PACKAGE==VERSION (importable as MODULE) and what that needs beyond .venv.

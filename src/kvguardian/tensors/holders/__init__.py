@@ -2,7 +2,8 @@
 
 The search is general, not a list of known leak shapes. It runs backwards from the objects on the target
 storages (`targets`), asking the garbage collector for the referrers of a whole level at once and keeping
-every referrer as a parent (`search`), until each target's shortest chain from a root (`roots`: module
+every referrer as a parent (`search`; what only the level itself holds, proven by reference counts, is left out
+of the scan: `refcounts`), until each target's shortest chain from a root (`roots`: module
 globals, class attributes, every thread's executing frames, contextvars, asyncio tasks and loops) is proven.
 Objects in between are whatever holds what: containers, instance attributes, closure cells, frames kept by
 tracebacks, generators, ``functools.lru_cache`` entries, and - when no Python object holds a storage - the
@@ -85,7 +86,7 @@ def find_holder_chains(
     try:
         fence = Fence(exclude=exclude, internal=(id(seeds), id(starts), id(starts.by_key), id(targets), id(likely),
                                                  id(hints)),
-                      own_dir=_PKG_DIR)
+                      own_dir=_PKG_DIR, holding=(seeds, likely, *((hints,) if isinstance(hints, list) else ())))
         graph = search(starts.objects, roots, budget, fence, likely)
         dist, via = root_distances(graph)
         return {key: _chain_for(key, starts, graph, (dist, via),

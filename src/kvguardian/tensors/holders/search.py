@@ -16,6 +16,13 @@ first level, so one scan asks for the referrers of the starts and of their likel
 only adds references that exist; a chain is proven shortest from what was actually expanded (every
 ancestor of the start closer than its chain's length), so a wrong hint costs one frontier object, never a
 wrong chain.
+
+A frontier object that only other frontier objects hold (a cache held by its request's output, a hint) is
+left out of the scan when the reference counts prove it (`refcounts`); the scan returns the same referrers,
+the parents of such an object may be linked in another order, which only the chain of a start no root
+reaches could see (`nearest_top` breaks ties between parents of one type by that order): when one is
+unreached and such an object has two parents of one type, the search is run again with every scan a full
+one.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvguardian.tensors.holders.refcounts import frontier_holders, fully_accounted, held_within
 from kvguardian.tensors.holders.roots import Roots, class_namespace, global_label, untracked_holders
 
 __all__ = ["Budget", "Fence", "Graph", "nearest_top", "root_distances", "search", "walk"]
@@ -88,6 +96,7 @@ class Fence:
     exclude: Iterable[object] = ()  # the guard, its ledger, ...: never a holder
     internal: Iterable[int] = ()  # ids of the caller's containers that hold the starts
     own_dir: str = ""  # frames of code under this folder are the auditor's
+    holding: tuple[Any, ...] = ()  # the caller's containers of starts and hints (their references are its own)
 
 
 @dataclass
@@ -106,6 +115,9 @@ class _Level:
     starts: dict[int, Any] = field(default_factory=dict)
     expanded: set[int] = field(default_factory=set)  # ids whose referrers were asked for
     deferred: set[int] = field(default_factory=set)  # fan-in groups left unexpanded to stay in the budget
+    shortcut: bool = True  # leave out of a scan the objects whose referrers the reference counts prove known
+    # objects the shortcut left out of a scan (their parents may be linked in another order than a scan's)
+    reordered: set[int] = field(default_factory=set)
 
     def own(self, container: Any) -> None:
         self.internal.add(id(container))
@@ -115,18 +127,70 @@ class _Level:
 def search(starts: dict[int, Any], roots: Roots, budget: Budget, fence: Fence, hints: Iterable[Any] = ()) -> Graph:
     """Search backwards from ``starts`` (id -> object) until each start's shortest chain is known; ``hints``
     (objects likely above the starts) are expanded with the first level."""
+    attempt = _Attempt(list(hints))
+    graph, reordered = _search(starts, roots, budget, fence, attempt)
+    if _order_matters(graph, reordered, starts):
+        graph.clear()
+        attempt.again(roots)
+        graph, _ = _search(starts, roots, budget, fence, attempt)
+    attempt.likely.clear()
+    return graph
+
+
+def _order_matters(graph: Graph, reordered: set[int], starts: dict[int, Any]) -> bool:
+    """Whether the order in which the parents of the ``reordered`` objects were linked can change a chain:
+    a start no root reaches, and one of them with two parents of the same type."""
+    if not reordered:
+        return False
+    dist, _ = root_distances(graph)
+    if all(s in dist for s in starts):
+        return False
+    for n in reordered:
+        names = [type(graph.objs[p]).__name__ for p in graph.parents.get(n, ())]
+        if len(set(names)) < len(names):
+            return True
+    return False
+
+
+class _Attempt:
+    """One run of the search: its hints, whether it may take the shortcut, and `untracked_holders` run at most
+    once (a search run again gets the first run's holders at the same point)."""
+
+    def __init__(self, likely: list[Any]) -> None:
+        self.likely = likely
+        self.shortcut = True
+        self.edges: int | None = None
+        self.found: dict[int, list[Any]] = {}
+
+    def untracked(self, roots: Roots) -> int:
+        if self.edges is None:
+            self.edges = untracked_holders(roots)
+            self.found = dict(roots.untracked)
+        else:
+            roots.untracked.update(self.found)
+        return self.edges
+
+    def again(self, roots: Roots) -> None:
+        """Run again, every scan a full one."""
+        self.shortcut = False
+        roots.untracked.clear()  # until the run again reaches the point where the first one looked
+
+
+def _search(starts: dict[int, Any], roots: Roots, budget: Budget, fence: Fence,
+            attempt: _Attempt) -> tuple[Graph, set[int]]:
     graph = Graph()
     graph.objs.update(starts)
     frontier = list(starts.values())
     lv = _Level(frontier, set(), {id(graph.objs), id(starts), *roots.internal_ids(), *fence.internal},
                 {id(o) for o in fence.exclude}, fence.own_dir, unexpanded=dict(starts), budget=budget,
-                deadline=time.monotonic() + budget.max_seconds, starts=starts)
+                deadline=time.monotonic() + budget.max_seconds, starts=starts,
+                shortcut=attempt.shortcut and not gc.get_freeze_count())  # a scan skips frozen objects: no shortcut
     unexpanded = lv.unexpanded
     lv.internal.update((id(lv), id(unexpanded), id(lv.expanded)))
-    lv.own(lv.keep)
-    _take_hints(hints, frontier, lv, graph)
-    for o in frontier:
-        _label_if_rooted(o, graph, roots)
+    for own in (lv.keep, graph.objs, starts, unexpanded, attempt.likely, *fence.holding):
+        lv.own(own)  # the search's own references (`refcounts` counts them)
+    _take_hints(attempt.likely, frontier, lv, graph)
+    _label_all(frontier, graph, roots)
     for second_pass in (False, True):
         _levels(frontier, lv, graph, roots)
         unfinished = _unfinished(graph, starts, lv.expanded | lv.deferred)
@@ -136,14 +200,19 @@ def search(starts: dict[int, Any], roots: Roots, budget: Budget, fence: Fence, h
         # an unproven start, or an object above it, that nothing in Python refers to: look once for holders the
         # garbage collector does not track (a numpy array on a tensor's memory holds it through ``.base``; an
         # array of objects holds its items), and go on from the objects they hold
-        if not budget.untracked or not untracked_holders(roots):
+        if not budget.untracked or not attempt.untracked(roots):
             break
         lv.internal.update(map(id, roots.untracked.values()))
         frontier = [o for i, o in graph.objs.items() if i in roots.untracked]
         unexpanded.update((id(o), o) for o in frontier)
     unexpanded.clear()
     lv.keep.clear()
-    return graph
+    return graph, lv.reordered
+
+
+def _label_all(objs: list[Any], graph: Graph, roots: Roots) -> None:
+    for o in objs:  # a helper: no loop variable is left holding an object in the searching frame
+        _label_if_rooted(o, graph, roots)
 
 
 def _take_hints(hints: Iterable[Any], frontier: list[Any], lv: _Level, graph: Graph) -> None:
@@ -168,15 +237,14 @@ def _levels(frontier: list[Any], lv: _Level, graph: Graph, roots: Roots) -> None
             graph.stop_reason = (f"search stopped after {len(graph.objs)} objects" if _charged(graph, lv) >=
                                  budget.max_objects else f"search stopped at its {budget.max_seconds:g} s safety net")
             break
-        for o in frontier:
-            unexpanded.pop(id(o), None)
-            lv.expanded.add(id(o))
+        for i in map(id, frontier):
+            unexpanded.pop(i, None)
+            lv.expanded.add(i)
         lv.frontier = frontier
         lv.ids = {id(o) for o in frontier}
         lv.own(frontier)
         new = _expand(lv, graph, roots)
-        for o in new:
-            unexpanded[id(o)] = o
+        unexpanded.update((id(o), o) for o in new)  # no loop variable left holding an object in this frame
         _defer_fan_in(new, lv, graph)
         open_starts = _unfinished(graph, starts, lv.expanded | lv.deferred if lv.deferred else lv.expanded)
         if not open_starts:
@@ -278,7 +346,9 @@ def _consider(r: Any, lv: _Level, graph: Graph, roots: Roots, new: list[Any]) ->
 
 def _referrers(lv: _Level) -> list[Any]:
     if len(lv.frontier) <= _BULK:
-        return gc.get_referrers(*lv.frontier)
+        inner = held_within(lv.frontier) if lv.shortcut else set()
+        refs = _referrers_beside(lv, inner) if inner else None
+        return gc.get_referrers(*lv.frontier) if refs is None else refs
     out = []
     ids = lv.ids
     for o in gc.get_objects():
@@ -287,6 +357,22 @@ def _referrers(lv: _Level) -> list[Any]:
                 out.append(o)
                 break
     return out
+
+
+def _referrers_beside(lv: _Level, inner: set[int]) -> list[Any] | None:
+    """The frontier's referrers from a scan of only the objects outside ``inner`` (those other frontier
+    objects hold), or None when the reference counts do not prove that the inner ones have no referrer
+    beyond the frontier, those the scan returned and the search's own containers."""
+    outer = [o for o in lv.frontier if id(o) not in inner]
+    lv.own(outer)  # it refers to what the scan asks about: the search's own
+    refs = gc.get_referrers(*outer) if outer else []
+    refs += frontier_holders(lv.frontier, inner, refs)
+    held = [o for o in lv.frontier if id(o) in inner]
+    if not fully_accounted(held, [refs, *refs, *lv.frontier, *lv.keep]):
+        lv.shortcut = False  # something else holds them: the rest of this search scans in full at once
+        return None
+    lv.reordered |= inner
+    return refs
 
 
 def root_distances(graph: Graph) -> tuple[dict[int, int], dict[int, int]]:
