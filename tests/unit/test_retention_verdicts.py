@@ -111,31 +111,6 @@ def test_one_constant_cache_nobody_declared_stays_info(app):
     assert sev == "info" and v["why"] == "single-reference"
 
 
-class Conversation:
-    def __init__(self, model):
-        from transformers import DynamicCache
-
-        self.model = model
-        self.cache = DynamicCache()
-        self.history = torch.zeros((1, 0), dtype=torch.long)
-
-    def turn(self, i):
-        ids = torch.cat([self.history, torch.full((1, 3), 5 + i)], 1)
-        self.history = self.model.generate(ids, past_key_values=self.cache, max_new_tokens=2, do_sample=False)
-
-
-def test_a_fixed_set_of_conversations_each_continuing_its_cache_is_bounded(app, tiny_model):
-    # three users, each turn continues the user's own DynamicCache (the earlier turn's storages are replaced,
-    # the cache object lives on); while a turn ends, its cache is reached through the running method's frame
-    guard = Guard(retention_sampling=True).attach(tiny_model)
-    app.SESSIONS = {u: Conversation(tiny_model) for u in "abc"}
-    for i in range(18):
-        app.SESSIONS["abc"[i % 3]].turn(i)
-    out = verdicts(guard)
-    assert len(out) == 3 and {sev for sev, _ in out.values()} == {"info"}, out
-    assert {v["collection"] for _, v in out.values()} == {"dict under module retention_app: SESSIONS"}
-
-
 def late_full_lru(app):
     """A guard that served 24 requests into an LRU of 17 slots with 24 distinct keys: it filled for 70% of
     the run, then evicted one entry per request."""
