@@ -2,8 +2,9 @@
 Prompt Caching in Language Model APIs", ICML 2025), with an anytime-valid sequential test.
 
 For each *level* a round is: a victim request puts a fresh random prompt P in the cache; then the attacker
-sends P again (hit procedure) and a fresh prompt Q of the same length (miss procedure), in random order, and
-the time to the first streamed token of each is recorded. `SequentialTest` decides after every round.
+sends P again (hit procedure) and a prompt Q of the same length that shares no prefix with P (miss
+procedure), in random order, and the time to the first streamed token of each is recorded.
+`SequentialTest` decides after every round.
 
 | level | victim | attacker |
 |---|---|---|
@@ -12,9 +13,15 @@ the time to the first streamed token of each is recorded. `SequentialTest` decid
 | ``shared_across_tenants`` | key #1 (salt a) | key #2 (salt b) |
 
 Prompts are random pseudo-words (about 12 bits each, hundreds per prompt), so no two prompts share even one
-cache block by accident; every prompt has the same length in characters. Levels are interleaved round by
-round in random order and a warm-up precedes the measurements, so slow drift hits all of them alike and
-cancels within each pair. Requests are spaced by a rate limit; a 429 discards the round and backs off.
+cache block by accident; every prompt has the same length in characters. The miss prompt Q is the words of P
+in another order, starting with another word: the server tokenizes the same words for both, so a tokenizer's
+word cache (the BPE cache of Hugging Face ``tokenizers``, warmed by the victim's P) speeds both alike, while
+a prefix cache, which hashes token blocks from the first token on, can serve only P. (With fresh words for Q,
+a server without any prefix cache answered P measurably faster: a false "caching" at p = 0.0006.)
+
+Levels are interleaved round by round in random order and a warm-up precedes the measurements, so slow
+drift hits all of them alike and cancels within each pair. Requests are spaced by a rate limit; a 429
+discards the round and backs off.
 
 Audit only systems you are authorised to test: the audit sends hundreds of requests and measures a side
 channel that can leak other users' prompts.
@@ -34,22 +41,49 @@ from kvguardian.audit.client import AuditError, Endpoint, printable
 from kvguardian.audit.sequential import SequentialTest
 from kvguardian.findings import Finding, Report, Severity
 
-__all__ = ["LEVELS", "AuditOptions", "CacheSharingAudit", "random_prompt"]
+__all__ = ["LEVELS", "AuditOptions", "CacheSharingAudit", "prompt_pair", "random_prompt", "random_words"]
 
 LEVELS = ("caching", "shared_within_tenant", "shared_across_tenants")
 _CONSONANTS = "bdfghjklmnprstvz"
 _VOWELS = "aeiou"
 
 
-def random_prompt(chars: int, rng: random.Random) -> str:
-    """Space-separated pseudo-words of 2-4 syllables, exactly ``chars`` characters, starting with a space."""
+def random_words(chars: int, rng: random.Random) -> list[str]:
+    """Pseudo-words of 2-4 syllables, each with its leading space, exactly ``chars`` characters in all.
+
+    The last word is cut to fit (never to a bare space), so any order of the words has the same length.
+    """
     out: list[str] = []
     n = 0
     while n < chars:
         word = " " + "".join(rng.choice(_CONSONANTS) + rng.choice(_VOWELS) for _ in range(rng.randint(2, 4)))
-        out.append(word)
+        word = word[:chars - n]
+        if word == " " and out:
+            out[-1] += rng.choice(_VOWELS)  # one character left: lengthen the previous word instead
+        else:
+            out.append(word)
         n += len(word)
-    return "".join(out)[:chars]
+    return out
+
+
+def random_prompt(chars: int, rng: random.Random) -> str:
+    """Space-separated pseudo-words of 2-4 syllables, exactly ``chars`` characters, starting with a space."""
+    return "".join(random_words(chars, rng))
+
+
+def prompt_pair(chars: int, rng: random.Random) -> tuple[str, str]:
+    """A fresh prompt P and its miss twin Q: the same words (so the same tokenizer work), in another order
+    that starts with another word (so no prefix block of Q is one of P's)."""
+    words = random_words(chars, rng)
+    first = words[0]
+    if all(w == first for w in words):  # astronomically rare: one repeated word; Q gets fresh words
+        return "".join(words), random_prompt(chars, rng)
+    other = words[:]
+    rng.shuffle(other)
+    if other[0] == first:
+        i = next(i for i, w in enumerate(other) if w != first)
+        other[0], other[i] = other[i], other[0]
+    return "".join(words), "".join(other)
 
 
 @dataclass
@@ -245,7 +279,7 @@ class CacheSharingAudit:
     def _round(self, result: AuditResult, run: LevelRun) -> None:
         o, ep = self.o, self.endpoint
         victim, attacker = run.victim, run.attacker
-        p, q = self._prompt(result), self._prompt(result)
+        p, q = prompt_pair(result.prompt_chars, self.rng)
         if ep.stream_completion(victim.key, o.keys[victim.key], self._body(p, victim),
                                 who=f"key #{victim.key + 1}") is None:
             run.discarded += 1
