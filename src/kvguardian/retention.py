@@ -20,9 +20,13 @@ requests is judged from what was seen of it:
 
 A request's KV is bounded when its innermost such collection is, and no collection further out keeps
 growing (a dict of bounded deques that gains a deque per user is not bounded). KV held by no shared
-collection is held by single references (the last output in a variable, one constant cache): bounded. A
-chain that reaches no Python root alone never makes an error: it is a warning that names the nearest Python
-objects. Each verdict states its evidence: sizes over time, evictions seen, the declared bound.
+collection is held by single references (the last output in a variable, one constant cache): bounded -
+except KV held from frames of one function in several threads (a ``threading.Timer`` or a streaming thread
+started per request, each keeping its request's output): those threads are one collection, judged like the
+others by how many threads had that function on their stack at each sample (a fixed pool of workers, each
+keeping its last output in a local, stays bounded). A chain that reaches no Python root alone never makes
+an error: it is a warning that names the nearest Python objects. Each verdict states its evidence: sizes
+over time, evictions seen, the declared bound.
 
 Samples run as a request ends, before the program can store what it returned; the final check runs after
 the last store. So the final size and membership are compared with the samples' less the latest request's
@@ -31,7 +35,10 @@ store, when the latest request's KV is in the collection.
 The evidence comes from sampling (``kv-guardian run``, the pytest plugin): at geometrically spaced counts of
 ended requests (2, 4, 8, ...: the same on any machine) the holder chains of the orphaned KV still alive are
 searched (bounded by objects visited; reading only this thread's frames, naming no steps), and each
-collection's size and members are recorded - by object id and type, never by a reference.
+collection's size and members are recorded - by object id and type, never by a reference - with, per
+function, how many threads have it on their stack. A sample is taken at those counts, plus one when a
+collection of two or more requests' KV is first seen evicting (an output holding its own request's KV is
+not such a collection).
 """
 
 from __future__ import annotations
@@ -102,6 +109,9 @@ class _History:
 
     def max_size(self) -> int:
         return max((s for _, s, _ in self.sizes), default=0)
+
+    def max_members(self) -> int:
+        return max((m for _, _, m in self.sizes), default=0)
 
     def max_size_evicting(self) -> int:
         """The largest size sampled since it was first seen evicting (0 when no sample was taken since)."""
@@ -189,6 +199,8 @@ class RetentionMonitor:
         self._evicting_unsampled = False  # a collection was first seen evicting since the last sample
         self._extra_allowed = True
         self._history: OrderedDict[tuple[Any, ...], _History] = OrderedDict()
+        # per sample: (ended requests then, function -> how many threads had it on their stack)
+        self._threads_seen: list[tuple[int, Counter[str]]] = []
         self.samples = 0
         self.sample_seconds = 0.0
         self.sample_cpu_seconds = 0.0  # process CPU time meanwhile (steadier than wall time on a busy machine)
@@ -245,6 +257,10 @@ class RetentionMonitor:
             return
         from kvguardian.tensors.holders import find_holder_chains
 
+        self._threads_seen.append((self._ended, _thread_functions()))
+        if len(self._threads_seen) > _MAX_SIZES:
+            del self._threads_seen[1]  # keep the first and the latest ones
+
         seeds, owner_of, refs, hints = self._orphan_seeds(host)
         if len(seeds) < 2:
             return
@@ -292,7 +308,9 @@ class RetentionMonitor:
                     if h.size_at_first_eviction is None:
                         h.size_at_first_eviction = h.max_size()
                         h.first_eviction_after = self._ended
-                        self._evicting_unsampled = True  # measure its size now it evicts (one extra sample)
+                        # measure its size now it evicts (one extra sample) - when it is a collection of
+                        # requests: an object holding one request's KV (its output) says nothing by evicting
+                        self._evicting_unsampled |= h.max_members() > 1
                     h.evictions += 1
 
     # ------------------------------------------------------------------ verdicts
@@ -316,7 +334,37 @@ class RetentionMonitor:
                 if n not in judged:
                     judged[n] = self._judge(ch, n, count[n], ended, in_flight=int(n in latest))
             out[rid] = _decide(ch, shared, judged, count, linked)
+        self._judge_thread_groups(reps, out, ended)
         return out
+
+    def _judge_thread_groups(self, reps: Mapping[str, HolderChain], out: dict[str, Verdict], ended: int) -> None:
+        """Owners held only by a frame of one function, each in another thread (a thread started per request
+        - a ``threading.Timer``, a streaming thread that never finishes - keeping that request's output) are one
+        collection: the threads running that function. Its size over time is how many threads had the function
+        on their stack at each sample; a fixed pool of workers each keeping its last output stays bounded."""
+        groups: dict[str, dict[str, str]] = {}
+        for rid, ch in reps.items():
+            v = out.get(rid)
+            where = _thread_root(ch) if v is not None and v.why == "single-reference" else None
+            if where is not None:
+                groups.setdefault(where[0], {})[rid] = where[1]
+        if not groups:
+            return
+        now = _thread_functions()
+        for fn, owners in groups.items():
+            if len(owners) < 2 or len(set(owners.values())) < 2:
+                continue
+            size = max(now.get(fn, 0), len(set(owners.values())))
+            sizes = [*((e, c.get(fn, 0), c.get(fn, 0)) for e, c in self._threads_seen), (ended, size, len(owners))]
+            ev: dict[str, Any] = {"size": size, "sizes_over_time": [list(p) for p in sizes], "members": len(owners),
+                                  "evictions_seen": 0, "ended_requests": ended}
+            j = _from_sizes(None, sizes, len(owners), ev)
+            label = f"threads running {fn}"
+            detail = j.detail.replace("in one collection", f"in {size} threads running {fn}", 1)
+            verdict = Verdict(j.bounded, j.why, label, len(owners), detail, "info" if j.bounded else "error",
+                              j.evidence)
+            for rid in owners:
+                out[rid] = verdict
 
     def _judge(self, ch: HolderChain, nid: int, members: int, ended: int, *, in_flight: int = 0) -> _Judgement:
         """``in_flight``: 1 when the latest request's KV is in the collection. Every sample ran as a request
@@ -340,6 +388,48 @@ class RetentionMonitor:
                 "sample_cpu_seconds": round(self.sample_cpu_seconds, 3),
                 "collections_seen": len(self._history),
                 "collections_seen_evicting": sum(1 for h in self._history.values() if h.evictions)}
+
+
+def _function_of(frame_label: str) -> str:
+    """``frame run() (threading.py:1399)`` -> ``run() (threading.py)``: the line a thread waits at may move."""
+    name, _, where = frame_label.removeprefix("frame ").partition(" (")
+    return f"{name} ({where.rpartition(':')[0] or where.rstrip(')')})"
+
+
+def _thread_root(ch: HolderChain) -> tuple[str, str] | None:
+    """(function, thread) of a chain rooted in a frame of a thread other than the main one."""
+    if ch.root != "frame" or not ch.steps:
+        return None
+    label, sep, rest = ch.steps[0].partition(" [thread ")
+    if not sep:
+        return None
+    return _function_of(label), rest.partition("]")[0]
+
+
+def _thread_functions() -> Counter[str]:
+    """Function -> how many threads have it on their stack now (by name and file; this thread too: a sample
+    runs in the thread whose request just ended)."""
+    import os
+
+    from kvguardian.tensors.holders.access import thread_frames
+
+    out: Counter[str] = Counter()
+    frames = thread_frames()
+    f: Any = None
+    try:
+        for tid in list(frames):
+            names: set[str] = set()
+            f = frames.pop(tid)
+            while f is not None and len(names) < 128:
+                code = f.f_code
+                names.add(f"{code.co_name}() ({os.path.basename(code.co_filename)})")
+                f = f.f_back
+            out.update(names)
+    finally:  # hold no frame once this one returns: this thread's top frame refers back to it (a cycle,
+        # which gc.DEBUG_SAVEALL would keep in gc.garbage with every caller's frame and their locals)
+        f = None
+        frames.clear()
+    return out
 
 
 def _weak(obj: Any) -> Any:

@@ -204,3 +204,75 @@ def test_a_memo_that_took_most_of_the_run_to_fill_is_bounded(app):
     out = verdicts(guard)
     assert len(out) == 10 and {sev for sev, _ in out.values()} == {"info"}
     assert {v["why"] for _, v in out.values()} == {"stopped-growing"}
+
+
+def _hold_in_thread(k, go, ready):
+    held = k  # the thread's frame keeps the request's KV while it waits
+    ready.release()
+    go.wait()
+    return held
+
+
+def test_a_thread_per_request_each_holding_its_kv_is_one_growing_collection():
+    import threading
+
+    guard = Guard(retention_sampling=True)
+    go, ready, threads = threading.Event(), threading.Semaphore(0), []
+
+    def keep(i, k):
+        t = threading.Thread(target=_hold_in_thread, args=(k, go, ready), daemon=True)
+        t.start()
+        ready.acquire()
+        threads.append(t)
+
+    try:
+        for i in range(16):
+            serve(guard, i, keep)
+        out = verdicts(guard)
+    finally:
+        go.set()
+        for t in threads:
+            t.join()
+    assert len(out) == 16 and {sev for sev, _ in out.values()} == {"error"}
+    v = out["r3"][1]
+    assert v["why"] == "unbounded-collection" and v["collection"] == "threads running _hold_in_thread() " \
+        "(test_retention_verdicts.py)", v
+    sizes = [s for _, s, _ in v["evidence"]["sizes_over_time"]]
+    assert sizes == sorted(sizes) and sizes[-1] == 16 and sizes[0] < 4
+
+
+def _worker(jobs, guard, done):
+    while True:
+        i = jobs.get()
+        if i is None:
+            return
+        with guard.request(f"r{i}"):
+            k = torch.zeros(1, 1, 4 + i % 3, 4)
+            guard.track(k, layer=0)
+        last = k  # kept until the next job: at most one per worker  # noqa: F841
+        done.release()
+
+
+def test_a_fixed_pool_of_workers_each_keeping_its_last_kv_is_bounded():
+    import queue
+    import threading
+
+    guard = Guard(retention_sampling=True)
+    done = threading.Semaphore(0)
+    queues = [queue.Queue(), queue.Queue()]
+    workers = [threading.Thread(target=_worker, args=(q, guard, done), daemon=True) for q in queues]
+    for t in workers:
+        t.start()
+    try:
+        for i in range(24):
+            queues[i % 2].put(i)  # each worker serves every other request and keeps its latest
+            done.acquire()
+        out = verdicts(guard)
+    finally:
+        for q in queues:
+            q.put(None)
+        for t in workers:
+            t.join()
+    assert len(out) == 2 and {sev for sev, _ in out.values()} == {"info"}, out
+    (v,) = {v["why"] for _, v in out.values()}
+    assert v == "stopped-growing"
