@@ -72,6 +72,7 @@ def test_objects_held_only_by_the_frontier_are_left_out_and_no_chain_changes(app
     asked = list(sizes)
     sizes.clear()
     monkeypatch.setattr(search_mod, "held_within", lambda frontier: set())  # every scan a full one
+    monkeypatch.setattr(search_mod, "_PROBING", [False])
     full = _search(app, keys)
     assert short == full
     assert all(c and s[0] == "module refcount_app: SESSIONS" for c, s, _ in short)
@@ -146,3 +147,34 @@ def test_a_chain_no_root_reaches_is_the_same_as_with_full_scans(monkeypatch):
         atexit.unregister(print)
     assert not short.complete and short.steps == full.steps and short.notes == full.notes
     assert runs[0][0] < sizes[0] and len(runs[0]) > len(sizes)  # the shortcut's scan, then the full run
+
+
+def test_many_outputs_of_one_collection_are_probed_with_a_few_and_no_chain_changes(app, monkeypatch):
+    """24 outputs in one dict: the scan asks about the last 4; the dict it finds holds the other 20, whose
+    counts it proves. Same chains as full scans."""
+    monkeypatch.setattr(search_mod, "_PROBING", [True])
+    _sessions(app, 24)
+    keys = list(_seeds(app))
+    sizes = _scan_sizes(monkeypatch)
+    probed = _search(app, keys)
+    asked = list(sizes)
+    sizes.clear()
+    monkeypatch.setattr(search_mod, "held_within", lambda frontier: set())
+    monkeypatch.setattr(search_mod, "_PROBING", [False])
+    full = _search(app, keys)
+    assert probed == full and asked == [search_mod._PROBE] and sizes == [72]
+    assert all(c and s[0] == "module refcount_app: SESSIONS" for c, s, _ in probed)
+
+
+def test_a_probe_whose_counts_do_not_prove_the_rest_scans_in_full(app, monkeypatch):
+    """One of the outputs left out of the probe is also held by another dict: the counts do not add up, the
+    level is scanned in full, that output's chain runs through the other dict, and probing stops."""
+    monkeypatch.setattr(search_mod, "_PROBING", [True])
+    _sessions(app, 24)
+    app.PINNED = {"first": app.SESSIONS["s0"]}
+    keys = list(_seeds(app))
+    sizes = _scan_sizes(monkeypatch)
+    steps = {k: s for k, (_, s, _) in zip(keys, _search(app, keys))}
+    assert sizes[:2] == [search_mod._PROBE, 72] and search_mod._PROBING == [False]
+    assert steps[keys[0]][0] in ("module refcount_app: PINNED", "module refcount_app: SESSIONS")
+    assert {s[0] for s in steps.values()} >= {"module refcount_app: SESSIONS"}

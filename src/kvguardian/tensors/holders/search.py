@@ -40,6 +40,8 @@ from kvguardian.tensors.holders.roots import Roots, class_namespace, global_labe
 
 __all__ = ["Budget", "Fence", "Graph", "nearest_top", "root_distances", "search", "walk"]
 
+_PROBE = 4  # frontier objects a probing scan asks about (`_probed`)
+_PROBING = [True]  # cleared for the process once a probe's counts did not prove the rest
 _BULK = 600  # above this many frontier objects, one pass over the heap beats gc.get_referrers' O(edges × n)
 _KIND_ORDER = {"module": 0, "class": 1, "frame": 2, "context": 3, "asyncio": 4, "interpreter": 5}
 
@@ -118,6 +120,7 @@ class _Level:
     shortcut: bool = True  # leave out of a scan the objects whose referrers the reference counts prove known
     # objects the shortcut left out of a scan (their parents may be linked in another order than a scan's)
     reordered: set[int] = field(default_factory=set)
+    probing: bool = False  # this level's scan asked about only a few of the objects it could not prove
 
     def own(self, container: Any) -> None:
         self.internal.add(id(container))
@@ -187,7 +190,7 @@ def _search(starts: dict[int, Any], roots: Roots, budget: Budget, fence: Fence,
                 shortcut=attempt.shortcut and not gc.get_freeze_count())  # a scan skips frozen objects: no shortcut
     unexpanded = lv.unexpanded
     lv.internal.update((id(lv), id(unexpanded), id(lv.expanded)))
-    for own in (lv.keep, graph.objs, starts, unexpanded, attempt.likely, *fence.holding):
+    for own in (lv.keep, graph.objs, starts, unexpanded, attempt.likely, roots.keep, *fence.holding):
         lv.own(own)  # the search's own references (`refcounts` counts them)
     _take_hints(attempt.likely, frontier, lv, graph)
     _label_all(frontier, graph, roots)
@@ -346,7 +349,7 @@ def _consider(r: Any, lv: _Level, graph: Graph, roots: Roots, new: list[Any]) ->
 
 def _referrers(lv: _Level) -> list[Any]:
     if len(lv.frontier) <= _BULK:
-        inner = held_within(lv.frontier) if lv.shortcut else set()
+        inner = _probed(lv, held_within(lv.frontier)) if lv.shortcut else set()
         refs = _referrers_beside(lv, inner) if inner else None
         return gc.get_referrers(*lv.frontier) if refs is None else refs
     out = []
@@ -357,6 +360,20 @@ def _referrers(lv: _Level) -> list[Any]:
                 out.append(o)
                 break
     return out
+
+
+def _probed(lv: _Level, inner: set[int]) -> set[int]:
+    """``inner`` and, when many other frontier objects are left to scan for, all but the last `_PROBE` of
+    them: a scan asked about a few finds the collection that usually holds them all (the dict of sessions),
+    and the reference counts then prove the others held by it alone (a scan costs a pass over the heap plus a
+    compare per object asked about at every reference: 34 ms for 1 object, 70 ms for 24 on 370k objects).
+    After a probe the counts did not prove, the process scans in full again (`_PROBING`)."""
+    outer = [id(o) for o in lv.frontier if id(o) not in inner]
+    lv.probing = len(outer) > 2 * _PROBE and _PROBING[0]
+    if not lv.probing:
+        return inner
+    return inner | set(outer[:-_PROBE])  # the latest are asked about: the request ending now is among them, its
+    # output still held by the frames returning it, which no count can show
 
 
 def _referrers_beside(lv: _Level, inner: set[int]) -> list[Any] | None:
@@ -370,6 +387,8 @@ def _referrers_beside(lv: _Level, inner: set[int]) -> list[Any] | None:
     held = [o for o in lv.frontier if id(o) in inner]
     if not fully_accounted(held, [refs, *refs, *lv.frontier, *lv.keep]):
         lv.shortcut = False  # something else holds them: the rest of this search scans in full at once
+        if lv.probing:
+            _PROBING[0] = False
         return None
     lv.reordered |= inner
     return refs
