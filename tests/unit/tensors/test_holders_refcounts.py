@@ -64,16 +64,22 @@ def _search(app, keys):
             for k in keys]
 
 
-def test_objects_held_only_by_the_frontier_are_left_out_and_no_chain_changes(app, monkeypatch):
-    _sessions(app, 6)
+def _with_and_without_shortcuts(app, monkeypatch, n):
+    """The chains of ``n`` sessions and the scans' sizes, as searched, then with every scan a full one."""
+    monkeypatch.setattr(search_mod, "_PROBING", [True])
+    _sessions(app, n)
     keys = list(_seeds(app))
     sizes = _scan_sizes(monkeypatch)
     short = _search(app, keys)
     asked = list(sizes)
     sizes.clear()
-    monkeypatch.setattr(search_mod, "held_within", lambda frontier: set())  # every scan a full one
+    monkeypatch.setattr(search_mod, "held_within", lambda frontier: set())
     monkeypatch.setattr(search_mod, "_PROBING", [False])
-    full = _search(app, keys)
+    return short, asked, _search(app, keys), sizes
+
+
+def test_objects_held_only_by_the_frontier_are_left_out_and_no_chain_changes(app, monkeypatch):
+    short, asked, full, sizes = _with_and_without_shortcuts(app, monkeypatch, 6)
     assert short == full
     assert all(c and s[0] == "module refcount_app: SESSIONS" for c, s, _ in short)
     # outputs, their dicts, the caches: 18 objects; only the 6 outputs have referrers outside the frontier
@@ -152,16 +158,7 @@ def test_a_chain_no_root_reaches_is_the_same_as_with_full_scans(monkeypatch):
 def test_many_outputs_of_one_collection_are_probed_with_a_few_and_no_chain_changes(app, monkeypatch):
     """24 outputs in one dict: the scan asks about the last 4; the dict it finds holds the other 20, whose
     counts it proves. Same chains as full scans."""
-    monkeypatch.setattr(search_mod, "_PROBING", [True])
-    _sessions(app, 24)
-    keys = list(_seeds(app))
-    sizes = _scan_sizes(monkeypatch)
-    probed = _search(app, keys)
-    asked = list(sizes)
-    sizes.clear()
-    monkeypatch.setattr(search_mod, "held_within", lambda frontier: set())
-    monkeypatch.setattr(search_mod, "_PROBING", [False])
-    full = _search(app, keys)
+    probed, asked, full, sizes = _with_and_without_shortcuts(app, monkeypatch, 24)
     assert probed == full and asked == [search_mod._PROBE] and sizes == [72]
     assert all(c and s[0] == "module refcount_app: SESSIONS" for c, s, _ in probed)
 
