@@ -352,9 +352,10 @@ class RetentionMonitor:
             return
         now = _thread_functions()
         for fn, owners in groups.items():
-            if len(owners) < 2 or len(set(owners.values())) < 2:
+            threads = set(owners.values())
+            if len(owners) < 2 or len(threads) < 2:
                 continue
-            size = max(now.get(fn, 0), len(set(owners.values())))
+            size = max(now.get(fn, 0), len(threads))
             sizes = [*((e, c.get(fn, 0), c.get(fn, 0)) for e, c in self._threads_seen), (ended, size, len(owners))]
             ev: dict[str, Any] = {"size": size, "sizes_over_time": [list(p) for p in sizes], "members": len(owners),
                                   "evictions_seen": 0, "ended_requests": ended}
@@ -390,46 +391,21 @@ class RetentionMonitor:
                 "collections_seen_evicting": sum(1 for h in self._history.values() if h.evictions)}
 
 
-def _function_of(frame_label: str) -> str:
-    """``frame run() (threading.py:1399)`` -> ``run() (threading.py)``: the line a thread waits at may move."""
-    name, _, where = frame_label.removeprefix("frame ").partition(" (")
-    return f"{name} ({where.rpartition(':')[0] or where.rstrip(')')})"
-
-
 def _thread_root(ch: HolderChain) -> tuple[str, str] | None:
     """(function, thread) of a chain rooted in a frame of a thread other than the main one."""
     if ch.root != "frame" or not ch.steps:
         return None
-    label, sep, rest = ch.steps[0].partition(" [thread ")
-    if not sep:
-        return None
-    return _function_of(label), rest.partition("]")[0]
+    from kvguardian.tensors.holders.roots import thread_frame_root
+
+    return thread_frame_root(ch.steps[0])
 
 
 def _thread_functions() -> Counter[str]:
-    """Function -> how many threads have it on their stack now (by name and file; this thread too: a sample
-    runs in the thread whose request just ended)."""
-    import os
+    """Function -> how many threads have it on their stack now (this thread too: a sample runs in the thread
+    whose request just ended)."""
+    from kvguardian.tensors.holders.roots import functions_on_stacks
 
-    from kvguardian.tensors.holders.access import thread_frames
-
-    out: Counter[str] = Counter()
-    frames = thread_frames()
-    f: Any = None
-    try:
-        for tid in list(frames):
-            names: set[str] = set()
-            f = frames.pop(tid)
-            while f is not None and len(names) < 128:
-                code = f.f_code
-                names.add(f"{code.co_name}() ({os.path.basename(code.co_filename)})")
-                f = f.f_back
-            out.update(names)
-    finally:  # hold no frame once this one returns: this thread's top frame refers back to it (a cycle,
-        # which gc.DEBUG_SAVEALL would keep in gc.garbage with every caller's frame and their locals)
-        f = None
-        frames.clear()
-    return out
+    return functions_on_stacks()
 
 
 def _weak(obj: Any) -> Any:

@@ -27,8 +27,8 @@ from kvguardian.tensors.holders.access import (
     pure_python_class,
 )
 
-__all__ = ["collapse", "edge_key", "frame_name", "func_name", "is_future", "key_repr", "node_label", "render_step",
-           "short"]
+__all__ = ["collapse", "edge_key", "frame_function", "frame_name", "func_name", "function_of_frame_name", "is_future",
+           "key_repr", "node_label", "render_step", "short"]
 
 _SAFE_KEY = re.compile(r"^[\w.:\-/@#]{1,48}$")
 
@@ -71,6 +71,19 @@ def func_name(fn: Any) -> str:
 def frame_name(frame: types.FrameType) -> str:
     code = frame.f_code
     return f"frame {code.co_name}() ({os.path.basename(code.co_filename)}:{frame.f_lineno})"
+
+
+def frame_function(frame: types.FrameType) -> str:
+    """``run() (threading.py)``: `frame_name` without the line (where a waiting thread is may move)."""
+    code = frame.f_code
+    return f"{code.co_name}() ({os.path.basename(code.co_filename)})"
+
+
+def function_of_frame_name(name: str) -> str:
+    """`frame_function` read back from a `frame_name`: ``frame run() (threading.py:1399)`` -> ``run()
+    (threading.py)``."""
+    func, _, where = name.removeprefix("frame ").partition(" (")
+    return f"{func} ({where.rpartition(':')[0] or where.rstrip(')')})"
 
 
 def _local_name(frame: types.FrameType, child: Any) -> str | None:

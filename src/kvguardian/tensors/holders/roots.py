@@ -23,13 +23,15 @@ import sys
 import threading
 import types
 import weakref
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 from kvguardian.tensors.holders.access import executing_frames, frame_locals, object_array_items, thread_frames
-from kvguardian.tensors.holders.edges import frame_name, short
+from kvguardian.tensors.holders.edges import frame_function, frame_name, function_of_frame_name, short
 
-__all__ = ["Roots", "class_namespace", "collect_roots", "global_label", "index_globals"]
+__all__ = ["Roots", "class_namespace", "collect_roots", "functions_on_stacks", "global_label", "index_globals",
+           "thread_frame_root"]
 
 _CO_OPTIMIZED = 0x0001
 _TASK_SETS = ("_all_tasks", "_scheduled_tasks", "_eager_tasks")  # asyncio.tasks, 3.11 .. 3.13
@@ -258,6 +260,34 @@ def _thread_names() -> dict[int, str]:
     main = threading.main_thread().ident
     names = {th.ident: th.name for th in threading.enumerate() if th.ident is not None}
     return {tid: "" if tid == main else f" [thread {name}]" for tid, name in names.items()}
+
+
+def thread_frame_root(label: str) -> tuple[str, str] | None:
+    """(function, thread name) of a frame root's label (`_frames`) in a thread other than the main one."""
+    name, sep, rest = label.partition(" [thread ")
+    if not sep or not name.startswith("frame "):
+        return None
+    return function_of_frame_name(name), rest.partition("]")[0]
+
+
+def functions_on_stacks() -> Counter[str]:
+    """`frame_function` -> how many threads (this one too) have it on their stack now."""
+    out: Counter[str] = Counter()
+    frames = thread_frames()
+    f: Any = None
+    try:
+        for tid in list(frames):
+            names: set[str] = set()
+            f = frames.pop(tid)
+            while f is not None and len(names) < 128:
+                names.add(frame_function(f))
+                f = f.f_back
+            out.update(names)
+    finally:  # hold no frame once this one returns: this thread's top frame refers back to it (a cycle,
+        # which gc.DEBUG_SAVEALL would keep in gc.garbage with every caller's frame and their locals)
+        f = None
+        frames.clear()
+    return out
 
 
 def _frames(roots: Roots, all_threads: bool, own_dir: str) -> None:
