@@ -55,6 +55,10 @@ class Guard:
         retention_sampling: at request ends, sample (bounded, rate-limited) which containers hold ended
             requests' KV, so that a container seen evicting (an LRU) is judged bounded; ``kv-guardian run``
             and the pytest plugin turn it on.
+        decode_stride: inside a request, a transformers cache is observed layer by layer on its first two
+            forwards, then on one forward in ``decode_stride`` (the ledger's view of it is then up to
+            ``decode_stride - 1`` steps old; it is exact again at every request end, snapshot, crop and reset,
+            and when the cache dies: see `hf.sampling`). 1 observes every forward.
 
     Raises:
         UsageError: an argument of the wrong type or out of range (one line: the argument, what it must be,
@@ -72,11 +76,12 @@ class Guard:
         reuse_window: int = 100,
         reuse_seconds: float = 60.0,
         retention_sampling: bool = False,
+        decode_stride: int = 8,
     ) -> None:
         check_guard({"strict": strict, "event_capacity": event_capacity, "redact": redact,
                      "holder_search_seconds": holder_search_seconds, "growth_alpha": growth_alpha,
                      "reuse_window": reuse_window, "reuse_seconds": reuse_seconds,
-                     "retention_sampling": retention_sampling})
+                     "retention_sampling": retention_sampling, "decode_stride": decode_stride})
         self._id = next(_guard_ids)
         self.ledger = Ledger(event_capacity=event_capacity)
         self.strict = strict
@@ -92,6 +97,7 @@ class Guard:
         self.reuse_seconds = reuse_seconds
         self.retention = RetentionMonitor(self.scope, sampling=retention_sampling)
         self.scope.add_listener(self.retention.after_request_end, owner=self.retention)
+        self.decode_stride = decode_stride
         self._hf: HFTracker | None = None  # the transformers source, created on first use
         self._attached: list[Attachment] = []
         self._modules: list[ModuleTracker] = []
@@ -141,7 +147,7 @@ class Guard:
         if self._hf is None:
             from kvguardian.hf.tracker import HFTracker
 
-            self._hf = HFTracker(self.scope, reuse=self._reuse)
+            self._hf = HFTracker(self.scope, reuse=self._reuse, decode_stride=self.decode_stride)
         return self._hf
 
     @property

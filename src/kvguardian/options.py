@@ -66,6 +66,7 @@ def check_guard(args: Mapping[str, Any]) -> None:
         check_flag("Guard", name, args[name])
     check_int("Guard", "event_capacity", args["event_capacity"], minimum=1, example=65_536)
     check_int("Guard", "reuse_window", args["reuse_window"], minimum=1, example=100)
+    check_int("Guard", "decode_stride", args["decode_stride"], minimum=1, example=8)
     check_real("Guard", "holder_search_seconds", args["holder_search_seconds"], Bounds(0), 120)
     check_real("Guard", "reuse_seconds", args["reuse_seconds"], Bounds(0), 60)
     check_real("Guard", "growth_alpha", args["growth_alpha"], Bounds(0, 1, open_high=True), 1e-5)

@@ -21,6 +21,9 @@ class SeedingSource:
     def end_manual(self):
         self.log.append("end_manual")
 
+    def request_ending(self, info):
+        pass
+
     def request_ended(self, info):
         pass
 

@@ -18,7 +18,9 @@ class CacheState:
     __slots__ = (
         "__weakref__",
         "cid",
+        "died",
         "fields",
+        "following",
         "generic",
         "generic_sites",
         "init_done",
@@ -31,6 +33,9 @@ class CacheState:
         "ref",
         "role",
         "rs",
+        "sampleable",
+        "skip_left",
+        "skipped",
     )
 
     def __init__(self, cache: Any, label: str, role: str | None, on_dead: Any) -> None:
@@ -49,6 +54,13 @@ class CacheState:
         self.generic_sites: dict[tuple[int, str], EntrySite] = {}  # (layer, kind) -> site, on the generic path
         self.fields: dict[str, Any] = {}  # init fields (shape, dtype, device) until the init event is emitted
         self.layer_count = 0
+        # decode-step sampling (`hf.sampling`): forwards of this cache to skip, updates skipped since the last
+        # observed one, whether its entries are followed, whether every layer can be sampled (None: not known)
+        self.skip_left = 0
+        self.skipped = 0
+        self.following = False
+        self.sampleable: bool | None = None
+        self.died: float | None = None  # when the cache was collected (its weak reference's callback)
 
     def __repr__(self) -> str:
         return f"<CacheState {self.label}>"

@@ -21,6 +21,7 @@ from kvguardian.hf.layers import plan_for, static_filled
 from kvguardian.hf.lifecycle import Lifecycle
 from kvguardian.hf.observers import CacheUpdate, LayerState, ObserveEnv
 from kvguardian.hf.roles import cache_role
+from kvguardian.hf.sampling import DEFAULT_STRIDE, Sampler, refresh_update
 from kvguardian.hf.states import CacheState
 from kvguardian.ledger import EntrySite, EntryState, Record, RequestInfo, Update
 from kvguardian.reuse import ReuseWindow
@@ -56,7 +57,8 @@ class HFTracker:
         reuse: the cross-request reuse window it samples at each request end (default: its own).
     """
 
-    def __init__(self, host: SourceHost, *, reuse: ReuseWindow | None = None) -> None:
+    def __init__(self, host: SourceHost, *, reuse: ReuseWindow | None = None,
+                 decode_stride: int = DEFAULT_STRIDE) -> None:
         self.host = host
         self.ledger = host.ledger
         self._clock = self.ledger.clock
@@ -85,6 +87,9 @@ class HFTracker:
         # grad mode off (inference_mode, no_grad): nothing an update stores requires grad, so the ledger does not
         # read requires_grad where an entry continues
         self._env = ObserveEnv.of(self.ledger, _grad_mode())
+        self._grad_enabled = self._env.grad_enabled
+        # which forwards of a cache are observed (`hf.sampling`); None: every one
+        self.sampler = Sampler(decode_stride, self.ledger) if decode_stride > 1 else None
         host.add_source(self)
 
     @property
@@ -110,6 +115,19 @@ class HFTracker:
         """The cache updates of one forward of an attached model, observed when it returned, in order.
         ``started`` (the forward's start) stands for the time of each update when a request's first-token
         latency is measured."""
+        sampler = self.sampler
+        if sampler is not None and not self._dead:  # a skipped forward (`hf.sampling`), inlined: only counted
+            cache = updates[0].cache
+            st = self.caches.get(id(cache))
+            if (st is not None and st.skip_left > 0 and updates[-1].cache is cache
+                    and self._current_request() is st.owner_req and not self._grad_enabled()):
+                st.skip_left -= 1
+                n = len(updates)
+                st.skipped += n
+                self.updates += n
+                if not st.following:
+                    sampler.follow(st)
+                return
         self._event_time = started
         ledger = self.ledger
         ledger.begin_batch()
@@ -123,6 +141,8 @@ class HFTracker:
         finally:
             self._event_time = None
             ledger.end_batch()
+        if sampler is not None:
+            sampler.after_observed(self.caches.get(id(updates[0].cache)), updates)
 
     def on_update(self, u: CacheUpdate) -> None:
         """After ``cache.update(key_states, value_states, layer_idx, *args, **kwargs)`` returned ``out``."""
@@ -205,9 +225,12 @@ class HFTracker:
         dead = self._dead
         by_ref = self._by_ref
 
+        clock = self._clock
+
         def on_dead(ref: Any) -> None:  # inside a deallocation: only queue it
             st = by_ref.pop(id(ref), None)
             if st is not None:
+                st.died = clock()
                 dead.append(st)
 
         return on_dead
@@ -217,6 +240,8 @@ class HFTracker:
             st = self._dead.popleft()
             if self.caches.get(st.cid) is st:
                 del self.caches[st.cid]
+            if self.sampler is not None:
+                self.sampler.unfollow(st, st.died)
             if st.init_done or st.owner is not None:
                 self.ledger.emit_cache_event("release", cache=st.label, request=st.owner_req, detail="freed")
             if st.manual is not None and st.manual.ended is None:
@@ -233,6 +258,7 @@ class HFTracker:
         sites = (EntrySite("k", idx, plan.cls_name, (st.cid, idx, "k"), st.role, st.label),
                  EntrySite("v", idx, plan.cls_name, (st.cid, idx, "v"), st.role, st.label))
         ls = layers[idx] = LayerState(plan, idx, sites)
+        st.sampleable = None
         if plan.skip_reason:
             self.skipped.setdefault(plan.cls_name, plan.skip_reason)
         if plan.note:
@@ -278,6 +304,34 @@ class HFTracker:
         for st in list(self._manual_open.values()):
             self._end_manual(st)
 
+    def request_ending(self, info: RequestInfo) -> None:
+        """Before the ledger ends ``info``: the caches it updated whose decode steps were sampled are observed as
+        they are now (`hf.sampling`), so its end sees its KV exactly."""
+        if self.sampler is None:
+            return
+        if self._dead:
+            self._process_dead()
+        for st in self.sampler.followed_by(info):
+            self._refresh(st)
+
+    def _refresh(self, st: CacheState) -> None:
+        """Observe every layer of a followed cache as it is now, then stop following it (`hf.sampling`)."""
+        cache = st.ref()
+        owner = st.owner_req
+        if cache is not None and owner is not None and not st.generic:
+            ledger, env = self.ledger, self._env
+            ledger.begin_batch()
+            try:
+                layers = cache.layers
+                for idx, ls in enumerate(st.layers[: len(layers)]):
+                    layer = layers[idx]
+                    if ls is not None and type(layer) is ls.cls:
+                        ls.observe(env, ls, layer, owner, refresh_update(cache, idx))
+            finally:
+                ledger.end_batch()
+        if self.sampler is not None:
+            self.sampler.unfollow(st)
+
     def request_ended(self, info: RequestInfo) -> None:
         """After the ledger ended ``info``: flush its pending events and add its reuse sample; copies made since
         the last request ended are looked at (`note_copy`)."""
@@ -293,6 +347,9 @@ class HFTracker:
             self._process_dead()
         if self._copies:
             self._adopt_copies()
+        if self.sampler is not None:
+            for followed in list(self.sampler.following.values()):
+                self._refresh(followed)
         for st in list(self.caches.values()):
             cache = st.ref()
             if cache is None or st.generic or st.owner_req is None:
@@ -433,6 +490,8 @@ class HFTracker:
                                      nbytes=self.ledger.slot_bytes(st.slots()))
         if st.owner_req is not None:
             self._observe_layers(cache, st, st.owner_req)
+        if st.following:
+            self._refresh(st)
 
     def summary(self) -> dict[str, Any]:
         if self._dead:

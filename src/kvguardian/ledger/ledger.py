@@ -244,6 +244,21 @@ class Ledger:
                 if now >= timeline.next_due:  # if due (tick() inlined)
                     timeline.take(now, table.totals)
 
+    def follow(self, slots: Iterable[Hashable], *, on: bool = True, at: float | None = None) -> None:
+        """A source observes the entries filling ``slots`` only now and then (a cache's decode steps, sampled):
+        while followed, an entry whose storage dies is taken to have moved on to a newer storage in its slot,
+        not released - it stays live with its last observed size until the source observes the slot again (the
+        entry continues with the newer storage). ``on=False`` when the source has observed them again, or the
+        object holding the slots died at ``at``: a followed entry whose storage is gone and was not observed
+        again is released then."""
+        with self._lock:
+            self._table.follow(slots, on, at)
+
+    def add_appends(self, n: int) -> None:
+        """Count ``n`` appends a source saw but did not observe one by one (a sampled cache's skipped steps)."""
+        with self._lock:
+            self._table.events.appends += n
+
     def set_filled(self, slots: Iterable[Hashable], filled_tokens: int) -> None:
         """The entries filling ``slots`` hold ``filled_tokens`` tokens now (a source read its counters)."""
         with self._lock:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable
+from typing import Any
 
 from kvguardian import _faults
 from kvguardian._errors import InternalError, UsageError
@@ -41,6 +42,9 @@ class EntryTable:
         self.request_history = request_history  # ended requests remembered after their last entry went
         self.generation = 0  # the model generation new entries belong to
         self.batch = 0  # > 0 inside Ledger.observe_batch(): releases wait for its end
+        # entry id -> (weak reference, time of death) of a following entry's storage that died: the release is
+        # postponed until the source observes the slot again (it continues) or stops following it (`unfollow`)
+        self.postponed: dict[int, tuple[Any, float]] = {}
         self.on_release_error: Callable[[str, BaseException], None] | None = None
         self.on_request_freed: Callable[[str, float], None] | None = None  # (request id, when) its last KV went
         self._next_id = 1
@@ -88,6 +92,12 @@ class EntryTable:
             elif prev is not None and prev is not rec:
                 prev.superseded = True  # still alive: something besides the cache holds the old storage
                 kind = "append"
+                if prev.follows:  # the slot is followed (`follow`), not the old storage: its death is a release
+                    prev.follows = False
+                    rec.follows = True
+                    item = self.postponed.pop(prev.entry_id, None)
+                    if item is not None and prev.wref is item[0]:  # already dead: released when it died
+                        self.apply_release(prev, item[1])
         self.events.entry_event(now, kind, rec, None)
         return rec
 
@@ -135,6 +145,9 @@ class EntryTable:
         """``rec``'s storage (or entry) is gone: it leaves the index; its release event may wait (vacated)."""
         eid = rec.entry_id
         del self.by_id[eid]
+        if rec.follows:
+            rec.follows = False
+            self.postponed.pop(eid, None)
         self.totals.remove(rec)
         if self.by_key.get(rec.key) is rec:
             del self.by_key[rec.key]
@@ -176,15 +189,50 @@ class EntryTable:
             rec = by_id.get(wref.eid)
             if rec is None or rec.wref is not wref:
                 continue  # a storage the entry no longer tracks (it continued) or an entry already released
-            if _faults.FAULTS:
-                try:
-                    _faults.maybe_fail("release")
-                except Exception as exc:  # fail open: the release is not applied (counted by the handler)
-                    handler = self.on_release_error
-                    if handler is not None:
-                        handler("release", exc)
-                    continue
-            self.release(rec, ts, "superseded" if rec.superseded else None)
+            if rec.follows:
+                self.postpone(rec, wref, ts)
+                continue
+            self.apply_release(rec, ts)
+
+    def apply_release(self, rec: Record, ts: float) -> None:
+        """Release ``rec``, whose storage died at ``ts`` (fail open: a failure leaves it unreleased, reported)."""
+        if _faults.FAULTS:
+            try:
+                _faults.maybe_fail("release")
+            except Exception as exc:  # fail open: the release is not applied (counted by the handler)
+                handler = self.on_release_error
+                if handler is not None:
+                    handler("release", exc)
+                return
+        self.release(rec, ts, "superseded" if rec.superseded else None)
+
+    def postpone(self, rec: Record, wref: Any, ts: float) -> None:
+        """The storage of ``rec``, a following entry, died at ``ts``: its slot holds a newer storage its source
+        has not observed yet. The entry stays live with its last observed size; it leaves the address index (the
+        address may be reused by any new storage) until the source observes the slot again."""
+        self.postponed[rec.entry_id] = (wref, ts)
+        if self.by_key.get(rec.key) is rec:
+            del self.by_key[rec.key]
+
+    def follow(self, slots: Iterable[Hashable], on: bool, at: float | None) -> None:
+        """Start (``on``) or stop following the entries filling ``slots``. Stopping applies the postponed
+        release of an entry whose last observed storage died and was not replaced by an observation since, at
+        ``at`` (the slot's owner died then) or else when that storage died."""
+        if not on and self.releases.freed:
+            self.drain()  # deaths not applied yet are postponed first, then applied below
+        by_slot = self.slots
+        postponed = self.postponed
+        for slot in slots:
+            rec = by_slot.get(slot)
+            if rec is None:
+                continue
+            if on:
+                rec.follows = True
+                continue
+            rec.follows = False
+            item = postponed.pop(rec.entry_id, None)
+            if item is not None and rec.wref is item[0]:
+                self.apply_release(rec, item[1] if at is None else max(at, item[1]))
 
     def settle(self) -> None:
         """Apply pending releases and decide vacated slots (before reads and at request boundaries)."""
@@ -258,7 +306,10 @@ class EntryTable:
     # ------------------------------------------------------------------ invariants
     def check(self) -> None:
         """Raise `InternalError` if the indexes, the owners' entry lists or the totals disagree."""
-        if set(self.by_id) != {r.entry_id for r in self.by_key.values()}:
+        # a following entry whose observed storage died is out of the address index until observed again
+        waiting = {eid for eid, (wref, _) in self.postponed.items()
+                   if eid in self.by_id and self.by_id[eid].follows and self.by_id[eid].wref is wref}
+        if set(self.by_id) != {r.entry_id for r in self.by_key.values()} | waiting:
             raise InternalError("ledger bug: the indexes by id and by key disagree")
         if any(rec.entry_id != eid for eid, rec in self.by_id.items()):
             raise InternalError("ledger bug: an entry is indexed under another entry's id")

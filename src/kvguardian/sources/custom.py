@@ -189,6 +189,9 @@ class ModuleTracker:
             host.end_manual(info)
 
     # nothing else to do at request ends, before reads, or for holder-chain searches (a `Source`)
+    def request_ending(self, info: RequestInfo) -> None:
+        return None
+
     def request_ended(self, info: RequestInfo) -> None:
         return None
 

@@ -37,6 +37,9 @@ class Source(Protocol):
     def end_manual(self) -> None:
         """End the open requests of manually driven caches (a new request starts, or the program is done)."""
 
+    def request_ending(self, info: RequestInfo) -> None:
+        """Before the ledger ends ``info``: bring what the ledger knows of its KV up to date."""
+
     def request_ended(self, info: RequestInfo) -> None:
         """After the ledger ended ``info``: flush what the source kept about it."""
 

@@ -85,6 +85,7 @@ class RequestScope:
             self._current.reset(token)
             try:
                 _faults.maybe_fail("request.exit")
+                self._before_request_end(info)
                 self._ledger.end_request(request_id)
             except UsageError:
                 raise
@@ -101,6 +102,7 @@ class RequestScope:
 
     def end_implicit(self, opened: ImplicitRequest) -> None:
         self._current.reset(opened.token)
+        self._before_request_end(opened.info)
         self._ledger.end_request(opened.info.request_id)
         self._after_request_end(opened.info)
 
@@ -112,6 +114,7 @@ class RequestScope:
             self.fail("request.enter", exc)
 
     def end_manual(self, info: RequestInfo) -> None:
+        self._before_request_end(info)
         self._ledger.end_request(info.request_id)
         self._after_request_end(info)
 
@@ -193,6 +196,14 @@ class RequestScope:
             torch.cuda.synchronize()
 
     # ------------------------------------------------------------------ internals
+    def _before_request_end(self, info: RequestInfo) -> None:
+        """Before the ledger ends ``info``: the sources bring its KV up to date (fail-open)."""
+        for source in self._sources:
+            try:
+                source.request_ending(info)
+            except Exception as exc:
+                self.fail("request.exit", exc)
+
     def _after_request_end(self, info: RequestInfo) -> None:
         """After the ledger ended ``info``: the sources flush (lifecycle events, reuse), then the listeners."""
         try:

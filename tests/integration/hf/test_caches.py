@@ -297,8 +297,9 @@ def test_versions_and_bad_input(tiny_model):
 
 
 def counting_guard():
-    """A guard whose ledger counts the observations the tracker's observers make, and the tensors in them."""
-    g = Guard()
+    """A guard whose ledger counts the observations the tracker's observers make, and the tensors in them (every
+    decode forward observed: `hf.sampling` is tested in test_decode_sampling.py)."""
+    g = Guard(decode_stride=1)
     calls = {"observe_kv": 0, "observe": 0, "touch_kv": 0, "tensors": 0}
     observe_kv, observe, touch_kv = g.ledger.observe_kv, g.ledger.observe, g.ledger.touch_kv
 

@@ -22,6 +22,9 @@ class RecordingSource:
     def end_manual(self):
         self.log.append("end_manual")
 
+    def request_ending(self, info):
+        self.log.append(f"ending {info.request_id}")
+
     def request_ended(self, info):
         self.log.append(f"ended {info.request_id}")
 
@@ -43,7 +46,7 @@ def test_scope_is_a_source_host_and_tells_sources_then_listeners():
     scope.add_listener(lambda info: log.append(f"listener {info.request_id}"))
     with scope.request("r1", tenant="t"):
         assert scope.current_request().tenant == "t"
-    assert log == ["end_manual", "ended r1", "listener r1"]
+    assert log == ["end_manual", "ending r1", "ended r1", "listener r1"]
     log.clear()
     scope.snapshot()
     assert log == ["sync"]
