@@ -388,6 +388,54 @@ def aged_vs_fresh(reps: int, quick: bool, num_blocks: int = NUM_BLOCKS) -> list[
     return rows
 
 
+def churn(impl: Any, num_blocks: int, turns: int, seed: int = 1) -> Any:
+    """A pool of ``impl`` (ours or vLLM's, through the adapter) after ``turns`` x num_blocks blocks of the same
+    churn as `aged_pool`, driven through the adapter only, so both pools see the very same requests: 16 system
+    prompts of 8 blocks with their own suffix, the prefix looked up (hits touched), the rest allocated, every
+    full block cached, up to 64 requests running, freed oldest first (tail blocks first)."""
+    rnd = random.Random(seed)
+    pool = impl.make(num_blocks)
+    systems = [list(range(s * 10_000, s * 10_000 + 8 * BS)) for s in range(16)]
+    live: deque[list[Any]] = deque()
+    processed = i = 0
+    while processed < turns * num_blocks:
+        suffix = [1_000_000 + i * 1000 + k for k in range(rnd.randint(1, 24) * BS + rnd.randint(1, BS - 1))]
+        prompt = systems[i % 16] + suffix
+        i += 1
+        full = len(prompt) // BS
+        while live and (len(live) >= 64 or impl.available(pool) < full + 2):
+            impl.free(pool, live.popleft()[::-1])
+        hits = impl.lookup(pool, prompt)
+        blocks = hits + impl.alloc(pool, full + 1 - len(hits))
+        impl.cache(pool, blocks[len(hits):full], impl.chain(prompt, full)[len(hits):])
+        processed += len(blocks)
+        live.append(blocks)
+    while live:
+        impl.free(pool, live.popleft()[::-1])
+    return pool
+
+
+def aged_vs_fresh_same_churn(impls: list[Any], reps: int, quick: bool, num_blocks: int) -> list[dict[str, Any]]:
+    """The two cases that keep the free queue's LRU order (allocate-evicting, free-cached) on a pool after 10 x
+    num_blocks of `churn` against one after 1 x, for each implementation: ratio = aged / fresh, the pools
+    interleaved. With ``--against-vllm`` the same churn ages vLLM's own pool: what ordering costs it."""
+    rows = []
+    for impl in impls:
+        t0 = time.perf_counter()
+        pools = {case: (churn(impl, num_blocks, 10), churn(impl, num_blocks, 1))
+                 for case in ("allocate_evicting", "free_cached")}
+        print(f"{impl.name}: same-churn pools built in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+        for case, (aged, fresh) in pools.items():
+            for n in SIZES:
+                got = interleaved({"aged": lambda c=case, k=n, p=aged, i=impl: Case(i, c, k, quick, pool=p),
+                                   "fresh": lambda c=case, k=n, p=fresh, i=impl: Case(i, c, k, quick, pool=p)},
+                                  reps)
+                rows.append({"impl": impl.name, "case": case, "n": n, "aged_ns": round(got["aged"], 1),
+                             "fresh_ns": round(got["fresh"], 1), "ratio": round(got["aged"] / got["fresh"], 3)})
+                print(json.dumps(rows[-1]), file=sys.stderr)
+    return rows
+
+
 # ---------------------------------------------------------------------- the ownership layer, debug, audit
 def bench_ownership(repeats: int, debug: bool, blocks_per_request: int = 64, requests: int = 200) -> dict[str, float]:
     """Through `PagedKVPool`: append/free of a request's 1,024 tokens (prefix caching on: every full block
@@ -479,6 +527,9 @@ def main(argv: list[str] | None = None) -> int:
         "targets": targets(rows),
     }
     result["aged_vs_fresh"] = aged_vs_fresh(reps, args.quick, NUM_BLOCKS // 10 if args.quick else NUM_BLOCKS)
+    result["aged_vs_fresh_same_churn"] = aged_vs_fresh_same_churn(
+        [OurPool()] + ([vllm] if vllm is not None else []), reps, args.quick,
+        NUM_BLOCKS // 10 if args.quick else NUM_BLOCKS)
     worst_aged = max(r["ratio"] for r in result["aged_vs_fresh"])
     result["targets"]["aged_within_10pct"] = worst_aged <= 1.10
     result["targets"]["aged_worst_ratio"] = worst_aged
