@@ -257,14 +257,16 @@ def _make_cache(model: Any, cache: str, max_len: int) -> Any:
     return DynamicCache(config=model.config)
 
 
-def bench_steps(config: str, cache: str, tokens: int, rounds: int) -> dict[str, Any]:
+def bench_steps(config: str, cache: str, tokens: int, rounds: int, stride: int) -> dict[str, Any]:
     """Interleaved steps: one manual decode loop where the guard's hooks run on even steps and are switched
     off on odd ones (``Attachment.enabled``: the forward hooks return at once, so the ``Cache.update`` wrapper
     sees no active guard and costs one context-variable read), so each guarded step has an unguarded
     neighbour of the same sequence length, measured under the same machine conditions. On a shared VM whose
     speed drifts by tens of percent between runs, this resolves a 1-2% effect that whole-generate comparisons
     cannot. Ratio = median over neighbour pairs
-    of (unguarded step time / guarded step time), i.e. guarded/unguarded throughput."""
+    of (unguarded step time / guarded step time), i.e. guarded/unguarded throughput. Each round is one request
+    (``guard.request``), as a ``generate()`` call is, so the guarded steps are sampled as there (one in
+    ``stride`` of them observed, `kvguardian.hf.sampling`)."""
     import torch
 
     from kvguardian.guard import Guard
@@ -275,7 +277,7 @@ def bench_steps(config: str, cache: str, tokens: int, rounds: int) -> dict[str, 
     model = build_llama(spec)
     kw = cache_kwarg()
     ids = torch.randint(0, spec.vocab, (1, 8), generator=torch.Generator().manual_seed(0))
-    guard = Guard()
+    guard = Guard(decode_stride=stride)
     guard.attach(model)
     attachment = guard.attachments[-1]
     ratios: list[float] = []
@@ -285,7 +287,7 @@ def bench_steps(config: str, cache: str, tokens: int, rounds: int) -> dict[str, 
         for _ in range(rounds):
             c = _make_cache(model, cache, ids.shape[1] + tokens + 1)
             x = ids
-            with torch.inference_mode():
+            with guard.request(f"steps-{len(ratios)}"), torch.inference_mode():
                 out = model(x, use_cache=True, **{kw: c})  # prefill, not timed
                 x = out.logits[:, -1:].argmax(-1)
                 prev: float | None = None
@@ -363,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     for config in args.configs.split(","):
         for cache in args.caches.split(","):
             if args.step_rounds > 0:
-                srow = bench_steps(config.strip(), cache.strip(), args.tokens, args.step_rounds)
+                srow = bench_steps(config.strip(), cache.strip(), args.tokens, args.step_rounds, args.decode_stride)
                 results["interleaved_steps"].append(srow)
                 print(f"{srow['config']:5s} {srow['cache']:7s} interleaved steps: guarded "
                       f"{srow['guarded_step_us_median']:.0f} us, unguarded {srow['unguarded_step_us_median']:.0f} us, "
