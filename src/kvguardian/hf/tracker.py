@@ -121,13 +121,18 @@ class HFTracker:
             st = self.caches.get(id(cache))
             if (st is not None and st.skip_left > 0 and updates[-1].cache is cache
                     and self._current_request() is st.owner_req and not self._grad_enabled()):
-                st.skip_left -= 1
-                n = len(updates)
-                st.skipped += n
-                self.updates += n
                 if not st.following:
-                    sampler.follow(st)
-                return
+                    try:
+                        sampler.follow(st)
+                    except Exception as exc:  # fail open: this forward and the next are observed
+                        st.skip_left = 0
+                        self.host.fail("cache.update", exc)
+                if st.following:
+                    st.skip_left -= 1
+                    n = len(updates)
+                    st.skipped += n
+                    self.updates += n
+                    return
         self._event_time = started
         ledger = self.ledger
         ledger.begin_batch()
@@ -142,7 +147,10 @@ class HFTracker:
             self._event_time = None
             ledger.end_batch()
         if sampler is not None:
-            sampler.after_observed(self.caches.get(id(updates[0].cache)), updates)
+            try:
+                sampler.after_observed(self.caches.get(id(updates[0].cache)), updates)
+            except Exception as exc:  # fail open: the next forwards are observed
+                self.host.fail("cache.update", exc)
 
     def on_update(self, u: CacheUpdate) -> None:
         """After ``cache.update(key_states, value_states, layer_idx, *args, **kwargs)`` returned ``out``."""
