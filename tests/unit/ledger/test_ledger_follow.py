@@ -13,16 +13,22 @@ def observe(led, t, req, slot=SLOT):
     return led.observe_tensor(t, kind="k", layer=0, request=req, source="DynamicLayer", slot=slot)
 
 
+def followed(rows=4):
+    """A ledger, its request, a tensor observed in SLOT and the entry, SLOT followed."""
+    led = Ledger()
+    req = led.begin_request("r1")
+    t = torch.zeros(rows, 64)
+    rec = observe(led, t, req)
+    led.follow([SLOT])
+    return led, req, t, rec
+
+
 def releases(led):
     return [e for e in led.events() if e.kind == "release"]
 
 
 def test_a_followed_entry_outlives_its_storage_and_continues_with_the_next():
-    led = Ledger()
-    req = led.begin_request("r1")
-    t = torch.zeros(4, 64)
-    rec = observe(led, t, req)
-    led.follow([SLOT])
+    led, req, t, rec = followed()
     del t  # the next step's torch.cat replaced it: nothing observed it
     led.check_invariants()  # settles: the death is applied (postponed)
     assert len(led) == 1 and led.totals().bytes_by_state["live"] == 4 * 64 * 4
@@ -37,11 +43,7 @@ def test_a_followed_entry_outlives_its_storage_and_continues_with_the_next():
 
 
 def test_stopping_releases_a_followed_entry_whose_storage_is_gone_at_the_owners_death():
-    led = Ledger()
-    req = led.begin_request("r1")
-    t = torch.zeros(4, 64)
-    observe(led, t, req)
-    led.follow([SLOT])
+    led, _, t, _ = followed()
     del t
     died = led.clock() + 5.0
     led.follow([SLOT], on=False, at=died)
@@ -51,11 +53,7 @@ def test_stopping_releases_a_followed_entry_whose_storage_is_gone_at_the_owners_
 
 
 def test_stopping_keeps_a_followed_entry_whose_storage_is_alive():
-    led = Ledger()
-    req = led.begin_request("r1")
-    t = torch.zeros(4, 64)
-    observe(led, t, req)
-    led.follow([SLOT])
+    led, _, t, _ = followed()
     led.follow([SLOT], on=False, at=led.clock())  # the cache died, but something else holds the storage
     assert len(led) == 1 and releases(led) == []
     del t
@@ -63,12 +61,8 @@ def test_stopping_keeps_a_followed_entry_whose_storage_is_alive():
 
 
 def test_a_followed_entrys_old_address_is_free_for_another_storage():
-    led = Ledger()
-    req = led.begin_request("r1")
-    t = torch.zeros(4, 64)
-    ours = observe(led, t, req)
+    led, req, t, ours = followed()
     addr = t.untyped_storage().data_ptr()
-    led.follow([SLOT])
     del t
     led.check_invariants()
     others = []
@@ -83,11 +77,7 @@ def test_a_followed_entrys_old_address_is_free_for_another_storage():
 
 
 def test_a_superseded_storage_is_released_when_it_dies_and_the_new_entry_follows():
-    led = Ledger()
-    req = led.begin_request("r1")
-    old = torch.zeros(4, 64)
-    first = observe(led, old, req)
-    led.follow([SLOT])
+    led, req, old, first = followed()
     new = torch.zeros(5, 64)
     second = observe(led, new, req)  # the old storage is still alive (kept elsewhere): a new entry
     assert second is not first and first.superseded and second.follows and not first.follows
