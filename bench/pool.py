@@ -36,6 +36,10 @@ pool is as fast as the fresh one (free_cached 0.85-1.01x); shuffled, a new pool 
 in LRU order), so the allocate and free rows, measured after a reset, show the pools in id order; the
 evicting and free_cached rows keep the LRU order and show what the scatter costs.
 
+``aged_vs_fresh_same_churn``: the two LRU-ordered cases on pools aged 10 x against 1 x by `churn`, which drives
+any implementation through the adapter with the very same requests, so ``--against-vllm`` also says what the
+same ageing costs vLLM's own pool (its blocks are objects scattered in LRU order the same way).
+
 ``debug``: the ownership layer with ``debug=True`` against the default (off: one ``is None`` test per
 operation). ``audit_1m``: `check_invariants` and `metrics` of a 1,000,000-block pool.
 
