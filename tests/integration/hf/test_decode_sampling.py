@@ -9,6 +9,7 @@ from transformers import LogitsProcessor, LogitsProcessorList
 
 from kvguardian._errors import UsageError
 from kvguardian.guard import Guard
+from kvguardian.hf.compat import cache_kwarg, transformers_version
 from kvguardian.ledger import EntryState
 
 STEPS = 24
@@ -33,6 +34,10 @@ def generate(model, guard, *, cache="dynamic", each_step=None, keep=True):
     kw = {"max_new_tokens": STEPS, "min_new_tokens": STEPS, "do_sample": False, "return_dict_in_generate": keep}
     if cache == "static":
         kw["cache_implementation"] = "static"
+    elif cache == "fp8":
+        from transformers import QuantizedCache
+
+        kw[cache_kwarg()] = QuantizedCache(backend="fp8", config=model.config)
     if each_step is not None:
         kw["logits_processor"] = LogitsProcessorList([EachStep(each_step)])
     return model.generate(ids_of(8), **kw)
@@ -57,7 +62,8 @@ def kv_view(snap, request_id):
                   for r in snap.records if r.request_id == request_id)
 
 
-@pytest.mark.parametrize("cache", ["dynamic", "static"])
+@pytest.mark.parametrize("cache", ["dynamic", "static", pytest.param("fp8", marks=pytest.mark.skipif(
+    transformers_version() < (5, 21), reason="QuantizedCache(backend='fp8') appears in transformers 5.21"))])
 def test_a_sampled_request_ends_exactly_as_an_observed_one(tiny_model, cache):
     views, observed, counted = {}, {}, {}
     for stride in (1, 8):
