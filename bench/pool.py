@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import json
 import os
 import platform
@@ -59,7 +60,7 @@ import sys
 import tempfile
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -331,20 +332,26 @@ def targets(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------- an aged pool
+def churn_prompts(seed: int) -> Iterator[list[int]]:
+    """The churn's requests, endless: one of 16 system prompts (8 blocks each) and a suffix of its own."""
+    rnd = random.Random(seed)
+    systems = [list(range(s * 10_000, s * 10_000 + 8 * BS)) for s in range(16)]
+    for i in itertools.count():
+        suffix = [1_000_000 + i * 1000 + k for k in range(rnd.randint(1, 24) * BS + rnd.randint(1, BS - 1))]
+        yield systems[i % 16] + suffix
+
+
 def aged_pool(num_blocks: int, turns: int = 10, seed: int = 1) -> PagedKVPool:
     """``turns`` x num_blocks blocks of churn with prefix caching: requests sharing 16 system prompts (8 blocks
     each) with their own suffix, up to 64 running, freed oldest first; allocation evicts once the cache is
     full."""
-    rnd = random.Random(seed)
     p = PagedKVPool(num_blocks, BS)
-    systems = [list(range(s * 10_000, s * 10_000 + 8 * BS)) for s in range(16)]
     live: deque[str] = deque()
-    processed = i = 0
-    while processed < turns * num_blocks:
+    processed = 0
+    for i, prompt in enumerate(churn_prompts(seed)):
+        if processed >= turns * num_blocks:
+            break
         rid = f"r{i}"
-        suffix = [1_000_000 + i * 1000 + k for k in range(rnd.randint(1, 24) * BS + rnd.randint(1, BS - 1))]
-        prompt = systems[i % 16] + suffix
-        i += 1
         while live and (len(live) >= 64 or p.blocks.num_available < len(prompt) // BS + 2):
             p.free(live.popleft())
         p.open(rid, "acme")
@@ -397,15 +404,12 @@ def churn(impl: Any, num_blocks: int, turns: int, seed: int = 1) -> Any:
     churn as `aged_pool`, driven through the adapter only, so both pools see the very same requests: 16 system
     prompts of 8 blocks with their own suffix, the prefix looked up (hits touched), the rest allocated, every
     full block cached, up to 64 requests running, freed oldest first (tail blocks first)."""
-    rnd = random.Random(seed)
     pool = impl.make(num_blocks)
-    systems = [list(range(s * 10_000, s * 10_000 + 8 * BS)) for s in range(16)]
     live: deque[list[Any]] = deque()
-    processed = i = 0
-    while processed < turns * num_blocks:
-        suffix = [1_000_000 + i * 1000 + k for k in range(rnd.randint(1, 24) * BS + rnd.randint(1, BS - 1))]
-        prompt = systems[i % 16] + suffix
-        i += 1
+    processed = 0
+    for prompt in churn_prompts(seed):
+        if processed >= turns * num_blocks:
+            break
         full = len(prompt) // BS
         while live and (len(live) >= 64 or impl.available(pool) < full + 2):
             impl.free(pool, live.popleft()[::-1])

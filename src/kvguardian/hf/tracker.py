@@ -496,10 +496,10 @@ class HFTracker:
             return
         self.ledger.emit_cache_event("evict", cache=st.label, request=st.owner_req, detail=detail,
                                      nbytes=self.ledger.slot_bytes(st.slots()))
-        if st.owner_req is not None:
-            self._observe_layers(cache, st, st.owner_req)
-        if st.following:
+        if st.following:  # sampled: observed by each layer's own observer, and no longer followed
             self._refresh(st)
+        elif st.owner_req is not None:
+            self._observe_layers(cache, st, st.owner_req)
 
     def summary(self) -> dict[str, Any]:
         if self._dead:

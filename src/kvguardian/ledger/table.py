@@ -43,7 +43,7 @@ class EntryTable:
         self.generation = 0  # the model generation new entries belong to
         self.batch = 0  # > 0 inside Ledger.observe_batch(): releases wait for its end
         # entry id -> (weak reference, time of death) of a following entry's storage that died: the release is
-        # postponed until the source observes the slot again (it continues) or stops following it (`unfollow`)
+        # postponed until the source observes the slot again (it continues) or stops following it (`follow`)
         self.postponed: dict[int, tuple[Any, float]] = {}
         self.on_release_error: Callable[[str, BaseException], None] | None = None
         self.on_request_freed: Callable[[str, float], None] | None = None  # (request id, when) its last KV went
