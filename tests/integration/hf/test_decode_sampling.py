@@ -95,6 +95,34 @@ def test_a_sampled_request_ends_exactly_as_an_observed_one(tiny_model, cache):
         assert observed[8] == counted[8]
 
 
+def test_a_crop_of_a_followed_cache_is_seen_exactly(tiny_model):
+    """A request driving the model by hand, cropping its cache mid-way (as assisted decoding does): the crop and
+    the steps after it end as with every step observed. (A crop between two forwards reaches the tracker through
+    the process audit; an attached model's own forwards are sampled.)"""
+    from transformers import DynamicCache
+
+    views = {}
+    for stride in (1, 8):
+        g = Guard(decode_stride=stride).attach(tiny_model).audit_process()
+        try:
+            cache = DynamicCache(config=tiny_model.config)
+            with g.request("r"), torch.inference_mode():
+                x = ids_of(8)
+                for step in range(20):
+                    x = tiny_model(x, use_cache=True, **{cache_kwarg(): cache}).logits[:, -1:].argmax(-1)
+                    if step == 14:
+                        cache.crop(-5)  # drop the last 5 tokens
+            snap = g.snapshot()
+            g.ledger.check_invariants()
+        finally:
+            g.stop_auditing_process()
+            g.detach()
+        views[stride] = kv_view(snap, "r")
+        assert [e.detail for e in g.events() if e.scope == "cache" and e.kind == "evict"] == ["crop(-5)"]
+        del cache
+    assert views[8] == views[1] and views[1]
+
+
 def test_nothing_is_released_while_the_cache_holds_it(tiny_model):
     """Between observed forwards the entries follow their slots: reads that settle the ledger (a scrape, another
     request starting) see them live, never a release, and never more than a stride of steps behind."""
