@@ -219,7 +219,7 @@ def _scan_exit(args: argparse.Namespace, result: Any, command: str, ending: Endi
         name = signal.Signals(ending.signum or signal.SIGINT).name
         say(f"interrupted ({name}); the result above is partial (complete: false)")
         return ending.exit_code
-    if reason.startswith(("connection lost", "damaged or truncated")):
+    if reason.startswith(("connection lost", "damaged or truncated", "damaged RDB")):
         say(f"error: {reason}; the result above is partial (complete: false)")
         return EXIT_ENVIRONMENT if reason.startswith("connection lost") else EXIT_USAGE
     return _exit_code(result.report(), args.fail_on)

@@ -38,10 +38,21 @@ def add_rdb_command(sub: Any, hooks: ScanHooks) -> None:
                                      "TTLs, idle times (under LRU/LFU policies) and leaks, as redis scan does.")
     rdb.add_argument("file", metavar="FILE", help="the RDB file (dump.rdb, a backup, redis-cli --rdb output)")
     hooks.sweep_arguments(rdb)
-    rdb.add_argument("--db", type=int, default=None, help="only keys of this database (default: all)")
+    rdb.add_argument("--db", type=_database, default=None, help="only keys of this database (default: all)")
     hooks.output_arguments(rdb)
     hooks.verdict_arguments(rdb)
     rdb.set_defaults(redis_run=lambda args: run_rdb(args, hooks))
+
+
+def _database(text: str) -> int:
+    """``--db``: a database number, 0 to 2**31 - 1 (what a Redis server can be configured to have)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a database number; fix: e.g. --db 0") from None
+    if not 0 <= n < 2**31:
+        raise argparse.ArgumentTypeError(f"{text} is not a database number (0 or more); fix: e.g. --db 0")
+    return n
 
 
 def _progress_and_stop(args: argparse.Namespace) -> tuple[Any, threading.Event]:
@@ -76,17 +87,18 @@ def run_rdb(args: argparse.Namespace, hooks: ScanHooks) -> int:
 
 def run_scan_rdb(args: argparse.Namespace, opts: Any, old: Any, emit: Callable[..., int]) -> int:
     """``redis scan --rdb URL``: a snapshot through the replication handshake, read as it streams in."""
-    from kvguardian.keyspace.connect import display_url
+    from kvguardian.keyspace.connect import display_url, url_db
     from kvguardian.keyspace.rdb.scan import RdbSource, scan_rdb
     from kvguardian.keyspace.rdb.snapshot import open_snapshot
 
     where = display_url(args.url)
+    db = url_db(args.url)  # a snapshot holds every database: keep the one the URL names, if it names one
     snap = open_snapshot(args.url, where, timeout=opts.timeout)
     bar, stop = _progress_and_stop(args)
     try:
         with bar as progress:
             result = scan_rdb(RdbSource(snap, where, limit=snap.length, total_bytes=snap.length or 0), opts,
-                              progress=progress, stop=stop)
+                              db=db, progress=progress, stop=stop)
     finally:
         snap.close()
     how = "diskless" if snap.length is None else "from disk"

@@ -20,7 +20,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from kvguardian._errors import EXIT_ENVIRONMENT, UsageError, require
 from kvguardian.report import secrets
 
-__all__ = ["AUTH_ENV", "Node", "Topology", "connect", "discover", "display_url", "node_client"]
+__all__ = ["AUTH_ENV", "Node", "Topology", "connect", "discover", "display_url", "node_client", "url_db"]
 
 SCHEMES = ("redis", "rediss", "unix")
 AUTH_ENV = "REDISCLI_AUTH"  # the password when the URL has none, as redis-cli reads it
@@ -81,6 +81,31 @@ def _check_url(url: str) -> None:
                          "redis://HOST:PORT/0")
 
 
+def _auth_message(where: str, reply: str) -> str:
+    """What a refused authentication means: no password sent where one is required, or a wrong one."""
+    sent = AUTH_ENV if os.environ.get(AUTH_ENV) and "***@" not in where else "the URL"
+    if re.search(r"NOAUTH|HELLO must be called|Authentication required", reply, re.I):
+        return (f"Redis at {where} requires a password and none was sent; fix: redis://USER:PASSWORD@HOST:PORT "
+                f"(or the password in ${AUTH_ENV})")
+    return (f"Redis at {where} refused the credentials ({reply}); fix: the user/password in {sent}"
+            + (" (redis://USER:PASSWORD@HOST:PORT)" if sent == "the URL" else ""))
+
+
+def url_db(url: str) -> int | None:
+    """The database a Redis URL names (``/N`` or ``?db=N``), None where it names none.
+
+    Raises:
+        UsageError: the URL is malformed or its database is not a number.
+    """
+    _check_url(url)
+    parts = urlsplit(url)
+    db = parts.path.strip("/") if parts.scheme != "unix" else ""
+    query = dict(parse_qsl(parts.query)).get("db", "")
+    if query and not query.isdigit():
+        raise UsageError(f"Redis URL {display_url(url)!r} names database {query!r}; fix: a number, e.g. ?db=0")
+    return int(query) if query else int(db) if db else None
+
+
 def connect(url: str, *, timeout: float = 10.0) -> Any:
     """A redis-py client (bytes replies, no retries, a socket timeout) for ``url``; checked with PING.
 
@@ -119,8 +144,7 @@ def ping(client: Any, where: str) -> None:
     try:
         client.ping()
     except redis.AuthenticationError as exc:
-        raise UsageError(f"Redis at {where} refused the credentials ({exc}); fix the user/password in the URL "
-                         "(redis://USER:PASSWORD@HOST:PORT)", exit_code=EXIT_ENVIRONMENT) from None
+        raise UsageError(_auth_message(where, str(exc)), exit_code=EXIT_ENVIRONMENT) from None
     except redis.exceptions.NoPermissionError as exc:  # PING itself, or what the connection sends first
         refused = re.search(r"to run the '([^']+)' command", str(exc))  # SELECT (?db=), CLIENT SETNAME, ...
         command = refused.group(1).lower() if refused else "ping"
@@ -128,7 +152,9 @@ def ping(client: Any, where: str) -> None:
                          f"({exc}); grant +{command} (see README: read-only ACL user)",
                          exit_code=EXIT_ENVIRONMENT) from None
     except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
-        raise UsageError(f"cannot reach Redis at {where}: {exc}; is the server running and the URL right?",
+        tls = ("; a rediss:// URL speaks TLS: if the server's port is plain Redis, use redis://"
+               if where.startswith("rediss://") else "")
+        raise UsageError(f"cannot reach Redis at {where}: {exc}; is the server running and the URL right?{tls}",
                          exit_code=EXIT_ENVIRONMENT) from None
     except redis.ResponseError as exc:
         fix = ("; fix: pick a database the server has (CONFIG GET databases; 0 always exists)"

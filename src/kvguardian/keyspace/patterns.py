@@ -4,8 +4,8 @@ The miner is a trie over tokens (see `tokens`). Variable tokens (uuid, timestamp
 child at once. Literal tokens (words, integers, hash tags) stay literal until one trie node has seen more
 than ``collapse_after`` distinct literals of one class; then those children are merged into one placeholder
 child (``{str}``, ``{int}``, ``{tag}``) — subtrees and pattern ids included — and later tokens of that class
-go there directly. The number of patterns is capped: past ``max_patterns`` new keys go to the overflow
-pattern ``{other}``.
+go there directly. The first word of a name (its namespace) collapses only past `NAMESPACES` distinct words.
+The number of patterns is capped: past ``max_patterns`` new keys go to the overflow pattern ``{other}``.
 
 Merging pattern ids is reported to the owner through ``on_merge(src, dst)`` so per-pattern statistics follow.
 The hot path (`pattern_id`) is a dictionary walk; `classify` runs only for tokens a node has not seen.
@@ -25,6 +25,7 @@ from kvguardian.keyspace.tokens import (
     MAX_KEY_CHARS,
     TIMESTAMP_DIGITS,
     classify,
+    key_str,
     literal_class,
     tokenize_ex,
 )
@@ -33,6 +34,7 @@ __all__ = ["OVERFLOW", "OVERFLOW_ID", "PatternMiner"]
 
 OVERFLOW = "{other}"
 OVERFLOW_ID = 0
+NAMESPACES = 100  # distinct first words kept literal (`PatternMiner.namespace_collapse_after`)
 
 
 _HEXCHARS = frozenset("0123456789abcdefABCDEF")
@@ -44,7 +46,7 @@ _MASKED = {True: b"0123456789abcdefABCDEF",
            False: b"0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"}
 #: names the coarse cache may not hold: their split can depend on more than where the delimiters are (UUIDs,
 #: dates and IPs need ``-`` or ``.``, hash tags ``{``, base64 runs are long runs of these characters)
-_COARSE_UNSAFE = re.compile(rb"[-.{}+/=]|[A-Za-z0-9_]{22}")
+_COARSE_UNSAFE = re.compile(rb"[-.{}+/=]|[A-Za-z0-9_]{21}")
 _CACHE_MAX = 50_000  # entries per generation of a cache (two generations are kept)
 _COARSE_PER_SHAPE = 4  # patterns one coarse mask may stand for
 
@@ -64,7 +66,7 @@ def _class_check(want: str, tok: str, all_hex: bool) -> Check:
         return lambda t: IP_BYTES.fullmatch(t) is not None
     if want == "~int" and width not in _TS_OR_DATE_LENGTHS:
         return bytes.isdigit  # what classify + literal_class give for such a digit run, without the calls
-    if ts is not None and want == ts[0]:
+    if ts is not None and want == ts[0] and width != 10:  # 10 digits: yyyymmddhh is a date (classify)
         lo, hi = ts[1], ts[2]
         return lambda tok: tok.isdigit() and lo <= int(tok) < hi  # classify's timestamp rule
     if want == "hex" and all_hex and width >= 8:  # classify: ≥ 8 hex digits, not all digits, not all letters
@@ -107,7 +109,7 @@ def _checks(toks: list[str], labels: list[str], *, all_hex: bool = True) -> tupl
     return tuple(out)
 
 
-_TS_OR_DATE_LENGTHS = frozenset((8, 10, 13, 16, 19))  # digit runs that `classify` may call a date or timestamp
+_TS_OR_DATE_LENGTHS = frozenset((8, 10, 12, 13, 14, 16, 19))  # digit runs `classify` may call a date or timestamp
 _TS = TIMESTAMP_DIGITS
 
 
@@ -171,6 +173,9 @@ class PatternMiner:
             raise UsageError(f"max_patterns ({max_patterns}) and collapse_after ({collapse_after}) must be ≥ 1")
         self.max_patterns = max_patterns
         self.collapse_after = collapse_after
+        # the first word of a name is nearly always its namespace (``session:…``, ``cart:…``): an application
+        # has dozens of them, so that position collapses into ``{str}`` only past this many
+        self.namespace_collapse_after = max(collapse_after, NAMESPACES)
         self.on_merge = on_merge
         self._root = _Node()
         self._names: list[str] = [OVERFLOW]  # pid → pattern string ('' once merged away)
@@ -216,9 +221,10 @@ class PatternMiner:
                 if i:  # the most frequent first: each failed check may have cost a classify
                     centries[i - 1], centries[i] = centry, centries[i - 1]  # type: ignore[index]
                 return centry[0]
-        name = raw.decode("utf-8", "backslashreplace")
+        name = key_str(raw)
         pid, toks, labels, content_dependent = self._mine(name)
-        if (pid != OVERFLOW_ID and not content_dependent and raw.isascii() and len(raw) <= MAX_KEY_CHARS
+        if (pid != OVERFLOW_ID and not content_dependent and raw.isascii() and b"\\" not in raw  # text == raw
+                and len(raw) <= MAX_KEY_CHARS
                 and len(labels) == len(toks) and toks[-1:] != ["…"]):
             self._remember(mask, (pid, _checks(toks, labels)))
             if len(centries) < _COARSE_PER_SHAPE and len(self._coarse) < _CACHE_MAX and not _COARSE_UNSAFE.search(raw):
@@ -311,7 +317,7 @@ class PatternMiner:
             return child, label
         n = node.counts.get(lcls, 0) + 1
         node.counts[lcls] = n
-        if n > self.collapse_after:
+        if n > (self.namespace_collapse_after if node is self._root and lcls == "str" else self.collapse_after):
             self._collapse(node, lcls)
             label = "{" + lcls + "}"
             return node.var[label], label
@@ -378,6 +384,7 @@ class PatternMiner:
                 self._forget()
                 if self.on_merge is not None:
                     self.on_merge(src.pid, dst.pid)
+        newly_wild = src.wild - dst.wild
         dst.wild |= src.wild
         for label, child in src.var.items():
             self._attach(dst.var, label, child)
@@ -391,6 +398,8 @@ class PatternMiner:
                 if _is_literal(label):
                     lc = literal_class(label)
                     dst.counts[lc] = dst.counts.get(lc, 0) + 1
+        for lc in newly_wild:  # dst's own literals of a class src had collapsed: into the placeholder too, so
+            self._collapse_at(dst, lc)  # the trie does not depend on which of the two saw its names first
         for lc, n in list(dst.counts.items()):  # the merged node may now exceed the threshold itself
             if n > self.collapse_after and lc not in dst.wild:
                 self._collapse_at(dst, lc)

@@ -56,7 +56,7 @@ def redact_value(r: Redactor, k: str, v: Any) -> Any:
     """``v`` (found under key ``k``) with every ``pattern`` and key-name field inside it redacted."""
     if k == "pattern" and isinstance(v, str):
         return r.pattern(v)
-    if k in ("key", "example_key", "example_cold_key") and (v is None or isinstance(v, str)):
+    if k in ("key", "example_key", "example_cold_key", "example_no_ttl_key") and (v is None or isinstance(v, str)):
         return r.key(v)
     if isinstance(v, dict):
         return {kk: redact_value(r, kk, vv) for kk, vv in v.items()}

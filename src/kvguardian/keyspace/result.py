@@ -31,7 +31,7 @@ Top level:
                        ``ttl`` {none, lt_1m, lt_10m, lt_1h, lt_1d, lt_7d, lt_30d, ge_30d},
                        ``idle_s`` or ``lfu_freq`` {p50, p90, max}, ``types`` {name: keys},
                        ``top_keys`` [{key, bytes, type, ttl_ms, idle_s | lfu_freq}],
-                       ``example_key``, ``example_cold_key``
+                       ``example_key``, ``example_cold_key``, ``example_no_ttl_key``
 ``findings``           kv-guardian findings (``kvguardian.findings.Finding.to_dict``)
 =====================  ===========================================================================
 
@@ -49,6 +49,7 @@ from typing import Any
 
 from kvguardian._errors import UsageError
 from kvguardian.findings import Finding, Report
+from kvguardian.keyspace.tokens import key_str
 from kvguardian.report import secrets
 from kvguardian.report.escape import dumps
 
@@ -60,10 +61,11 @@ KEY_CHARS = 200
 
 
 def key_text(raw: bytes | str | None) -> str | None:
-    """A key name for reports: UTF-8 with ``\\xNN`` escapes, cut at `KEY_CHARS` characters."""
+    """A key name for reports: UTF-8 with ``\\xNN`` escapes and backslashes doubled (`tokens.key_str`), cut at
+    `KEY_CHARS` characters."""
     if raw is None:
         return None
-    text = raw.decode("utf-8", "backslashreplace") if isinstance(raw, bytes) else raw
+    text = key_str(raw) if isinstance(raw, bytes) else raw
     if len(text) > KEY_CHARS:
         text = text[:KEY_CHARS] + f"…(+{len(text) - KEY_CHARS} chars)"
     return text
@@ -188,7 +190,7 @@ def _check_pattern(p: Any) -> None:
     for k in ("idle_s", "lfu_freq"):
         if k in p:
             p[k] = {q: None if v is None else _number(v, f"{name!r}: {k}[{q!r}]") for q, v in _dict(p[k]).items()}
-    for k in ("example_key", "example_cold_key"):
+    for k in ("example_key", "example_cold_key", "example_no_ttl_key"):
         if p.get(k) is not None and not isinstance(p[k], str):
             raise ValueError(f"{name!r}: {k} must be a string or null")
     p["overflow"] = _bool(p.get("overflow", False))

@@ -112,6 +112,7 @@ class PatternStats:
         self.top: list[list[tuple[int, builtins.bytes, int, int, int]]] = []
         self.example: list[builtins.bytes | None] = []
         self.cold_example: list[builtins.bytes | None] = []
+        self.nottl_example: list[builtins.bytes | None] = []  # a key of the pattern with no TTL
         self._alias = np.arange(self._cap, dtype=np.int64)
 
     # -- storage ------------------------------------------------------------------------------------------
@@ -145,6 +146,7 @@ class PatternStats:
             self.top.append([])
             self.example.append(None)
             self.cold_example.append(None)
+            self.nottl_example.append(None)
 
     # -- accumulate ---------------------------------------------------------------------------------------
     def add_batch(self, pids: np.ndarray, keys: list[builtins.bytes], probe: np.ndarray) -> None:
@@ -187,6 +189,8 @@ class PatternStats:
         _count_into(self.mem_hist, pids, bucket_of(mem))
         _count_into(self.idle_hist, pids, bucket_of(idle))
         self._note_keys(pids, keys, tcode, mem, pttl, idle, cold)
+        if nottl.any():
+            _first_of_each(self.nottl_example, pids, keys, nottl)
 
     def _note_keys(self, pids: np.ndarray, keys: list[builtins.bytes], tcode: np.ndarray, mem: np.ndarray,
                    pttl: np.ndarray, idle: np.ndarray, cold: np.ndarray) -> None:
@@ -206,10 +210,7 @@ class PatternStats:
             if self.example[pid] is None:
                 self.example[pid] = keys[i]
         if cold.any():
-            for i in np.flatnonzero(cold).tolist():
-                pid = int(pids[i])
-                if self.cold_example[pid] is None:
-                    self.cold_example[pid] = keys[i]
+            _first_of_each(self.cold_example, pids, keys, cold)
 
     def merge(self, src: int, dst: int) -> None:
         """Fold pattern ``src`` into ``dst`` (the miner collapsed them); later batches alias src → dst."""
@@ -230,11 +231,10 @@ class PatternStats:
         heapq.heapify(self.top[dst])
         self.top[src] = []
         self.topmin[dst] = self.top[dst][0][0] if len(self.top[dst]) >= TOP_K else -1
-        if self.example[dst] is None:
-            self.example[dst] = self.example[src]
-        if self.cold_example[dst] is None:
-            self.cold_example[dst] = self.cold_example[src]
-        self.example[src] = self.cold_example[src] = None
+        for examples in (self.example, self.cold_example, self.nottl_example):
+            if examples[dst] is None:
+                examples[dst] = examples[src]
+            examples[src] = None
         self._alias[self._alias == src] = dst
 
     # -- read out -----------------------------------------------------------------------------------------
@@ -270,7 +270,19 @@ class PatternStats:
             ],
             "example_key": self.example[pid],
             "example_cold_key": self.cold_example[pid],
+            "example_no_ttl_key": self.nottl_example[pid],
         }
 
     def live_ids(self) -> list[int]:
         return [pid for pid in range(len(self.top)) if self.keys[pid] > 0]
+
+
+def _first_of_each(examples: list[builtins.bytes | None], pids: np.ndarray, keys: list[builtins.bytes],
+                   mask: np.ndarray) -> None:
+    """Give each pattern among ``pids[mask]`` that has no example yet its first key of the batch (one
+    Python step per pattern, not per key)."""
+    idx = np.flatnonzero(mask)
+    uniq, first = np.unique(pids[idx], return_index=True)
+    for pid, i in zip(uniq.tolist(), first.tolist()):
+        if examples[pid] is None:
+            examples[pid] = keys[int(idx[i])]

@@ -66,7 +66,7 @@ class SweepOptions:
             raise UsageError(f"--nice {self.nice} is out of range; use 0..19")
         if self.max_keys_per_sec is not None and not 1 <= self.max_keys_per_sec <= 1e9:
             raise UsageError(f"--max-keys-per-sec {self.max_keys_per_sec:g} is out of range; fix: use 1..1e9 "
-                             "keys per second (1e-300 made one sleep overflow)")
+                             "keys per second")
         if self.sample is not None and self.sample <= 0:
             raise UsageError(f"--sample {self.sample} must be > 0")
         if self.mode not in ("auto", "lua", "pipeline"):
@@ -318,6 +318,7 @@ def build_patterns(miner: PatternMiner, stats: PatternStats) -> list[dict[str, A
             tk["key"] = key_text(tk["key"])
         row["example_key"] = key_text(row["example_key"])
         row["example_cold_key"] = key_text(row["example_cold_key"])
+        row["example_no_ttl_key"] = key_text(row["example_no_ttl_key"])
         placeholders = sorted({part[1:-1] for part in _placeholders(name)})
         rows.append({"pattern": name, "placeholders": placeholders, "overflow": pid == OVERFLOW_ID, **row})
     rows.sort(key=lambda r: (-r["bytes"], r["pattern"]))

@@ -7,9 +7,10 @@ long base64 runs) are recognised before the split, so ``session:3f2a…-…`` is
 Token classes:
 
 - always variable (a placeholder at once): ``uuid``, ``ts_s``/``ts_ms``/``ts_us``/``ts_ns`` (digit runs of
-  10/13/16/19 digits inside 2001–2100), ``date``, ``ip``, ``hex`` (≥ 8 hex digits, letters and digits),
-  ``b64`` (≥ 22 base64 characters mixing cases and digits), ``rand`` (the entropy fallback: ≥ 10 characters
-  alternating letters and digits);
+  10/13/16/19 digits inside 2001–2100), ``date`` (ISO dates and date-times, ``yyyymmdd[hh[mm[ss]]]``),
+  ``ip``, ``hex`` (≥ 8 hex digits, letters and digits), ``b64`` (≥ 21 characters of the base64 or base64url
+  alphabet, random by `_is_b64`: base64 values, nanoids), ``rand`` (the entropy fallback: ≥ 10 characters
+  alternating letters and digits, and ULIDs);
 - literal until a position has many distinct values (then ``{int}``, ``{str}``, ``{tag}``): ``int``, words,
   hash tags.
 
@@ -19,6 +20,7 @@ first, one regex only where needed).
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 
@@ -30,6 +32,7 @@ __all__ = [
     "UNIQUE_CLASSES",
     "VARIABLE_CLASSES",
     "classify",
+    "key_str",
     "literal_class",
     "tokenize",
     "tokenize_ex",
@@ -58,7 +61,7 @@ _DATE = r"(?:19|20)\d\d-[01]\d-[0-3]\d(?:[T ][0-2]\d:[0-5]\d(?::[0-5]\d(?:\.\d+)
 _IP = r"(?:\d{1,3}\.){3}\d{1,3}(?::\d{1,5})?"
 _TAG = r"\{[^{}]*\}"
 _WORD = r"[^:/.|#,;=@ _\-{}]+"
-_LONG = r"[A-Za-z0-9+/_-]{22,}={0,2}"
+_LONG = r"[A-Za-z0-9+/_-]{21,}={0,2}"  # base64 (and nanoid: 21 characters, ``_`` and ``-`` included)
 
 #: one findall gives the tokens in order; delimiters and stray characters come out one character each
 _TOKENS = re.compile(f"{_UUID}|{_DATE_SHAPE}|{_IP_SHAPE}|{_TAG}|{_LONG}|{_WORD}|.", re.S)
@@ -71,6 +74,11 @@ DATE_BYTES = re.compile(_DATE.encode())
 IP_BYTES = re.compile(_IP.encode())
 _HEXCHARS = frozenset("0123456789abcdefABCDEF")
 _DIGIT_RE = re.compile(r"\d")
+_ULID_RE = re.compile(r"[0-7][0-9A-HJKMNP-TV-Z]{25}")
+_SEGMENT_SPLIT = re.compile(r"[_/+-]+")
+#: a word, camelCase word, acronym or number, optionally ending in digits (``getUserName``, ``HTTPServer``,
+#: ``v2``, ``2026``): what the parts of a delimited name look like, and random parts almost never do
+_WORDLIKE = re.compile(r"[A-Z]*[a-z]*(?:[A-Z][a-z]+)*\d*")
 
 #: tokens longer than this many characters are not split further (very long key names)
 MAX_KEY_CHARS = 256
@@ -80,6 +88,14 @@ MAX_TOKENS = 48
 _TS = {10: ("ts_s", 10**9, 4102444800), 13: ("ts_ms", 10**12, 4102444800 * 10**3),
        16: ("ts_us", 10**15, 4102444800 * 10**6), 19: ("ts_ns", 10**18, 4102444800 * 10**9)}
 TIMESTAMP_DIGITS = _TS  # the same, for the pattern cache's checks
+
+
+def key_str(raw: bytes) -> str:
+    """A key name (bytes, as Redis stores it) as text: UTF-8, any other byte as ``\\xNN`` and a backslash
+    doubled, so the byte 0xff (``\\xff``) and the four characters ``\\xff`` (``\\\\xff``) stay two names."""
+    if b"\\" in raw:
+        raw = raw.replace(b"\\", b"\\\\")
+    return raw.decode("utf-8", "backslashreplace")
 
 
 def tokenize(name: str) -> list[str]:
@@ -101,9 +117,9 @@ def tokenize_ex(name: str) -> tuple[list[str], bool]:
         name = name[:MAX_KEY_CHARS]
     toks = _TOKENS.findall(name)
     has_b64 = False
-    if len(name) >= 22:
+    if len(name) >= 21:
         for t in toks:
-            if len(t) >= 22 and not t.isalnum() and not (len(t) == 36 and t[8] == "-"):
+            if len(t) >= 21 and not t.isalnum() and not (len(t) == 36 and t[8] == "-"):
                 toks, has_b64 = _resplit(toks)
                 break
     if len(toks) > MAX_TOKENS:
@@ -119,7 +135,7 @@ def _resplit(toks: list[str]) -> tuple[list[str], bool]:
     out: list[str] = []
     has_b64 = False
     for t in toks:
-        if len(t) >= 22 and not t.isalnum():
+        if len(t) >= 21 and not t.isalnum():
             if _is_b64(t):
                 has_b64 = True
                 out.append(t)
@@ -131,10 +147,39 @@ def _resplit(toks: list[str]) -> tuple[list[str], bool]:
 
 
 def _is_b64(t: str) -> bool:
+    """A random run of the base64 (or base64url) alphabet: base64 of random bytes, a nanoid (21 characters).
+    It mixes lower and upper case (digits or not: 2 % of 22-character base64 values have none) and switches
+    often between lower case, upper case and digits: about 0.65 of neighbouring pairs in a random run, where
+    camelCase and snake_case words (``CustomerSubscriptionUpdated_v2``: 0.21) stay below 0.4. Past 28
+    characters a random run also has a higher entropy than words reach (4.3 bits and more against 4.1 at most).
+    A run with ``_ - / +`` inside is words when every part looks like one (`_WORDLIKE`); otherwise its random
+    parts need fewer switches (0.25: a nanoid has 0.35 or less one time in a hundred)."""
     body = t.rstrip("=")
-    if len(body) < 22 or body.upper() == body or body.lower() == body or not _DIGIT_RE.search(body):
-        return False  # base64 of random bytes mixes lower case, upper case and digits
-    return _entropy(body) >= 3.5
+    if len(body) < 21 or body.upper() == body or body.lower() == body:
+        return False
+    entropy = _entropy(body)
+    if entropy >= 4.3:  # nearly every character distinct over 28 and more: words stay near 4.1
+        return True
+    if len(body) < len(t) and len(t) % 4 == 0:  # "=" padding to a multiple of 4: base64 for sure
+        return entropy >= 3.2 and _switch_ratio(body) >= 0.25
+    segments = _SEGMENT_SPLIT.split(body)
+    if all(_WORDLIKE.fullmatch(seg) for seg in segments):  # getUserNameForAccount, api/v2/userProfile
+        return False
+    if len(segments) > 1:  # a random run split at its _ - / +
+        return entropy >= 3.3 and _switch_ratio(body) >= 0.25
+    return entropy >= 3.5 and _switch_ratio(body) >= 0.4
+
+
+_KIND = bytes.maketrans(b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz",
+                        b"0" * 10 + b"A" * 26 + b"a" * 26)
+
+
+def _switch_ratio(body: str) -> float:
+    """Share of neighbouring letter/digit pairs (delimiters skipped) whose kinds differ: lower, upper, digit."""
+    kinds = body.encode("ascii", "replace").translate(_KIND, b"+/_-=")
+    if len(kinds) < 2:
+        return 0.0
+    return sum(a != b for a, b in itertools.pairwise(kinds)) / (len(kinds) - 1)
 
 
 _PLOGP: dict[int, list[float]] = {}  # n -> [c / n * log2(c / n) for c in 0..n], built on first use
@@ -167,6 +212,17 @@ def literal_class(tok: str) -> str:
     return "str"
 
 
+_DIGIT_DATES = frozenset((8, 10, 12, 14))  # yyyymmdd[hh[mm[ss]]]
+
+
+def _is_digit_date(tok: str) -> bool:
+    """A run of digits that reads as a calendar date, with its hour, minute and second if it has them. A
+    10-digit one starting with 20 is also a Unix time, of 2033-2036: read as the date (``hits:2026112619``)."""
+    if tok[:2] not in ("19", "20") or not ("01" <= tok[4:6] <= "12" and "01" <= tok[6:8] <= "31"):
+        return False
+    return all(lim >= tok[i:i + 2] for i, lim in ((8, "23"), (10, "59"), (12, "59")) if i < len(tok))
+
+
 def classify(tok: str) -> str | None:
     """The variable class of a token (``"uuid"``, ``"ts_ms"``, …), or None for a literal (word, int, tag).
 
@@ -174,12 +230,12 @@ def classify(tok: str) -> str | None:
     """
     n = len(tok)
     if tok.isdigit():
+        if n in _DIGIT_DATES and _is_digit_date(tok):
+            return "date"  # yyyymmdd, yyyymmddhh (also a 10-digit timestamp's range), yyyymmddhhmm[ss]
         if n in _TS:
             cls, lo, hi = _TS[n]
             if lo <= int(tok) < hi:
                 return cls
-        elif n == 8 and tok[:2] in ("19", "20") and "01" <= tok[4:6] <= "12" and "01" <= tok[6:8] <= "31":
-            return "date"
         return None
     if n == 36 and tok[8] == "-" and _UUID_RE.fullmatch(tok):
         return "uuid"
@@ -193,8 +249,10 @@ def classify(tok: str) -> str | None:
             return "ip"
     if n >= 8 and _HEXCHARS.issuperset(tok):  # not all digits (returned above): hex if it has any digit
         return None if tok.isalpha() else "hex"
-    if n >= 22 and _is_b64(tok):
+    if n >= 21 and _is_b64(tok):
         return "b64"
+    if n == 26 and _ULID_RE.fullmatch(tok):
+        return "rand"  # a ULID: Crockford base32, upper case and digits
     if n >= 10 and _is_random(tok):
         return "rand"
     return None
@@ -204,7 +262,10 @@ _DIGIT_MARKS = bytes(49 if 48 <= i <= 57 else 48 for i in range(256))
 
 
 def _is_random(tok: str) -> bool:
-    """Entropy fallback: letters and digits alternate often (``a9Xk2Pq0…``), unlike words (``page10``)."""
+    """Entropy fallback: letters and digits alternate often (``a9Xk2Pq0…``), unlike words (``page10``,
+    ``HTTPServerConfig``)."""
+    if _WORDLIKE.fullmatch(tok):
+        return False
     if tok.isascii():  # digits -> 1, the rest -> 0: count digits and digit/non-digit switches in C
         marks = tok.encode("ascii").translate(_DIGIT_MARKS)
         digits = marks.count(b"1")

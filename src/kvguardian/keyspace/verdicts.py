@@ -61,11 +61,11 @@ def scan_findings(result: ScanResult, th: Thresholds | None = None) -> list[Find
     th = th or Thresholds()
     out: list[Finding] = []
     roles = {n.get("role", "master") for n in (result.server.get("nodes") or [])}
-    cold_ok = roles <= {"master"}
+    cold_ok = roles <= {"master", "rdb"}  # a replica's idle times are its own reads; a snapshot's, its writer's
     for p in result.patterns:
         pat = p["pattern"]
         base = {"pattern": pat, "keys": p["keys"], "bytes": p["bytes"], "no_ttl_keys": p["no_ttl_keys"],
-                "no_ttl_bytes": p["no_ttl_bytes"], "example_key": p.get("example_key")}
+                "no_ttl_bytes": p["no_ttl_bytes"], "example_key": p.get("example_no_ttl_key") or p.get("example_key")}
         unique = [c for c in p.get("placeholders", []) if c in UNIQUE_CLASSES]
         flagged = False
         if cold_ok and p["cold_keys"] >= th.min_keys:

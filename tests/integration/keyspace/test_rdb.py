@@ -117,6 +117,7 @@ def test_scan_result_matches_a_live_sweep(saved):
     data = offline.to_dict()  # the live scan's schema: redis diff reads it
     assert data["schema"] == "kv-guardian/redis-scan" and data["mode"] == "rdb"
     assert data["server"]["rdb"]["databases"] == {"0": len(kinds)}
+    assert data["server"]["rdb"]["checksum"] == "ok"  # the trailing CRC64 matched
 
 
 def test_size_estimate_against_memory_usage_samples_0(saved):
@@ -183,9 +184,82 @@ def test_scan_rdb_fetches_a_snapshot_through_replication(tmp_path, kv_cli, diskl
         data = json.loads(out)
         assert rc == 0 and data["complete"] and data["keys_scanned"] == r.dbsize(), err
         assert ("diskless" in data["mode_reason"]) == (diskless == "yes")
+        assert data["server"]["rdb"]["checksum"] == "ok"
         r.execute_command("ACL", "SETUSER", "ro", "on", ">pw", "~*", "+scan", "+type")
         url = proc.url.replace("redis://", "redis://ro:pw@")
         rc, out, err = kv_cli("redis", "scan", "--rdb", url)
         assert rc == 3 and "+sync +replconf" in err and "pw@" not in err and err.count("\n") == 1
     finally:
         proc.stop()
+
+
+def test_a_byte_changed_inside_a_value_fails_the_crc64(tmp_path, kv_cli):
+    """A damaged byte the records cannot show (inside a string) is caught by the file's CRC64: the result
+    is incomplete, and says so."""
+    proc = RedisProc(tmp_path / "crc")
+    try:
+        rnd = random.Random(9)
+        value = "".join(rnd.choice("ABCDEFGHIJKLMNOPQRSTUVWXYZ") for _ in range(300))  # incompressible: stored raw
+        r = proc.client()
+        r.set("payload:1", value)
+        r.set("payload:2", "x")
+        r.save()
+        data = bytearray((proc.dir / "dump.rdb").read_bytes())
+    finally:
+        proc.stop()
+    at = data.find(value.encode()) + 100
+    data[at] = ord("a")  # still a byte of a string: every record reads as before
+    path = tmp_path / "flipped.rdb"
+    path.write_bytes(bytes(data))
+    rc, out, err = kv_cli("redis", "rdb", str(path), "--json")
+    part = json.loads(out)
+    assert not part["complete"] and "CRC64" in part["incomplete_reason"] and part["keys_scanned"] == 2
+    assert part["server"]["rdb"]["checksum"] == "mismatch" and rc == 2 and "Traceback" not in err
+
+
+def test_databases_of_a_snapshot_the_url_and_db_options_pick(tmp_path, kv_cli):
+    """``redis scan --rdb URL/N`` keeps database N; ``redis rdb --db N`` of a database the file lacks says
+    which it has; a negative --db is refused."""
+    proc = RedisProc(tmp_path / "dbs")
+    try:
+        r = proc.client()
+        r.set("zero:1", "x")
+        r.select(1)
+        for i in range(3):
+            r.set(f"one:{i}", "x")
+        r.select(0)
+        rc, out, err = kv_cli("redis", "scan", "--rdb", proc.url.rsplit("/", 1)[0] + "/1", "--json",
+                              "--fail-on", "never")
+        data = json.loads(out)
+        assert rc == 0 and data["keys_scanned"] == 3 and data["server"]["rdb"]["db"] == 1, err
+        r.save()
+        rc, out, err = kv_cli("redis", "rdb", str(proc.dir / "dump.rdb"), "--db", "7", "--json")
+        data = json.loads(out)
+        said = " ".join(data["warnings"])
+        assert data["keys_scanned"] == 0 and "no keys of database 7" in said and "0, 1" in said
+        rc, out, err = kv_cli("redis", "rdb", str(proc.dir / "dump.rdb"), "--db", "-1")
+        assert rc == 2 and "database number" in err and "Traceback" not in err
+    finally:
+        proc.stop()
+
+
+def test_cold_keys_are_found_offline_too(tmp_path):
+    """KVG301 from a snapshot's IDLE records, as a live sweep finds it."""
+    import time
+
+    from kvguardian.keyspace.verdicts import scan_findings
+
+    proc = RedisProc(tmp_path / "cold", "--maxmemory-policy", "allkeys-lru", "--maxmemory", "1gb")
+    try:
+        r = proc.client()
+        for i in range(40):  # past collapse_after: one stale:{int} pattern
+            r.set(f"stale:{i}", "x")
+        time.sleep(2.2)  # IDLE is kept in seconds
+        r.save()
+        opts = SweepOptions(cold_after=1)
+        with (proc.dir / "dump.rdb").open("rb") as f:
+            offline = scan_rdb(RdbSource(f, "dump.rdb"), opts)
+        live = sweep(proc.url, SweepOptions(cold_after=1, nice=0))
+    finally:
+        proc.stop()
+    assert [f.id for f in scan_findings(offline)] == [f.id for f in scan_findings(live)] == ["KVG301"]

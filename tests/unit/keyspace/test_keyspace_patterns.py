@@ -172,3 +172,82 @@ def test_coarse_cache_gives_the_same_patterns_as_the_full_path(keys, collapse_af
     assert got == [b.pattern_id(k) for k in keys]
     assert a.patterns() == b.patterns()
     a.check_invariants()
+
+
+def test_namespaces_stay_apart_past_the_collapse_threshold():
+    """An application has dozens of key namespaces: the first word stays literal (up to NAMESPACES), so a
+    namespace without a TTL is not merged with 24 others that have one."""
+    from kvguardian.keyspace.patterns import NAMESPACES
+
+    spaces = [f"ns{chr(97 + i // 26)}{chr(97 + i % 26)}" for i in range(25)]
+    m = PatternMiner()
+    keys = [f"{ns}:{uuid.uuid4()}" for ns in spaces for _ in range(5)]
+    assert _names(m, keys) == {f"{ns}:{{uuid}}" for ns in spaces}
+    many = [f"w{i:03d}x:{uuid.uuid4()}" for i in range(NAMESPACES + 1)]  # past NAMESPACES: a variable first word
+    assert _names(PatternMiner(), many) == {"{str}:{uuid}"}
+    m.check_invariants()
+
+
+def test_patterns_do_not_depend_on_the_order_names_come_in():
+    """SCAN order is arbitrary: a collapse learnt in one subtree reaches the literals of the subtree it is
+    merged into, whichever of the two saw its names first."""
+    few = [f"ns:w0:{j}:profile" for j in range(3)]  # w0's ints stay literal ...
+    many = [f"ns:w1:{j}:profile" for j in range(25)]  # ... w1's collapse into {int}
+    words = [f"ns:w{i}:0:profile" for i in range(2, 25)]  # then the word position collapses: w0 and w1 merge
+    orders = [few + many + words, many + few + words]
+    for seed in range(4):
+        shuffled = few + many + words
+        random.Random(seed).shuffle(shuffled)
+        orders.append(shuffled)
+    for order in orders:
+        m = PatternMiner(collapse_after=20)
+        assert _names(m, order) == {"ns:{str}:{int}:profile"}, order[:5]
+        m.check_invariants()
+
+
+@pytest.mark.parametrize("make", [
+    lambda r: "".join(r.choice("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-") for _ in range(21)),
+    lambda r: __import__("base64").b64encode(r.randbytes(16)).decode(),
+    lambda r: __import__("base64").urlsafe_b64encode(r.randbytes(24)).decode(),
+], ids=["nanoid", "base64", "base64url"])
+def test_random_ids_of_the_base64_alphabets_make_one_pattern(make):
+    """nanoids (21 characters, ``_`` and ``-`` inside) and base64 with ``/``, ``+`` or no digit are one token,
+    not hundreds of shapes split at their ``_ - /``; a few unlucky values may fall out, not a pattern each."""
+    r = random.Random(11)
+    m = PatternMiner()
+    keys = [f"short:{make(r)}" for _ in range(2000)]
+    for k in keys:
+        m.pattern_id(k)
+    ids = [m.pattern_id(k) for k in keys]
+    top = max(set(ids), key=ids.count)
+    assert m.name(top) in ("short:{b64}", "short:{rand}") and ids.count(top) >= 0.95 * len(keys)
+    assert len(set(ids)) <= 30
+
+
+def test_camel_and_snake_case_words_are_not_random_ids():
+    from kvguardian.keyspace.tokens import classify, tokenize
+
+    for w in ("GetUserProfileSettingsHandler", "thisIsAVeryLongCamelCaseIdentifier", "CustomerSubscriptionUpdated_v2",
+              "X-Forwarded-For-Original-Host", "AbstractSingletonProxyFactoryBean"):
+        assert all(classify(t) is None for t in tokenize(f"k:{w}")[2:] if t not in "_-"), w
+
+
+def test_a_byte_and_its_escape_text_are_two_names():
+    """Byte 0xff is ``\\xff``; the four characters ``\\xff`` are ``\\\\xff``: not merged, printed apart."""
+    from kvguardian.keyspace.result import key_text
+
+    m = PatternMiner()
+    raw = [b"dup:\xff:0", b"dup:\\xff:0"]
+    assert m.pattern_id_bytes(raw[0]) != m.pattern_id_bytes(raw[1])
+    assert {m.name(m.pattern_id_bytes(k)) for k in raw} == {"dup:\\xff:0", "dup:\\\\xff:0"}
+    assert [key_text(k) for k in raw] == ["dup:\\xff:0", "dup:\\\\xff:0"]
+
+
+def test_digit_dates_with_hours_are_dates_through_the_shape_cache_too():
+    """``yyyymmddhh`` is in a 10-digit timestamp's range; it is a date, on the cached path as on the full one."""
+    m = PatternMiner()
+    assert m.name(m.pattern_id_bytes(b"hits:1764547200")) == "hits:{ts_s}"
+    assert m.name(m.pattern_id_bytes(b"hits:2026112619")) == "hits:{date}"  # same mask as the cached ts_s name
+    assert m.name(m.pattern_id_bytes(b"hits:1764547201")) == "hits:{ts_s}"
+    assert m.name(m.pattern_id_bytes(b"day:20261126")) == "day:{date}"
+    assert m.name(m.pattern_id_bytes(b"at:20261126193059")) == "at:{date}"

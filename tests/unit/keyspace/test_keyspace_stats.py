@@ -63,3 +63,16 @@ def test_idle_buckets_count_every_key_in_its_range():
     lfu = PatternStats(cold_after=0, idle_metric="freq")
     lfu.ensure(1)
     assert "idle_buckets" not in lfu.row(0)  # LFU counters are not times
+
+
+def test_the_no_ttl_example_is_a_key_without_a_ttl():
+    import numpy as np
+
+    from kvguardian.keyspace.stats import PatternStats
+
+    s = PatternStats(cold_after=10)
+    s.ensure(2)
+    probe = np.array([[0, 50, 1000, 1], [0, 50, -1, 1], [0, 50, -1, 1]], dtype=np.int64)  # pttl 1000: a TTL
+    s.add_batch(np.array([1, 1, 1]), [b"with-ttl", b"no-ttl-1", b"no-ttl-2"], probe)
+    row = s.row(1)
+    assert row["example_key"] == b"with-ttl" and row["example_no_ttl_key"] == b"no-ttl-1"

@@ -88,3 +88,11 @@ def test_result_round_trip_and_bad_input():
     del bad["patterns"][0]["pattern"]
     with pytest.raises(UsageError, match="damaged"):
         ScanResult.from_dict(bad)
+
+
+def test_a_no_ttl_finding_shows_a_key_without_a_ttl():
+    """The pattern's first key may have a TTL; the KVG302/305 example is one of the keys that have none."""
+    p = _pattern("{str}:{uuid}", ["uuid"], 5000, 200, 0)
+    p["example_key"], p["example_no_ttl_key"] = "invoice:1", "websess:2"
+    (f,) = scan_findings(_result([p]))
+    assert f.id == "KVG302" and f.evidence["example_key"] == "websess:2"

@@ -34,7 +34,8 @@ def can_fork() -> bool:
 
 def _state(r: RdbReader) -> dict[str, Any]:
     return {"aux": r.aux, "version": r.version, "saw_idle": r.saw_idle, "saw_freq": r.saw_freq,
-            "modules_skipped": r.modules_skipped, "functions": r.functions, "done": r.done, "offset": r.offset}
+            "modules_skipped": r.modules_skipped, "functions": r.functions, "done": r.done, "offset": r.offset,
+            "checksum": r.checksum}
 
 
 def _child(reader: RdbReader, conn: Any) -> None:
@@ -62,6 +63,7 @@ class ReaderProcess:
         self.saw_idle = self.saw_freq = False
         self.modules_skipped = self.functions = 0
         self.done = False
+        self.checksum = reader.checksum
         self.offset = reader.offset
 
     @classmethod

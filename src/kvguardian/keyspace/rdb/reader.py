@@ -18,6 +18,7 @@ from typing import ClassVar, Protocol
 
 import numpy as np
 
+from kvguardian.keyspace.rdb.checksum import Crc64, Verdict
 from kvguardian.keyspace.rdb.format import OP, TYPE_CODES, VERSIONS, RdbError
 from kvguardian.keyspace.rdb.size import ROBJ, blob_bytes, je, key_bytes, sds, string_bytes, table_bytes
 
@@ -148,6 +149,8 @@ class RdbReader:
         self.modules_skipped = 0
         self.functions = 0
         self.done = False  # the EOF opcode was read
+        self.crc = Crc64()  # over the bytes before ``base`` (and, at the EOF opcode, up to it)
+        self.checksum = Verdict.UNREAD  # the trailing CRC64 against the bytes read (`checksum.Verdict`)
         self.db = 0  # the database being read
         self.expire = self.idle = -1  # what the per-key opcodes before the next key set
 
@@ -171,6 +174,7 @@ class RdbReader:
                 break
             parts.append(chunk)
             have += len(chunk)
+        self.crc.fold(memoryview(self.buf)[:self.pos])
         self.base += self.pos
         self.buf = b"".join(parts)
         self.pos = 0
@@ -186,12 +190,14 @@ class RdbReader:
             self.pos += n
             return
         n -= left
+        self.crc.fold(self.buf)
         self.base += len(self.buf)
         self.buf, self.pos = b"", 0
         while n > 0:
             chunk = self.f.read(min(n, CHUNK))
             if not chunk:
                 raise RdbError(f"the file ends inside a value ({n} bytes missing)", self.base)
+            self.crc.fold(chunk)
             n -= len(chunk)
             self.base += len(chunk)
 
@@ -454,6 +460,7 @@ class RdbReader:
             return _NEW_DB
         elif t == OP.EOF:
             self.done = True
+            self._check_sum()
             return _EOF
         else:
             handler = self._OPCODES.get(t)
@@ -477,6 +484,15 @@ class RdbReader:
         out.add_row(key, (TYPE_CODES[t], key_bytes(len(key)) + size, expire, idle))
 
     # ------------------------------------------------------------------ opcodes other than per-key ones
+    def _check_sum(self) -> None:
+        """After the EOF opcode: the 8 bytes of the CRC64 against every byte up to the opcode."""
+        self.crc.fold(memoryview(self.buf)[:self.pos])
+        self.crc.closed = True  # nothing after the opcode counts
+        stored = self.buf[self.pos:self.pos + 8] if self._fill(8) else None
+        self.checksum = self.crc.verdict(stored)
+        if stored is not None:
+            self.pos += 8
+
     def _aux(self) -> None:
         name = self.string().decode("utf-8", "replace")
         value = self.string().decode("utf-8", "replace")

@@ -9,7 +9,9 @@ What differs from a live sweep, and is said in the result:
   seconds at save time, ``FREQ`` records (LFU) the counter; under other policies there is none, so no key can
   be called cold (a warning says so);
 - TTLs are relative to the snapshot's ``ctime``; keys already expired then count as vanished;
-- every database in the file is read unless ``db`` is given.
+- every database in the file is read unless ``db`` is given;
+- ``server.rdb.checksum`` says whether the file's CRC64 matched (`checksum.Verdict`); a mismatch makes the
+  result incomplete.
 
 A damaged or truncated file ends the result early: ``complete`` false and ``incomplete_reason`` naming the
 byte offset; what was read before stays in the result.
@@ -28,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvguardian.keyspace.patterns import PatternMiner
+from kvguardian.keyspace.rdb.checksum import Verdict
 from kvguardian.keyspace.rdb.format import VERSIONS, RdbError
 from kvguardian.keyspace.rdb.parallel import ReaderProcess, worth_forking
 from kvguardian.keyspace.rdb.reader import Batch, ByteStream, RdbReader
@@ -91,6 +94,7 @@ class _Run:
         self.miner: PatternMiner | None = None
         self.done = 0
         self.per_db: Counter[int] = Counter()
+        self.seen_dbs: set[int] = set()  # every database the file holds keys of, kept or not
 
     def metric(self) -> str:
         return "freq" if self.reader.saw_freq else "idletime"
@@ -115,6 +119,8 @@ class _Run:
         for batch in reader.batches():
             if not now_ms:  # AUX fields come before the first key
                 now_ms = (aux_int(reader.aux, "ctime", _MAX_CTIME) or int(time.time())) * 1000
+            if len(batch):
+                self.seen_dbs.add(batch.db)
             b = keep.apply(batch)
             if sample is not None and self.done + len(b) >= sample:
                 self.add(_take(b, range(sample - self.done)), now_ms)
@@ -167,6 +173,17 @@ def scan_rdb(source: RdbSource, options: SweepOptions | None = None, *, db: int 
     return result
 
 
+def _say_checksum(result: ScanResult, verdict: str) -> None:
+    """The trailing CRC64 (`checksum.Verdict`) in the result: a mismatch makes it incomplete."""
+    result.server["rdb"]["checksum"] = verdict
+    if verdict == Verdict.MISMATCH and result.complete:
+        result.complete = False
+        result.incomplete_reason = ("damaged RDB: its CRC64 does not match its bytes, so keys, sizes or names may "
+                                    "be wrong (redis-check-rdb FILE says where)")
+    elif verdict == Verdict.UNCHECKED:
+        result.warnings.append("the file's CRC64 was not checked (pip install anycrc, or kv-guardian[redis])")
+
+
 def _finish(result: ScanResult, reader: RdbReader | ReaderProcess, run: _Run, opts: SweepOptions,
             db: int | None) -> None:
     aux = reader.aux
@@ -193,13 +210,18 @@ def _finish(result: ScanResult, reader: RdbReader | ReaderProcess, run: _Run, op
             result.warnings.append(f"the file's AUX field {name} is {aux[name][:40]!r}, not a number "
                                    f"in 0-{top}: ignored" + (" (TTLs are measured from now)" if name == "ctime"
                                                              else ""))
+    _say_checksum(result, reader.checksum)
     if reader.version not in VERSIONS:
         result.warnings.append(f"RDB version {reader.version} is newer than the 9-12 this reader was tested on")
     if run.done and not (reader.saw_idle or reader.saw_freq):
         result.warnings.append("the file carries no idle times (maxmemory-policy was neither LRU nor LFU when it "
                                "was saved): no key can be called cold")
     if db is None and len(run.per_db) > 1:
-        result.warnings.append(f"keys of {len(run.per_db)} databases are counted together; pick one with --db")
+        result.warnings.append(f"keys of {len(run.per_db)} databases are counted together; pick one with --db N "
+                               "(redis rdb) or /N at the end of the URL (redis scan --rdb)")
+    if db is not None and db not in run.seen_dbs and result.complete:
+        held = ", ".join(str(k) for k in sorted(run.seen_dbs)) or "none (the file holds no keys)"
+        result.warnings.append(f"the snapshot holds no keys of database {db}; its databases: {held}")
     if reader.modules_skipped:
         result.warnings.append(f"{reader.modules_skipped} module value(s) skipped; their bytes are the serialized size")
     if run.stats is not None and run.miner is not None:
