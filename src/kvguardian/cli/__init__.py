@@ -131,8 +131,13 @@ def _stand_in_for_closed_streams() -> None:
             pass
 
 
+_LINE_MAX = 2000  # characters of one error line
+
+
 def _run(run: Callable[[argparse.Namespace], int | None], args: argparse.Namespace) -> int:
     def say(text: str) -> None:
+        if len(text) > _LINE_MAX:  # a message quoting a huge value from a file: the line, not the value
+            text = f"{text[:_LINE_MAX]}…(+{len(text) - _LINE_MAX:,} characters)"
         try:
             sys.stderr.write(visible(f"kv-guardian {args.command}: {text}") + "\n")
         except (OSError, ValueError):  # stderr full or gone: the exit code still says what happened

@@ -20,6 +20,7 @@ from kvguardian.cli.options import add_duration_option
 from kvguardian.cli.signals import stopping
 from kvguardian.cli.web_options import add_web_config, web_config
 from kvguardian.findings import Finding, Report
+from kvguardian.input_file import MAX_DOCUMENT_BYTES, read_input
 from kvguardian.report.escape import visible
 
 NAME = "exporter"
@@ -99,7 +100,7 @@ class ReportFiles:
             cached = self._cache.get(path)
             if cached is not None and cached[0] == stamp:
                 return cached[1]
-            text = path.read_text(encoding="utf-8")
+            text = read_input(path, where, max_bytes=MAX_DOCUMENT_BYTES).decode("utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise UsageError(f"{where}: cannot read it ({getattr(exc, 'strerror', None) or exc})") from None
         report = parse_document(text, where)

@@ -20,7 +20,7 @@ from kvguardian.cli.signals import Ending, interrupting, stopping
 from kvguardian.cli.web_options import add_web_config, web_config
 from kvguardian.findings import Report, Severity
 from kvguardian.report.escape import visible
-from kvguardian.report.output import add_html_option, check_writable
+from kvguardian.report.output import add_html_option, check_outputs
 from kvguardian.report.reporter import reporting
 
 NAME = "redis"
@@ -123,10 +123,11 @@ def _options(args: argparse.Namespace) -> Any:
     for flag, value, low in (("--top", args.top, 1), ("--min-keys", args.min_keys, 0)):
         if value < low:
             raise UsageError(f"{flag} {value} must be >= {low}")
-    for flag, name in (("--output", "output"), ("--prometheus", "prometheus"), ("--html", "html")):
-        path = getattr(args, name, None)
-        if path:  # checked before the sweep, so a finished sweep is never thrown away for a bad path
-            check_writable(path, flag)
+    # checked before the sweep, so a finished sweep is never thrown away for a bad path, nor its input replaced
+    check_outputs([(flag, getattr(args, name, None)) for flag, name in (
+        ("--output", "output"), ("--prometheus", "prometheus"), ("--html", "html"))],
+        [("the RDB file read", getattr(args, "file", None)), ("the scan compared with (--compare)",
+                                                             getattr(args, "compare", None))])
     return opts
 
 
@@ -230,8 +231,7 @@ def run_diff(args: argparse.Namespace) -> int:
     from kvguardian.keyspace.result import load_result
     from kvguardian.keyspace.verdicts import Thresholds, diff
 
-    if args.html:
-        check_writable(args.html, "--html")
+    check_outputs([("--html", args.html)], [("OLD", args.old), ("NEW", args.new)])
     old, new = load_result(args.old), load_result(args.new)
     rows, findings, warnings = diff(old, new, Thresholds(min_keys=args.min_keys))
     report = Report(findings=findings, summary={"old": args.old, "new": args.new})

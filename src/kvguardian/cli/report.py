@@ -14,7 +14,7 @@ from typing import Any
 
 from kvguardian._errors import EXIT_OK, UsageError
 from kvguardian.report.escape import visible
-from kvguardian.report.output import check_writable
+from kvguardian.report.output import check_outputs
 
 NAME = "report"
 HELP = ("render a report JSON as a self-contained HTML page; export its KV history for PyTorch's memory viewer "
@@ -41,9 +41,7 @@ def run(args: argparse.Namespace) -> int:
     if not any(path for path, _ in outputs):
         raise UsageError("nothing to write; fix: kv-guardian report FILE.json -o report.html (and/or "
                          "--memory-snapshot OUT.pickle, --trace OUT.json)")
-    for path, flag in outputs:
-        if path:
-            check_writable(path, flag)
+    check_outputs([(flag, path) for path, flag in outputs], [("the report read (FILE)", args.file)])
     doc = load_document(args.file, redact=redact_report if args.redact else None)
     try:
         done = write_outputs(doc, html=args.output, memory_snapshot=args.memory_snapshot, trace=args.trace,

@@ -42,7 +42,7 @@ from kvguardian._errors import EXIT_ENVIRONMENT, EXIT_INTERNAL, EXIT_OK, UsageEr
 from kvguardian.findings import Finding, Report, Severity
 from kvguardian.report.console import ConsoleReporter
 from kvguardian.report.escape import dumps, visible
-from kvguardian.report.output import add_html_option, check_writable
+from kvguardian.report.output import add_html_option, check_outputs, write_whole
 
 NAME = "run"
 HELP = "audit an unmodified Python program's KV caches (like `memray run`): kv-guardian run -- python app.py"
@@ -138,10 +138,9 @@ def _program(args: argparse.Namespace) -> list[str]:
         raise UsageError("no program to run; fix: kv-guardian run -- python app.py [args...]")
     if not args.holder_seconds > 0 or args.holder_seconds == float("inf"):
         raise UsageError(f"--holder-seconds {args.holder_seconds} must be a number > 0; fix: e.g. 3")
-    for flag, path in (("--report", args.report), ("--html", args.html),
-                       ("--memory-snapshot", args.memory_snapshot), ("--trace", args.trace)):
-        if path:
-            check_writable(path, flag)
+    outputs = [("--report", args.report), ("--html", args.html), ("--memory-snapshot", args.memory_snapshot),
+               ("--trace", args.trace)]
+    check_outputs(outputs, [(f"a file the program is given ({a})", a) for a in cmd if os.path.isfile(a)])
     return cmd
 
 
@@ -169,40 +168,46 @@ def run(args: argparse.Namespace) -> int:
     audit.blind = blind_interpreter(cmd)
     report = merge(cmd, outcome.returncode, audit, seconds=time.monotonic() - t0,
                    signals={"received": _names(outcome.received), "forwarded": _names(outcome.forwarded)})
+    written = True
     if args.report:
         try:
-            Path(args.report).write_text(dumps(report.to_dict()) + "\n")
-        except OSError as exc:  # checked before the start; gone since: say so, keep the program's code
+            write_whole(args.report, dumps(report.to_dict()) + "\n")
+        except OSError as exc:  # checked before the start; gone since (a full disk): say so
             _say(f"error: cannot write --report {args.report}: {exc.strerror or exc}")
-    _write_views(args, report)
+            written = False
+    written = _write_views(args, report) and written
     if not args.quiet:
         try:
             print_summary(report, audit, ConsoleReporter(stderr=True))
         except (OSError, ValueError):  # as in _say: 2>/dev/full turned the program's code 5 into 1
             pass
-    return exit_code(report, audit, outcome.returncode, Severity.parse(args.fail_on), quiet=args.quiet)
+    code = exit_code(report, audit, outcome.returncode, Severity.parse(args.fail_on), quiet=args.quiet)
+    # a lost output must not read as a clean audit; a program's own failure keeps its code
+    return EXIT_ENVIRONMENT if code == EXIT_OK and not written else code
 
 
-def _write_views(args: argparse.Namespace, report: Report) -> None:
-    """``--html``, ``--memory-snapshot``, ``--trace`` of the merged report; a failure is one line (the program's
-    exit code is kept)."""
+def _write_views(args: argparse.Namespace, report: Report) -> bool:
+    """``--html``, ``--memory-snapshot``, ``--trace`` of the merged report; a failure is one line, and False."""
     if not (args.html or args.memory_snapshot or args.trace):
-        return
+        return True
     from kvguardian.report.document import classify
     from kvguardian.report.exports import OutputsNotWritten, write_outputs
 
     source = Path(args.report).name if args.report else "kv-guardian run"
     done: list[str] = []
+    ok = True
     try:
         done = write_outputs(classify(report.to_dict(), source=source), html=args.html,
                              memory_snapshot=args.memory_snapshot, trace=args.trace)
     except OutputsNotWritten as exc:
-        done = exc.done
+        done, ok = exc.done, False
         _say(f"error: {exc}")
     except UsageError as exc:
+        ok = False
         _say(f"error: {exc}")
     for line in [] if args.quiet else done:
         _say(f"wrote {line}")
+    return ok
 
 
 def _names(signals: list[int]) -> list[str]:

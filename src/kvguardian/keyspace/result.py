@@ -49,6 +49,7 @@ from typing import Any
 
 from kvguardian._errors import UsageError
 from kvguardian.findings import Finding, Report
+from kvguardian.input_file import MAX_DOCUMENT_BYTES, read_input
 from kvguardian.keyspace.tokens import key_str
 from kvguardian.report import secrets
 from kvguardian.report.escape import dumps
@@ -254,9 +255,7 @@ def load_result(path: str | Path) -> ScanResult:
     """Read a scan JSON file; every problem is one `UsageError` line naming the file."""
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise UsageError(f"cannot read scan file {str(p)!r}: {exc.strerror or exc}") from None
+        text = read_input(p, f"scan file {str(p)!r}", max_bytes=MAX_DOCUMENT_BYTES).decode("utf-8")
     except UnicodeDecodeError as exc:
         raise UsageError(f"scan file {str(p)!r} is not UTF-8 text (byte {exc.start}); write one with: "
                          "kv-guardian redis scan URL --json > FILE") from None

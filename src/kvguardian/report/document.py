@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from kvguardian._errors import UsageError
+from kvguardian.input_file import MAX_DOCUMENT_BYTES, read_input
 from kvguardian.report import secrets
 
 __all__ = ["REPORT_SCHEMA", "SCAN_SCHEMA", "Audit", "Document", "FindingView", "classify", "load_document",
@@ -101,10 +102,7 @@ def load_document(path: str | Path, *, redact: Redact | None = None) -> Document
     Raises `UsageError` (one line: the file, the problem, the fix)."""
     p = Path(path)
     where = f"report file {str(p)!r}"
-    try:
-        raw = p.read_bytes()
-    except OSError as exc:
-        raise UsageError(f"cannot read {where}: {exc.strerror or exc}") from None
+    raw = read_input(p, where, max_bytes=MAX_DOCUMENT_BYTES)
     try:
         body = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -212,7 +210,8 @@ def finding_views(items: Any, where: str, origin: str = "") -> list[FindingView]
                              "it again")
         sev = str(f.get("severity", "")).lower()
         if sev not in _SEVERITIES:
-            raise UsageError(f"{where}: finding {i} ({f['id']}) has severity {f.get('severity')!r}; expected one of "
+            got = str(f.get("severity"))[:40]
+            raise UsageError(f"{where}: finding {i} ({f['id'][:80]}) has severity {got!r}; expected one of "
                              f"{', '.join(_SEVERITIES)}")
         chain = f.get("holder_chain") or []
         if not isinstance(chain, list) or not all(isinstance(s, str) for s in chain):

@@ -4,12 +4,13 @@ must never be thrown away because the file it was for could not be written."""
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from kvguardian._errors import UsageError
 
-__all__ = ["HTML_HELP", "add_html_option", "check_writable", "write_whole"]
+__all__ = ["HTML_HELP", "add_html_option", "check_outputs", "check_writable", "write_whole"]
 
 
 def check_writable(path: str | os.PathLike[str], flag: str) -> Path:
@@ -35,6 +36,37 @@ def check_writable(path: str | os.PathLike[str], flag: str) -> Path:
         return p
     raise UsageError(f"{flag} {str(path)!r} {problem}; fix: pass a writable file path (checked before starting, "
                      "so no work is lost)")
+
+
+def check_outputs(outputs: Sequence[tuple[str, str | os.PathLike[str] | None]],
+                  inputs: Sequence[tuple[str, str | os.PathLike[str] | None]] = ()) -> None:
+    """`check_writable` for each ``(flag, path)`` of ``outputs`` (None: not asked for), and that no output is
+    one of the ``(what, path)`` ``inputs`` (``--report app.py`` replaced the program with JSON) nor another
+    output (``-o X --trace X`` kept only one of them).
+
+    Raises:
+        UsageError: naming the flag, the path and the clash, before any work starts.
+    """
+    seen: list[tuple[str, str]] = []
+    named = [(what, str(path)) for what, path in inputs if path and str(path) != "-"]
+    for flag, path in outputs:
+        if not path:
+            continue
+        check_writable(path, flag)
+        if str(path) == "-":
+            continue
+        for what, other in named + seen:
+            if _same_file(str(path), other):
+                raise UsageError(f"{flag} {str(path)!r} is also {what}; writing it would replace that file; "
+                                 "fix: pass another path")
+        seen.append((f"the {flag} file", str(path)))
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one does not exist (yet): the same path once links are resolved
+        return os.path.realpath(a) == os.path.realpath(b)
 
 
 #: the help of every command's ``--html FILE``

@@ -25,9 +25,9 @@ import json
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 
 from kvguardian._errors import UsageError
+from kvguardian.input_file import read_input
 
 __all__ = ["CACHE_MODES", "KeyRing", "namespace_of"]
 
@@ -72,7 +72,11 @@ class KeyRing:
         out: dict[bytes, str] = {}
         entries = [(p, "--api-key") for p in pairs]
         for f in files:
-            entries.extend((e, f"--keys-file {f}") for e in _read_keys_file(f))
+            keys = _read_keys_file(f)
+            if not keys:  # an empty file must not leave the server open to anyone (no keys: no authentication)
+                raise UsageError(f"--keys-file {f} holds no API key; fix: one TENANT KEY per line, or "
+                                 '{"KEY": "TENANT"} JSON')
+            entries.extend((e, f"--keys-file {f}") for e in keys)
         for entry, where in entries:
             parts = entry.strip().split(None, 1)
             tenant, sep, key = (parts[0], " ", parts[1]) if len(parts) == 2 else entry.partition("=")
@@ -104,8 +108,8 @@ class KeyRing:
 
 def _read_keys_file(path: str) -> list[str]:
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+        text = read_input(path, f"--keys-file {path}", max_bytes=1 << 20).decode("utf-8")
+    except UnicodeDecodeError as exc:
         raise UsageError(f"--keys-file {path}: cannot read it ({exc})") from None
     if text.lstrip().startswith("{"):
         try:
