@@ -95,7 +95,8 @@ class Guard:
         self._reuse = ReuseWindow(clock=self.ledger.clock)
         self.reuse_window = reuse_window
         self.reuse_seconds = reuse_seconds
-        self.retention = RetentionMonitor(self.scope, sampling=retention_sampling)
+        self.retention = RetentionMonitor(self.scope, sampling=retention_sampling,
+                                          max_seconds=holder_search_seconds)
         self.scope.add_listener(self.retention.after_request_end, owner=self.retention)
         self.decode_stride = decode_stride
         self._hf: HFTracker | None = None  # the transformers source, created on first use

@@ -44,6 +44,7 @@ not such a collection).
 from __future__ import annotations
 
 import sys
+import threading
 import time
 import weakref
 from collections import Counter, OrderedDict
@@ -63,6 +64,7 @@ __all__ = ["RetentionMonitor", "Verdict", "group_owners", "representative_chains
 _MIN_PLATEAU = 8  # ended requests over which a size must stay flat to count as "stopped growing"
 _SAMPLE_SEEDS = 24  # orphaned requests whose chains one sample searches
 _SAMPLE_OBJECTS = 5_000  # the object budget of one sample's search
+_SAMPLE_SECONDS = 5.0  # and its wall-clock cap: a sample is evidence, not the exit audit's search
 _MAX_MEMBERS = 4_096  # members remembered over all collections
 _MAX_COLLECTIONS = 256
 _MAX_SIZES = 48  # size samples kept per collection
@@ -190,9 +192,12 @@ class RetentionMonitor:
     """Judges orphaned KV bounded or not; optionally samples holder chains at request ends (it reaches the
     ledger and the sources' caches through ``host``)."""
 
-    def __init__(self, host: SourceHost, *, sampling: bool = False, max_owners: int = _SAMPLE_SEEDS) -> None:
+    def __init__(self, host: SourceHost, *, sampling: bool = False, max_owners: int = _SAMPLE_SEEDS,
+                 max_seconds: float = _SAMPLE_SECONDS) -> None:
         self._host = weakref.ref(host)
         self.sampling = sampling
+        self.max_seconds = min(max_seconds, _SAMPLE_SECONDS)  # one sample's search, wall clock
+        self._sampling_now = threading.Lock()  # requests ending in several threads: one samples, the others go on
         self.max_owners = max_owners
         self._ended = 0  # requests ended so far
         self._next_threshold = 2
@@ -207,12 +212,22 @@ class RetentionMonitor:
 
     # ------------------------------------------------------------------ sampling
     def after_request_end(self, info: Any) -> None:
-        self._ended += 1
         if not self.sampling:
+            self._ended += 1
             return
         host = self._host()
         if host is None:
             return
+        if not self._sampling_now.acquire(blocking=False):  # another thread samples: it sees this request too
+            self._ended += 1
+            return
+        try:
+            self._ended += 1
+            self._after_request_end(host)
+        finally:
+            self._sampling_now.release()
+
+    def _after_request_end(self, host: SourceHost) -> None:
         self.note_evictions()
         due = self._ended >= self._next_threshold
         if not due and not (self._evicting_unsampled and self._extra_allowed):
@@ -268,7 +283,8 @@ class RetentionMonitor:
         loose = [k for k, o in seeds.items() if o is None]
         seeds.clear()
         chains = find_holder_chains(loose, seeds=cached, exclude=host.auditor_objects(), hints=hints, collect=False,
-                                    all_threads=False, light=True, max_objects=_SAMPLE_OBJECTS, redact=True)
+                                    all_threads=False, light=True, max_objects=_SAMPLE_OBJECTS, redact=True,
+                                    max_seconds=self.max_seconds)
         cached.clear()
         hints.clear()
         by_owner = {owner_of[k]: ch for k, ch in chains.items() if k in owner_of}

@@ -71,3 +71,32 @@ def test_no_holder_chains_when_not_asked():
     report = run_check(scope, RetentionMonitor(scope), CheckOptions(holder_chains=False), lambda snap: {})
     [f] = report.findings
     assert f.id == "KVG102" and f.holder_chain is None and f.severity.value == "error"
+
+
+def test_sampling_is_one_thread_at_a_time_and_capped_in_time(monkeypatch):
+    """Requests ending in several threads at once: one samples, the others only count (a second concurrent
+    search stalled a threaded server for minutes); each sample's search is capped in wall time."""
+    import threading
+
+    from kvguardian import retention as R
+
+    scope = RequestScope(Ledger())
+    mon = RetentionMonitor(scope, sampling=True, max_seconds=3.0)
+    assert mon.max_seconds == 3.0 and RetentionMonitor(scope, max_seconds=600).max_seconds == R._SAMPLE_SECONDS
+    inside, release, calls = threading.Event(), threading.Event(), []
+
+    def slow(host):
+        calls.append(threading.current_thread().name)
+        inside.set()
+        release.wait(10)
+
+    monkeypatch.setattr(mon, "_sample", slow)
+    mon._next_threshold = 1
+    t = threading.Thread(target=mon.after_request_end, args=(None,), name="first")
+    t.start()
+    assert inside.wait(10)
+    mon._next_threshold = 1
+    mon.after_request_end(None)  # due too, but the first thread is sampling: returns at once
+    release.set()
+    t.join(10)
+    assert calls == ["first"] and mon._ended == 2
