@@ -396,7 +396,11 @@ class RetentionMonitor:
         bound = next((ch.bounds[n] for n in ch.nodes[: idx + 1] if n in ch.bounds), None)
         if bound is not None:
             ev["declared_bound"] = bound
-            return _Judgement(True, False, "declared-bound", f"the collection declares {bound}", ev)
+            limit = _bound_limit(bound)
+            if limit is None or size <= limit:
+                return _Judgement(True, False, "declared-bound", f"the collection declares {bound}", ev)
+            # a hand-written LRU that declares a bound it does not keep: judged by its sizes, like any other
+            ev["declared_bound_exceeded"] = True
         return _from_sizes(h, sizes, members, ev, in_flight)
 
     def summary(self) -> dict[str, Any]:
@@ -405,6 +409,12 @@ class RetentionMonitor:
                 "sample_cpu_seconds": round(self.sample_cpu_seconds, 3),
                 "collections_seen": len(self._history),
                 "collections_seen_evicting": sum(1 for h in self._history.values() if h.evictions)}
+
+
+def _bound_limit(bound: str) -> int | None:
+    """The number of a declared bound (``PrefixLRU.maxsize=4`` -> 4)."""
+    tail = bound.rpartition("=")[2]
+    return int(tail) if tail.isdigit() else None
 
 
 def _thread_root(ch: HolderChain) -> tuple[str, str] | None:
