@@ -39,6 +39,7 @@ import copy
 import copyreg
 import functools
 import threading
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
@@ -66,6 +67,7 @@ __all__ = [
     "process_tracker",
     "register_attached",
     "set_process_tracker",
+    "track_cache",
     "uninstall_cache_patch",
 ]
 
@@ -170,6 +172,30 @@ def _target_tracker() -> HFTracker | None:
     return t if t is not None else _PROCESS[0]
 
 
+#: cache -> the tracker that observed it last (weakly, both ways): a crop or reorder between two forwards of an
+#: attached model (beam search's ``reorder_cache``, outside any forward) reaches the tracker that knows the cache
+_KNOWN: weakref.WeakKeyDictionary[Any, weakref.ref[HFTracker]] = weakref.WeakKeyDictionary()
+
+
+def track_cache(cache: Any, tracker: HFTracker) -> None:
+    """Remember that ``tracker`` follows ``cache`` (`HFTracker` calls it for each new cache state)."""
+    try:
+        _KNOWN[cache] = weakref.ref(tracker)
+    except TypeError:  # not weak-referenceable or not hashable: found only inside forwards
+        pass
+
+
+def _tracker_for(cache: Any) -> HFTracker | None:
+    t = _target_tracker()
+    if t is not None:
+        return t
+    try:
+        ref = _KNOWN.get(cache)
+    except TypeError:
+        return None
+    return ref() if ref is not None else None
+
+
 def _wrap_update(original: Any, *, base: bool) -> Any:
     @functools.wraps(original)
     def update(self: Any, key_states: Any, value_states: Any, layer_idx: int, *args: Any, **kwargs: Any) -> Any:
@@ -216,18 +242,28 @@ def _wrap_update(original: Any, *, base: bool) -> Any:
     return update
 
 
+#: Cache methods that replace every layer's tensors with new ones (beam search reorders after each step;
+#: contrastive and assisted decoding repeat and select): the tracker observes the layers again after them
+RESHAPES = ("reorder_cache", "batch_repeat_interleave", "batch_select_indices")
+
+
 def _wrap_evict(original: Any, name: str) -> Any:
+    """``crop``/``reset`` (an evict event) or one of `RESHAPES` (the layers observed again), told to the tracker
+    after the original ran."""
     @functools.wraps(original)
     def evict(self: Any, *args: Any, **kwargs: Any) -> Any:
         out = original(self, *args, **kwargs)
-        tracker = None if _compiling() else _target_tracker()
+        tracker = None if _compiling() else _tracker_for(self)
         if tracker is not None:
             pending = PENDING.get()
             if pending:  # keep the order: the forward's earlier updates first
                 tracker.on_updates(pending[:], None)
                 pending.clear()
             try:
-                tracker.on_evict(self, f"{name}({', '.join(map(str, args))})")
+                if name in RESHAPES:
+                    tracker.on_reshape(self)
+                else:
+                    tracker.on_evict(self, f"{name}({', '.join(map(str, args))})")
             except Exception as exc:
                 tracker.host.fail("cache.update", exc)
         return out
@@ -290,6 +326,10 @@ def _wrap_override(cls: type) -> None:
     fn = cls.__dict__.get("update")
     if fn is not None and not hasattr(fn, "__kvguardian_original__"):
         _set(cls, "update", _wrap_update(fn, base=False))
+    for name in RESHAPES:  # a subclass that reorders its own way
+        fn = cls.__dict__.get(name)
+        if fn is not None and not hasattr(fn, "__kvguardian_original__"):
+            _set(cls, name, _wrap_evict(fn, name))
 
 
 def _all_subclasses(cls: type) -> list[type]:
@@ -315,7 +355,7 @@ def install_cache_patch(*, generate: bool = False) -> None:
         cache_cls = cache_utils.Cache
         if (cache_cls, "update") not in _originals:
             _set(cache_cls, "update", _wrap_update(cache_cls.update, base=True))
-            for name in ("crop", "reset"):
+            for name in ("crop", "reset", *RESHAPES):
                 if name in cache_cls.__dict__:
                     _set(cache_cls, name, _wrap_evict(cache_cls.__dict__[name], name))
             if "__deepcopy__" not in cache_cls.__dict__ and _RECONSTRUCT is not None:

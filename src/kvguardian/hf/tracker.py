@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from kvguardian import _faults
+from kvguardian.hf.instrument import track_cache
 from kvguardian.hf.layers import plan_for, static_filled
 from kvguardian.hf.lifecycle import Lifecycle
 from kvguardian.hf.observers import CacheUpdate, LayerState, ObserveEnv
@@ -219,6 +220,7 @@ class HFTracker:
             role = None
             label = f"{type(cache).__name__}#{next(_labels)}"
         st = CacheState(cache, label, role, self._on_dead)
+        track_cache(cache, self)
         self.caches[st.cid] = st
         self._by_ref[id(st.ref)] = st
         layers = getattr(cache, "layers", None)
@@ -500,6 +502,18 @@ class HFTracker:
             self._refresh(st)
         elif st.owner_req is not None:
             self._observe_layers(cache, st, st.owner_req)
+
+    def on_reshape(self, cache: Any) -> None:
+        """After ``reorder_cache`` (beam search, every step) and the batch repeat/select of contrastive and
+        assisted decoding: every layer holds new tensors. A followed cache needs nothing (the next observation
+        finds what its slots hold, as after a ``torch.cat``); otherwise the layers are observed again, so the
+        tensors the cache ends with are the ones recorded, not the ones the reorder dropped."""
+        if self._dead:
+            self._process_dead()
+        st = self.caches.get(id(cache))
+        if st is None or st.ref() is not cache or st.following or st.owner_req is None:
+            return
+        self._observe_layers(cache, st, st.owner_req)
 
     def summary(self) -> dict[str, Any]:
         if self._dead:

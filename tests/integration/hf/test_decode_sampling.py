@@ -190,3 +190,30 @@ def test_a_storage_kept_from_an_observed_step_is_still_found(tiny_model):
 def test_decode_stride_is_checked(bad):
     with pytest.raises(UsageError, match="decode_stride"):
         Guard(decode_stride=bad)
+
+
+@pytest.mark.parametrize("stride", [1, 8])
+def test_beam_search_outputs_kept_are_found(tiny_model, stride):
+    """Beam search reorders the cache after every step (``reorder_cache``: new tensors in every layer); the
+    tensors the kept outputs end with are the ones recorded, orphaned after the request, not released."""
+    g = Guard(decode_stride=stride).attach(tiny_model)
+    kept = []
+    try:
+        for i in range(3):
+            kept.append(tiny_model.generate(ids_of(6, seed=i), max_new_tokens=6, min_new_tokens=6, num_beams=2,
+                                            do_sample=False, return_dict_in_generate=True))
+        snap = g.snapshot()
+        g.ledger.check_invariants()
+        report = g.check()
+    finally:
+        g.detach()
+    rids = [r for r in snap.requests if r.startswith("generate-")]
+    assert len(rids) == 3
+    for rid, out in zip(rids, kept):
+        layers = out.past_key_values.layers
+        want = sorted((i, kind, tuple(t.shape)) for i, layer in enumerate(layers)
+                      for kind, t in (("k", layer.keys), ("v", layer.values)))
+        got = sorted((r.layer, r.kind, tuple(r.shape)) for r in snap.records
+                     if r.request_id == rid and r.state is EntryState.ORPHANED)
+        assert got == want, rid
+    assert sum(f.id == "KVG102" for f in report.findings) >= 3
