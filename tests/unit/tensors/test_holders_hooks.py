@@ -131,6 +131,12 @@ def test_key_repr_of_one_tuples_and_classes():
     assert key_repr(type("has space", (), {}), False) == "<class>"
 
 
+def test_token_id_tuples_are_never_shown():
+    """A prompt cache keyed by its token ids: the key is the prompt; only its length is shown."""
+    assert key_repr((15, 36, 46, 50, 7, 99), False) == "<tuple of 6 ints>"
+    assert key_repr(("tenant", 3), False) == "('tenant', 3)" and key_repr((1, 2, 3), False) == "(1, 2, 3)"
+
+
 def test_backward_hooks_on_a_long_lived_parameter_are_named(app):
     weight = torch.nn.Parameter(torch.zeros(2))
 

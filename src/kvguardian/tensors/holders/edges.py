@@ -34,7 +34,8 @@ _SAFE_KEY = re.compile(r"^[\w.:\-/@#]{1,48}$")
 
 
 def key_repr(key: Any, redact: bool) -> str:
-    """A dictionary key as a chain shows it. Keys of user subclasses (an ``IntEnum``, a ``str`` subclass, a
+    """A dictionary key as a chain shows it (a tuple of more than 3 ints, token ids, by its length only). Keys
+    of user subclasses (an ``IntEnum``, a ``str`` subclass, a
     named tuple) are read with the builtin type's own methods: no user ``__repr__``/``__len__`` runs."""
     if is_a(key, str):
         if not redact and _SAFE_KEY.match(key):
@@ -46,6 +47,9 @@ def key_repr(key: Any, redact: bool) -> str:
         base: Any = bool if is_a(key, bool) else (int if is_a(key, int) else float)
         return "None" if key is None else base.__repr__(key)
     if is_a(key, tuple):
+        n = tuple.__len__(key)
+        if n > 3 and all(is_a(k, int) for k in tuple.__getitem__(key, slice(0, 64))):
+            return f"<tuple of {n} ints>"  # token ids: the prompt in another form, never shown
         items = tuple.__getitem__(key, slice(0, 4))
         more = tuple.__len__(key) > 4
         inner = ", ".join(key_repr(k, redact) for k in items) + (", …" if more else "")
