@@ -17,6 +17,7 @@ from kvguardian.lint.diagnostic import Skipped
 from kvguardian.lint.engine import lint_paths
 from kvguardian.lint.output import FORMATS, clean, render
 from kvguardian.lint.rules import RULES
+from kvguardian.report.output import check_outputs
 
 NAME = "lint"
 HELP = "find KV-leak anti-patterns in source code (KVG4xx): Python, and Redis clients in Go, Java, Kotlin"
@@ -48,12 +49,28 @@ def _list_rules() -> int:
     return EXIT_OK
 
 
+_SOURCE_SUFFIXES = (".py", ".pyi", ".go", ".java", ".kt", ".kts")
+
+
+def _sources_hit(output: str, paths: list[str]) -> list[str]:
+    """The linted paths ``-o OUTPUT`` would replace: a file named on the command line, or an existing source
+    file inside a linted folder."""
+    out = Path(output)
+    hit = [p for p in paths if Path(p).is_file()]
+    if out.is_file() and out.suffix in _SOURCE_SUFFIXES:
+        real = out.resolve()
+        hit += [str(out) for p in paths if Path(p).is_dir() and real.is_relative_to(Path(p).resolve())]
+    return hit
+
+
 def run(args: argparse.Namespace) -> int:
     if args.list_rules:
         return _list_rules()
     config = load_config(args.config).with_cli(args.select, args.ignore, args.extend_exclude)
     config.enabled(RULES)  # unknown selectors: a usage error before any work
     paths = args.paths or ["."]
+    if args.output is not None:  # an unwritable report file, or one of the sources: before the tree is linted
+        check_outputs([("--output", args.output)], [("a file linted", p) for p in _sources_hit(args.output, paths)])
     stream_skips = args.format == "text"
 
     def on_skip(s: Skipped) -> None:

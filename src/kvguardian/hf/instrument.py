@@ -39,7 +39,6 @@ import copy
 import copyreg
 import functools
 import threading
-import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
@@ -47,6 +46,7 @@ from kvguardian import _faults
 from kvguardian.hf.compat import MIN_TRANSFORMERS, check_transformers_version
 from kvguardian.hf.observers import CacheUpdate
 from kvguardian.hf.roles import cache_role, note_roles
+from kvguardian.hf.states import tracker_of
 
 if TYPE_CHECKING:
     from kvguardian.hf.tracker import HFTracker
@@ -67,7 +67,6 @@ __all__ = [
     "process_tracker",
     "register_attached",
     "set_process_tracker",
-    "track_cache",
     "uninstall_cache_patch",
 ]
 
@@ -172,28 +171,10 @@ def _target_tracker() -> HFTracker | None:
     return t if t is not None else _PROCESS[0]
 
 
-#: cache -> the tracker that observed it last (weakly, both ways): a crop or reorder between two forwards of an
-#: attached model (beam search's ``reorder_cache``, outside any forward) reaches the tracker that knows the cache
-_KNOWN: weakref.WeakKeyDictionary[Any, weakref.ref[HFTracker]] = weakref.WeakKeyDictionary()
-
-
-def track_cache(cache: Any, tracker: HFTracker) -> None:
-    """Remember that ``tracker`` follows ``cache`` (`HFTracker` calls it for each new cache state)."""
-    try:
-        _KNOWN[cache] = weakref.ref(tracker)
-    except TypeError:  # not weak-referenceable or not hashable: found only inside forwards
-        pass
-
-
 def _tracker_for(cache: Any) -> HFTracker | None:
+    """The tracker of this context, else the one that follows ``cache`` (a crop or reorder between forwards)."""
     t = _target_tracker()
-    if t is not None:
-        return t
-    try:
-        ref = _KNOWN.get(cache)
-    except TypeError:
-        return None
-    return ref() if ref is not None else None
+    return t if t is not None else tracker_of(cache)  # type: ignore[no-any-return]
 
 
 def _wrap_update(original: Any, *, base: bool) -> Any:

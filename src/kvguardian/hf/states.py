@@ -9,7 +9,28 @@ from typing import Any
 from kvguardian.hf.observers import LayerState
 from kvguardian.ledger import EntrySite, RequestInfo
 
-__all__ = ["CacheState", "RequestState"]
+__all__ = ["CacheState", "RequestState", "track_cache", "tracker_of"]
+
+#: cache -> the tracker that observed it last (weakly, both ways): a crop or reorder between two forwards of an
+#: attached model (beam search's ``reorder_cache``, outside any forward) reaches the tracker that knows the cache
+_KNOWN: weakref.WeakKeyDictionary[Any, weakref.ref[Any]] = weakref.WeakKeyDictionary()
+
+
+def track_cache(cache: Any, tracker: Any) -> None:
+    """Remember that ``tracker`` (an `HFTracker`) follows ``cache``; called for each new cache state."""
+    try:
+        _KNOWN[cache] = weakref.ref(tracker)
+    except TypeError:  # not weak-referenceable or not hashable: found only inside forwards
+        pass
+
+
+def tracker_of(cache: Any) -> Any:
+    """The tracker that follows ``cache``, or None."""
+    try:
+        ref = _KNOWN.get(cache)
+    except TypeError:
+        return None
+    return ref() if ref is not None else None
 
 
 class CacheState:

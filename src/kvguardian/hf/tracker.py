@@ -17,13 +17,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from kvguardian import _faults
-from kvguardian.hf.instrument import track_cache
 from kvguardian.hf.layers import plan_for, static_filled
 from kvguardian.hf.lifecycle import Lifecycle
 from kvguardian.hf.observers import CacheUpdate, LayerState, ObserveEnv
 from kvguardian.hf.roles import cache_role
 from kvguardian.hf.sampling import DEFAULT_STRIDE, Sampler, refresh_update
-from kvguardian.hf.states import CacheState
+from kvguardian.hf.states import CacheState, track_cache
 from kvguardian.ledger import EntrySite, EntryState, Record, RequestInfo, Update
 from kvguardian.reuse import ReuseWindow
 

@@ -12,7 +12,6 @@ import stat
 import tokenize
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 from kvguardian.lint.config import LintConfig
 from kvguardian.lint.diagnostic import Skipped
@@ -22,6 +21,7 @@ __all__ = ["LANGUAGES", "MAX_BYTES", "SourceFile", "discover", "read_source"]
 #: file suffix -> language name
 LANGUAGES = {".py": "python", ".pyi": "python", ".go": "go", ".java": "java", ".kt": "kotlin", ".kts": "kotlin"}
 MAX_BYTES = 8 * 1024 * 1024  # larger files are generated, not written: skipped with a line
+NOT_REGULAR = "not a regular file (a FIFO, device or socket); skipped"
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,8 @@ def discover(paths: list[str], config: LintConfig) -> Iterator[str | Skipped]:
             yield from _walk(given, config, seen_dirs)
         elif _language(given) is None:
             yield Skipped(_display(given), "not a Python, Go, Java or Kotlin file (by its suffix); skipped")
+        elif not stat.S_ISREG(st.st_mode):
+            yield Skipped(_display(given), NOT_REGULAR)
         else:
             yield _display(given)  # named explicitly: linted even if excluded
 
@@ -87,11 +89,20 @@ def _walk(root: str, config: LintConfig, seen: set[tuple[int, int]]) -> Iterator
             if is_dir:
                 subdirs.append(path)
             elif _language(e.name) is not None:
-                if e.is_symlink() and not os.path.exists(path):
-                    yield Skipped(_display(path), "broken symbolic link; skipped")
-                else:
-                    yield _display(path)
+                yield _file_entry(e, path)
         stack.extend(reversed(subdirs))
+
+
+def _file_entry(e: os.DirEntry[str], path: str) -> str | Skipped:
+    """A lintable directory entry's display path, or why it is skipped (only regular files are read)."""
+    try:
+        if e.is_file():  # follows links: a link to a regular file is one
+            return _display(path)
+    except OSError as exc:
+        return Skipped(_display(path), _os_reason(exc, path))
+    if e.is_symlink() and not os.path.exists(path):
+        return Skipped(_display(path), "broken symbolic link; skipped")
+    return Skipped(_display(path), NOT_REGULAR)
 
 
 def _language(name: str) -> str | None:
@@ -108,17 +119,34 @@ def _os_reason(exc: OSError, path: str) -> str:
     return f"cannot read ({exc.strerror or type(exc).__name__}); skipped"
 
 
+def _read_bounded(path: str) -> bytes | Skipped:
+    """The bytes of ``path`` if it is a regular file of at most `MAX_BYTES` (checked on the opened file, so a
+    FIFO or device swapped in after the walk is never read: opening does not block, reading never starts)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return Skipped(path, NOT_REGULAR)
+        if st.st_size > MAX_BYTES:
+            return _too_large(path, st.st_size)
+        data = f.read(MAX_BYTES + 1)
+    return _too_large(path, len(data)) if len(data) > MAX_BYTES else data  # it may grow after the stat
+
+
+def _too_large(path: str, size: int) -> Skipped:
+    return Skipped(path, f"larger than {MAX_BYTES // (1024 * 1024)} MiB ({size} bytes), likely generated; "
+                         "skipped (exclude it to silence this)")
+
+
 def read_source(path: str) -> SourceFile | Skipped:
     """The file's text, or why it cannot be linted. Python honours a PEP 263 coding line; others are UTF-8."""
     language = _language(path) or "python"
     try:
-        size = os.path.getsize(path)
-        if size > MAX_BYTES:
-            return Skipped(path, f"larger than {MAX_BYTES // (1024 * 1024)} MiB ({size} bytes), likely generated; "
-                                 "skipped (exclude it to silence this)")
-        data = Path(path).read_bytes()
+        data = _read_bounded(path)
     except OSError as exc:
         return Skipped(path, _os_reason(exc, path))
+    if isinstance(data, Skipped):
+        return data
     if b"\0" in data[:8192]:
         return Skipped(path, "binary file (NUL bytes); skipped")
     encoding = "utf-8-sig"

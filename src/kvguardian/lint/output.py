@@ -1,7 +1,9 @@
 """Output formats of ``kv-guardian lint``: ``text`` (``path:line:col: ID message``, like ruff), ``json``,
 ``github`` (workflow-command annotations) and ``sarif`` (`kvguardian.lint.sarif`).
 
-Paths and messages come from the files we read: control characters are escaped, never printed raw.
+Paths and messages come from the files we read: control, bidi and format characters are escaped (as
+`kvguardian.report.escape.visible` does everywhere else), and so are the undecodable bytes of a file name,
+never printed raw.
 """
 
 from __future__ import annotations
@@ -12,16 +14,18 @@ from typing import Any
 
 from kvguardian import __version__
 from kvguardian.lint.diagnostic import LintResult
+from kvguardian.report.escape import visible
 
-__all__ = ["FORMATS", "render"]
+__all__ = ["FORMATS", "clean", "render"]
 
 FORMATS = ("text", "json", "sarif", "github")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_UNDECODED = re.compile("[\udc80-\udcff]")  # a file name's non-UTF-8 bytes, as os.fsdecode gives them
 
 
 def clean(text: str) -> str:
-    """``text`` with control characters shown as ``\\xNN`` escapes."""
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+    """``text`` safe for a terminal: control, bidi and format characters as escapes (``\\x1b``, ``\\u202e``:
+    `kvguardian.report.escape.visible`) and a file name's undecodable bytes as ``\\xNN``."""
+    return _UNDECODED.sub(lambda m: f"\\x{ord(m.group()) - 0xdc00:02x}", visible(text))
 
 
 def render_text(result: LintResult) -> str:
@@ -68,14 +72,14 @@ def render_github(result: LintResult) -> str:
     out = []
     for d in result.diagnostics:
         level = "error" if d.severity.value == "error" else "warning"
-        props = f"file={_gh_prop(d.path)},line={d.line},col={d.col}"
+        props = f"file={_gh_prop(clean(d.path))},line={d.line},col={d.col}"
         if d.end_line:
             props += f",endLine={d.end_line}"
         out.append(f"::{level} {props},title={_gh_prop(f'{d.rule} {d.name}')}::{_gh_data(clean(d.message))}")
     for s in result.skipped:
         line = f",line={s.line}" if s.line else ""
         title = "title=kv-guardian lint skipped"
-        out.append(f"::notice file={_gh_prop(s.path)}{line},{title}::{_gh_data(clean(s.reason))}")
+        out.append(f"::notice file={_gh_prop(clean(s.path))}{line},{title}::{_gh_data(clean(s.reason))}")
     return "\n".join(out)
 
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote_from_bytes
 
 from kvguardian import __version__
 from kvguardian.findings import CATALOG
@@ -24,13 +25,20 @@ _LEVEL = {"error": "error", "warning": "warning", "info": "note"}
 
 
 def _uri(path: str) -> str:
+    """A relative URI (or a ``file:`` one outside the working directory), percent-encoding the file name's bytes
+    as the file system has them: a non-UTF-8 name's undecodable bytes included."""
     p = Path(path)
     if p.is_absolute():
         try:
             p = p.relative_to(Path.cwd())
         except ValueError:
             return p.as_uri()
-    return quote(p.as_posix().removeprefix("./"))
+    return quote_from_bytes(os.fsencode(p.as_posix().removeprefix("./")))
+
+
+def _shown(path: str) -> str:
+    """``path`` for a message: a non-UTF-8 name's bytes as ``\\xNN`` (JSON has no lone surrogates)."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
 
 
 def _rule(rule_id: str) -> dict[str, Any]:
@@ -86,7 +94,7 @@ def render_sarif(result: LintResult) -> str:
         })
     notifications = [{
         "level": "note",
-        "message": {"text": f"{s.path}: {s.reason}"},
+        "message": {"text": f"{_shown(s.path)}: {s.reason}"},
         "locations": [{"physicalLocation": {"artifactLocation": {"uri": _uri(s.path), "uriBaseId": "%SRCROOT%"}}}],
     } for s in result.skipped]
     log = {

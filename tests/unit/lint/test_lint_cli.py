@@ -184,3 +184,97 @@ def test_pre_commit_hook_definition():
     hook = next(h for h in hooks if h["id"] == "kv-guardian-lint")
     assert hook["entry"] == "kv-guardian lint" and hook["language"] == "python"
     assert set(hook["types_or"]) >= {"python", "go", "java", "kotlin"}
+
+
+def test_fifos_and_devices_are_skipped_never_read(tmp_path):
+    """A FIFO named *.py hung the walk; a link to /dev/zero read until MemoryError: only regular files are read,
+    the rest get one line each (in a directory and named explicitly)."""
+    os.mkfifo(tmp_path / "pipe.py")
+    (tmp_path / "zero.py").symlink_to("/dev/zero")
+    (tmp_path / "app.py").write_text(LEAKY)
+    proc = subprocess.run([sys.executable, "-m", "kvguardian", "lint", ".", "pipe.py", "zero.py"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and "app.py:5:5: KVG405" in proc.stdout, proc.stderr
+    err = proc.stderr.splitlines()
+    assert err.count("kv-guardian lint: pipe.py: not a regular file (a FIFO, device or socket); skipped") == 2
+    assert err.count("kv-guardian lint: zero.py: not a regular file (a FIFO, device or socket); skipped") == 2
+    assert len(err) == 4 and "Traceback" not in proc.stderr
+
+
+def test_read_source_checks_the_opened_file_and_bounds_the_read(tmp_path, monkeypatch):
+    from kvguardian.lint import files
+
+    os.mkfifo(tmp_path / "late.py")  # a FIFO reaching read_source (swapped in after the walk): never blocks
+    skipped = files.read_source(str(tmp_path / "late.py"))
+    assert isinstance(skipped, files.Skipped) and "not a regular file" in skipped.reason
+    big = tmp_path / "big.py"
+    big.write_text("x = 1\n" * 100)
+    monkeypatch.setattr(files, "MAX_BYTES", 64)
+    monkeypatch.setattr(os.path, "getsize", lambda p: 0)  # the size comes from the opened file's stat
+    skipped = files.read_source(str(big))
+    assert isinstance(skipped, files.Skipped) and "larger than" in skipped.reason and "(600 bytes)" in skipped.reason
+
+
+def test_non_utf8_file_names_in_sarif_and_text(tmp_path, capsys, monkeypatch):
+    """SARIF crashed with UnicodeEncodeError on a name with a non-UTF-8 byte; text printed the raw byte."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / os.fsdecode(b"bad\xffname.py")).write_text(LEAKY)
+    (tmp_path / os.fsdecode(b"syn\xfe.py")).write_text("def (:\n")
+    code, out, _ = _run(capsys, "--format", "sarif", ".")
+    run = json.loads(out)["runs"][0]
+    assert code == 1 and "\\udc" not in out
+    assert run["results"][0]["locations"][0]["physicalLocation"]["artifactLocation"]["uri"] == "bad%FFname.py"
+    note = run["invocations"][0]["toolExecutionNotifications"][0]
+    assert note["locations"][0]["physicalLocation"]["artifactLocation"]["uri"] == "syn%FE.py"
+    assert note["message"]["text"].startswith("syn\\xfe.py: does not parse")
+    code, out, err = _run(capsys, ".")
+    assert code == 1 and out.startswith("bad\\xffname.py:5:5: KVG405") and "\udcff" not in out
+    assert "syn\\xfe.py:1: does not parse" in err and "\udcfe" not in err
+
+
+def test_bidi_and_format_characters_escaped_in_text_and_github(tmp_path, capsys, monkeypatch):
+    """U+202E (right-to-left override) and friends in file names reached the terminal raw; so did the file name
+    in the github format's ``file=`` property."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "rtl\u202egnp.py").write_text(LEAKY)
+    (tmp_path / "zw\u200bsp\x1b[31m.py").write_text(LEAKY)
+    code, out, _ = _run(capsys, ".")
+    assert code == 1 and "rtl\\u202egnp.py:5:5: KVG405" in out and "zw\\u200bsp\\x1b[31m.py:5:5" in out
+    code, gh, _ = _run(capsys, "--format", "github", ".")
+    assert "::warning file=rtl\\u202egnp.py,line=5" in gh and "::warning file=zw\\u200bsp\\x1b[31m.py,line=5" in gh
+    for text in (out, gh):
+        assert not any(ch in text for ch in "\u202e\u200b\x1b")
+
+
+def test_bidi_characters_in_go_keys_escaped(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("tree_sitter", reason="Go needs kv-guardian[lint]")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "rtl.go").write_text('package c\n\nimport "time"\n\nfunc S(rdb *R, v string) {\n'
+                                     '\trdb.Set(ctx, "s:\u202eevil"+time.Now().String(), v, 0)\n}\n')
+    for fmt in ("text", "github"):
+        code, out, _ = _run(capsys, "--format", fmt, ".")
+        assert code == 1 and "\u202e" not in out and 'key "s:\\u202eevil"+time.Now()' in out, out
+
+
+def test_an_unwritable_output_is_refused_before_linting(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "app.py").write_text(LEAKY)
+    import kvguardian.cli.lint as cli_lint
+
+    def never(*args, **kwargs):
+        raise AssertionError("linted before the output path was checked")
+
+    monkeypatch.setattr(cli_lint, "lint_paths", never)
+    for bad in ("/proc/x/y", str(tmp_path / "missing" / "out.sarif"), str(tmp_path)):
+        code, _, err = _run(capsys, "-o", bad, ".")
+        assert code == 2 and "--output" in err and "fix:" in err and len(err.splitlines()) == 1, err
+
+
+def test_an_output_that_is_a_linted_source_is_refused(tmp_path, kv_cli):
+    src = tmp_path / "app.py"
+    src.write_text("x = 1\n")
+    for argv in (["lint", str(src), "-o", str(src)], ["lint", str(tmp_path), "-o", str(src)]):
+        rc, _, err = kv_cli(*argv)
+        assert rc == 2 and "is also a file linted" in err and src.read_text() == "x = 1\n", (argv, err)
+    rc, _, _ = kv_cli("lint", str(src), "-o", str(tmp_path / "report.txt"))
+    assert rc == 0 and (tmp_path / "report.txt").exists()

@@ -120,13 +120,39 @@ class ModuleIndex:
     by_name: dict[str, list[Function]] = field(default_factory=dict)
     calls: list[CallEdge] = field(default_factory=list)
     instance_attrs: set[str] = field(default_factory=set)  # "Class.attr" bound in __init__ (shadows class attrs)
-    imports: dict[str, str] = field(default_factory=dict)  # local name -> "module.name" of from-imports
+    #: local name -> what it names: "module.name" of from-imports, "module" of ``import module as name``
+    imports: dict[str, str] = field(default_factory=dict)
     instance_containers: set[str] = field(default_factory=set)  # "Class.attr" bound to a dict/list in __init__
     temporary_classes: set[str] = field(default_factory=set)  # constructed only as `Cls(...).method(...)`
     kept_classes: set[str] = field(default_factory=set)  # constructed somewhere else too
     self_attrs: dict[str, set[str]] = field(default_factory=dict)  # class name -> attributes read as self.X
     class_bases: dict[str, list[str]] = field(default_factory=dict)  # class name -> dotted base names
     import_roots: set[str] = field(default_factory=set)  # top-level packages imported anywhere in the module
+
+
+def _record_import(ix: ModuleIndex, node: ast.Import | ast.ImportFrom) -> None:
+    """Note an import's top-level package and the local names it binds (`ModuleIndex.imports`)."""
+    if isinstance(node, ast.Import):
+        ix.import_roots.update(a.name.split(".", 1)[0] for a in node.names)
+        ix.imports.update((a.asname, a.name) for a in node.names if a.asname)
+        return
+    if node.module and not node.level:
+        ix.import_roots.add(node.module.split(".", 1)[0])
+    for a in node.names:
+        ix.imports[a.asname or a.name] = f"{node.module or ''}.{a.name}"
+
+
+def _module_imports(ix: ModuleIndex, body: list[ast.stmt]) -> None:
+    """Module-level imports (also under ``if``/``try``/``with``), known before the walk: a module-level
+    ``set_grad_enabled(False)`` or a decorator may come before the import it names."""
+    for stmt in body:
+        if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+            _record_import(ix, stmt)
+        elif isinstance(stmt, (ast.If, ast.Try, ast.With, ast.AsyncWith)):
+            for block in ("body", "orelse", "handlers", "finalbody"):
+                _module_imports(ix, getattr(stmt, block, []))
+        elif isinstance(stmt, ast.ExceptHandler):
+            _module_imports(ix, stmt.body)
 
 
 class _Walker:
@@ -180,7 +206,8 @@ class _Walker:
 
     def visit_Module(self, node: ast.Module) -> None:
         for stmt in node.body:
-            if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) and N.grad_effect(stmt.value) < 0:
+            if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) \
+                    and N.grad_effect(stmt.value, self.ix.imports) < 0:
                 self.ix.module_grad_off = True
         self.children(node)
 
@@ -215,7 +242,7 @@ class _Walker:
         for default in (*node.args.defaults, *node.args.kw_defaults):
             if default is not None:
                 self.visit(default)
-        effects = [N.grad_effect(d) for d in node.decorator_list]
+        effects = [N.grad_effect(d, self.ix.imports) for d in node.decorator_list]
         cls = self.cls[-1] if self.in_class_body and self.func is None and self.cls else None
         f = Function(node, self.func, cls, grad_off=-1 in effects, grad_on=1 in effects)
         a = node.args
@@ -238,13 +265,9 @@ class _Walker:
         self.children(node)
 
     def visit_Import(self, node: ast.Import) -> None:
-        self.ix.import_roots.update(a.name.split(".", 1)[0] for a in node.names)
+        _record_import(self.ix, node)
 
-    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
-        if node.module and not node.level:
-            self.ix.import_roots.add(node.module.split(".", 1)[0])
-        for a in node.names:
-            self.ix.imports[a.asname or a.name] = f"{node.module or ''}.{a.name}"
+    visit_ImportFrom = visit_Import
 
     def visit_Global(self, node: ast.Global) -> None:
         if self.func is not None:
@@ -263,7 +286,7 @@ class _Walker:
         effect = 0
         for item in node.items:
             self.visit(item.context_expr)
-            effect = N.grad_effect(item.context_expr) or effect
+            effect = N.grad_effect(item.context_expr, self.ix.imports) or effect
             if item.optional_vars is not None:
                 self._bind(item.optional_vars, item.context_expr)
         self.grad.append(effect)
@@ -365,7 +388,7 @@ class _Walker:
         f.local_names.update(names)
         if N.is_cache_expr(value, f.kv_names):
             f.kv_names.update(names)
-        if N.is_time_expr(value, f.time_names):
+        if N.is_time_expr(value, f.time_names, self.ix.imports):
             f.time_names.update(names)
         if N.is_exc_expr(value, f.exc_names):
             f.exc_names.update(names)
@@ -418,7 +441,7 @@ class _Walker:
                 self.ix.removed.add(f"*.{recv.attr}")
         if method in REDIS_WRITES:
             tainted = self.func.time_names if self.func else set()
-            is_time = any(N.is_time_expr(k, tainted) for k in redis_keys(node, method))
+            is_time = any(N.is_time_expr(k, tainted, self.ix.imports) for k in redis_keys(node, method))
             self.ix.redis_calls.append(RedisCall(node, method, self.func, is_time))
         elif method in _EXPIRE and node.args:
             fid = id(self.func.node) if self.func else 0
@@ -428,5 +451,6 @@ class _Walker:
 def build_index(tree: ast.Module) -> ModuleIndex:
     """Walk ``tree`` once. Raises RecursionError for absurdly nested code (the caller skips the file)."""
     w = _Walker(tree)
+    _module_imports(w.ix, tree.body)
     w.visit(tree)
     return w.ix

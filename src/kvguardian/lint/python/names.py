@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Mapping
 
 __all__ = [
     "call_name",
@@ -15,6 +16,7 @@ __all__ = [
     "is_request_id",
     "keyword",
     "names_in",
+    "resolve",
 ]
 
 _CACHE_NAME = re.compile(
@@ -45,6 +47,7 @@ _GRAD_OFF = {"torch.no_grad", "torch.inference_mode", "no_grad", "inference_mode
              "torch.autograd.grad_mode.inference_mode"}
 _GRAD_SET = {"torch.set_grad_enabled", "set_grad_enabled", "torch.autograd.set_grad_enabled"}
 _GRAD_ON = {"torch.enable_grad", "enable_grad", "torch.autograd.enable_grad"}
+_GRAD_NAMES = _GRAD_OFF | _GRAD_SET | _GRAD_ON
 
 
 def dotted(node: ast.AST) -> str | None:
@@ -57,6 +60,24 @@ def dotted(node: ast.AST) -> str | None:
         parts.append(node.id)
         return ".".join(reversed(parts))
     return None
+
+
+def resolve(name: str | None, imports: Mapping[str, str] | None) -> str | None:
+    """``name`` with its first part replaced by what the module imported under it: ``th.no_grad`` ->
+    ``torch.no_grad`` (``import torch as th``), ``nograd`` -> ``torch.no_grad`` (``from torch import no_grad as
+    nograd``), ``time()`` -> ``time.time`` (``from time import time``)."""
+    if not name or not imports:
+        return name
+    head, dot, rest = name.partition(".")
+    full = imports.get(head)
+    return f"{full}{dot}{rest}" if full else name
+
+
+def _named(name: str | None, imports: Mapping[str, str] | None, table: set[str]) -> str | None:
+    """``name`` resolved through ``imports`` when that is in ``table``, else ``name`` as written (a bare
+    ``no_grad`` from a module of one's own still reads as torch's, as before imports were resolved)."""
+    full = resolve(name, imports)
+    return full if full in table else name
 
 
 def call_name(node: ast.Call) -> str | None:
@@ -92,10 +113,11 @@ def is_false(node: ast.AST | None) -> bool:
     return isinstance(node, ast.Constant) and node.value is False
 
 
-def grad_effect(node: ast.expr) -> int:
-    """For a ``with`` item or decorator: -1 turns grad off, +1 turns it on, 0 neither."""
+def grad_effect(node: ast.expr, imports: Mapping[str, str] | None = None) -> int:
+    """For a ``with`` item or decorator: -1 turns grad off, +1 turns it on, 0 neither. Names are resolved
+    through the module's ``imports`` (local name -> what it names)."""
     target = node.func if isinstance(node, ast.Call) else node
-    name = dotted(target)
+    name = _named(dotted(target), imports, _GRAD_NAMES)
     if name in _GRAD_OFF:
         if isinstance(node, ast.Call) and name and name.endswith("inference_mode"):
             mode = node.args[0] if node.args else keyword(node, "mode")
@@ -123,8 +145,9 @@ def _parts(node: ast.AST) -> list[ast.expr] | None:
 
 def is_cache_expr(node: ast.AST, kv_names: set[str]) -> bool:
     """Is ``node`` a KV cache or a model's generate() output: a cache name, a cache attribute, a cache
-    constructor, a generate() call, a model call fed a cache, a tainted name - or a tuple, list, dict, subscript
-    or copy of one? Arbitrary calls on a cache (``len(past)``, ``f(past)``) are not: they return something else.
+    constructor, a generate() call, a model call fed a cache, a tainted name - or a tuple, list, dict, subscript,
+    comprehension, walrus or copy of one? Arbitrary calls on a cache (``len(past)``, ``f(past)``) are not: they
+    return something else.
     """
     if isinstance(node, ast.Name):
         return node.id in kv_names or bool(_CACHE_NAME.match(node.id))
@@ -135,8 +158,10 @@ def is_cache_expr(node: ast.AST, kv_names: set[str]) -> bool:
         return any(is_cache_expr(p, kv_names) for p in parts)
     if isinstance(node, ast.IfExp):
         return is_cache_expr(node.body, kv_names) or is_cache_expr(node.orelse, kv_names)
-    if isinstance(node, ast.Await):
+    if isinstance(node, (ast.Await, ast.NamedExpr)):  # `await x`, `(out := x)`: what x is
         return is_cache_expr(node.value, kv_names)
+    if isinstance(node, (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)):
+        return is_cache_expr(node.value if isinstance(node, ast.DictComp) else node.elt, kv_names)
     if isinstance(node, ast.Call):
         name = call_name(node) or ""
         tail = name.rsplit(".", 1)[-1]
@@ -151,11 +176,12 @@ def is_cache_expr(node: ast.AST, kv_names: set[str]) -> bool:
     return False
 
 
-def is_time_expr(node: ast.AST, tainted: set[str]) -> bool:
-    """Does ``node`` embed a wall-clock timestamp or a random UUID (directly or through a tainted name)?"""
+def is_time_expr(node: ast.AST, tainted: set[str], imports: Mapping[str, str] | None = None) -> bool:
+    """Does ``node`` embed a wall-clock timestamp or a random UUID (directly or through a tainted name)? Call
+    names are resolved through the module's ``imports`` (``t.time()`` after ``import time as t``)."""
     for n in ast.walk(node):
         if isinstance(n, ast.Call):
-            name = call_name(n)
+            name = _named(call_name(n), imports, _TIME_CALLS)
             if name in _TIME_CALLS or (name and name.rsplit(".", 1)[-1] in ("uuid4", "uuid1", "time_ns")):
                 return True
         elif isinstance(n, ast.Name) and n.id in tainted:

@@ -12,7 +12,8 @@ square of the length instead of linearly (measured here: 430 MiB of saved tensor
 Fix: decorate the function with ``@torch.inference_mode()`` (or ``@torch.no_grad()``), or wrap the loop.
 
 Fires, in a module that imports torch or transformers, on a call inside a loop that passes
-``past_key_values=``/``cache=`` a name the same loop assigns again (the cache fed back), when neither the call's
+``past_key_values=``/``cache=`` a name the same loop assigns again (the cache fed back; also an attribute of such
+a name, ``out.past_key_values`` after ``out = model(...)``), when neither the call's
 ``with`` blocks, the decorators of its function or of an enclosing function, a module-level
 ``torch.set_grad_enabled(False)``, nor every caller of the function in the module turns gradients off.
 ``generate()`` is never flagged: it is decorated with ``no_grad`` itself.
@@ -33,13 +34,16 @@ from kvguardian.lint.rules.base import Hit, Rule, describe, hit
 ID = "KVG401"
 
 
-def _assigned(loop: ast.AST) -> set[str]:
+def _assigned(loop: ast.AST, for_targets: bool = True) -> set[str]:
+    """Names and ``self.X`` attributes the loop assigns (its own and inner loops' variables when
+    ``for_targets``)."""
     out: set[str] = set()
     for n in ast.walk(loop):
         targets: list[ast.AST] = []
         if isinstance(n, ast.Assign):
             targets = list(n.targets)
-        elif isinstance(n, (ast.AugAssign, ast.AnnAssign, ast.NamedExpr, ast.For, ast.AsyncFor)):
+        elif isinstance(n, (ast.AugAssign, ast.AnnAssign, ast.NamedExpr)) or (
+                for_targets and isinstance(n, (ast.For, ast.AsyncFor))):
             targets = [n.target]
         for t in targets:
             for m in ast.walk(t):
@@ -49,6 +53,17 @@ def _assigned(loop: ast.AST) -> set[str]:
                 if name:
                     out.add(name)
     return out
+
+
+def _fed_back(fed: str, loop: ast.AST) -> bool:
+    """Is the cache passed (``past``, ``self.past``, ``out.past_key_values``) assigned again in the loop? For an
+    attribute of a name, the name is (``out = model(..., past_key_values=out.past_key_values)``, the Hugging Face
+    manual loop); a loop variable's attribute (``for batch in loader``) is a new cache each step, not fed back."""
+    if fed in _assigned(loop):
+        return True
+    head, _, rest = fed.partition(".")
+    owner = f"self.{rest.partition('.')[0]}" if head == "self" else head
+    return bool(rest) and owner != fed and owner in _assigned(loop, for_targets=False)
 
 
 def grad_off_functions(ix: ModuleIndex) -> set[int]:
@@ -80,7 +95,7 @@ def check(ix: ModuleIndex) -> Iterator[Hit]:
     for mc in ix.model_calls:
         if mc.grad_off or mc.loop is None or mc.fed is None:
             continue
-        if mc.fed not in _assigned(mc.loop):
+        if not _fed_back(mc.fed, mc.loop):
             continue
         f = mc.function
         if f is not None:

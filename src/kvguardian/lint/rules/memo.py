@@ -50,11 +50,7 @@ _HEAVY = re.compile(r"(Module|Model|ForCausalLM|ForConditionalGeneration|Transfo
 def _memo(deco: ast.expr, ix: ModuleIndex) -> tuple[str, bool, int | None] | None:
     """(name, unbounded, maxsize if a literal) for a functools memo decorator, else None."""
     target = deco.func if isinstance(deco, ast.Call) else deco
-    name = N.dotted(target)
-    if name is None:
-        return None
-    full = ix.imports.get(name.split(".", 1)[0], "")
-    qual = full + name[len(name.split(".", 1)[0]):] if full else name
+    qual = N.resolve(N.dotted(target), ix.imports)  # functools.cache, ft.cache, cache (from functools)
     if qual not in _CACHE_DECOS:
         return None
     short = qual.rsplit(".", 1)[-1]

@@ -8,11 +8,12 @@ Grammars come from PyPI (``tree-sitter``, ``tree-sitter-go``, ``tree-sitter-java
 from __future__ import annotations
 
 import importlib
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["LANGUAGE_MODULES", "Call", "FunctionFacts", "functions", "parser_for"]
+__all__ = ["LANGUAGE_MODULES", "Call", "FunctionFacts", "code", "functions", "parser_for"]
 
 LANGUAGE_MODULES = {"go": "tree_sitter_go", "java": "tree_sitter_java", "kotlin": "tree_sitter_kotlin"}
 
@@ -28,6 +29,7 @@ _PARSERS: dict[str, Any] = {}
 class Call:
     method: str
     args: list[str]  # argument source texts
+    codes: list[str]  # the same with string and character literals emptied (`code`)
     line: int  # 1-based
     col: int  # 1-based
     end_line: int
@@ -37,7 +39,8 @@ class Call:
 @dataclass
 class FunctionFacts:
     calls: list[Call] = field(default_factory=list)
-    assigns: list[tuple[str, str]] = field(default_factory=list)  # (variable, right-hand side text), in order
+    #: (variable, right-hand side as `code`: literals emptied), in order
+    assigns: list[tuple[str, str]] = field(default_factory=list)
 
 
 def parser_for(language: str) -> Any:
@@ -54,6 +57,46 @@ def parser_for(language: str) -> Any:
 
 def _text(node: Any) -> str:
     return node.text.decode("utf-8", "replace") if node is not None else ""
+
+
+#: string and character literals of the three grammars
+_LITERALS = {"interpreted_string_literal", "raw_string_literal", "rune_literal", "string_literal",
+             "character_literal", "multiline_string_literal"}
+_KOTLIN_SHORT_TEMPLATE = re.compile(r"\$[A-Za-z_]\w*")
+
+
+def _literals(node: Any) -> Iterator[Any]:
+    """The outermost literals under ``node``, in source order."""
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if n.type in _LITERALS:
+            yield n
+        else:
+            stack.extend(reversed(n.children))
+
+
+def code(node: Any) -> str:
+    """``node``'s source with every string and character literal emptied (``"config:last-key"`` -> ``""``) but
+    what a Kotlin template interpolates kept (``"s:$id:${f()}"`` -> ``"$id ${f()}"``): identifiers and calls are
+    matched in code, never in a literal's text."""
+    if node is None:
+        return ""
+    text, start, pos, parts = node.text, node.start_byte, 0, []
+    for lit in _literals(node):
+        parts.append(text[pos:lit.start_byte - start].decode("utf-8", "replace"))
+        parts.append(_template(lit))
+        pos = lit.end_byte - start
+    parts.append(text[pos:].decode("utf-8", "replace"))
+    return "".join(parts)
+
+
+def _template(lit: Any) -> str:
+    """A literal as code: empty quotes around the Kotlin templates it interpolates."""
+    kept = [code(c) for c in lit.named_children if c.type == "interpolation"]
+    content = "".join(_text(c) for c in lit.named_children if c.type == "string_content")
+    kept += _KOTLIN_SHORT_TEMPLATE.findall(content)  # "$id " is sometimes parsed as two string_content nodes
+    return '"' + " ".join(kept) + '"'
 
 
 def _call(language: str, node: Any) -> Call | None:
@@ -78,7 +121,8 @@ def _call(language: str, node: Any) -> Call | None:
     else:
         return None
     (r0, c0), (r1, c1) = node.start_point, node.end_point
-    return Call(name, [_text(a) for a in arg_nodes if a.type != "comment"], r0 + 1, c0 + 1, r1 + 1, c1 + 1)
+    args = [a for a in arg_nodes if a.type != "comment"]
+    return Call(name, [_text(a) for a in args], [code(a) for a in args], r0 + 1, c0 + 1, r1 + 1, c1 + 1)
 
 
 def _assign(language: str, node: Any) -> list[tuple[str, str]]:
@@ -87,15 +131,15 @@ def _assign(language: str, node: Any) -> list[tuple[str, str]]:
         left, right = node.child_by_field_name("left"), node.child_by_field_name("right")
         if left is None or right is None:
             return []
-        return list(zip((_text(n) for n in left.named_children), (_text(n) for n in right.named_children)))
+        return list(zip((_text(n) for n in left.named_children), (code(n) for n in right.named_children)))
     if language == "go" and t == "var_spec":
         names = [_text(c) for c in node.children_by_field_name("name")]
         value = node.child_by_field_name("value")
-        return [(n, _text(value)) for n in names] if value is not None else []
+        return [(n, code(value)) for n in names] if value is not None else []
     if language == "java" and t in ("variable_declarator", "assignment_expression"):
         left = node.child_by_field_name("name") or node.child_by_field_name("left")
         right = node.child_by_field_name("value") or node.child_by_field_name("right")
-        return [(_text(left), _text(right))] if left is not None and right is not None else []
+        return [(_text(left), code(right))] if left is not None and right is not None else []
     if language == "kotlin" and t in ("property_declaration", "assignment"):
         kids = node.named_children
         decl = next((c for c in kids if c.type in ("variable_declaration", "directly_assignable_expression",
@@ -103,7 +147,7 @@ def _assign(language: str, node: Any) -> list[tuple[str, str]]:
         if decl is None or len(kids) < 2:
             return []
         name = _text(decl.named_children[0] if decl.named_children else decl)
-        return [(name, _text(kids[-1]))]
+        return [(name, code(kids[-1]))]
     return []
 
 

@@ -24,8 +24,8 @@ _EXPIRE = re.compile(r"^(P?Expire(At)?|p?expire(At)?|pexpireat|expireat)$")
 _GO_TIME = re.compile(r"\btime\.Now\(\)|\buuid\.(New|NewString|NewRandom|Must)\b|\bxid\.New\(\)|\bulid\.(Make|New)\b")
 _JVM_TIME = re.compile(r"\bSystem\.(currentTimeMillis|nanoTime)\(|\bUUID\.randomUUID\(|\b(Instant|LocalDateTime|"
                        r"ZonedDateTime|OffsetDateTime|LocalDate)\.now\(|\bnew Date\(\)|\bClock\.System\.now\(")
-_JVM_TTL = re.compile(r"\b(ex|px|exAt|pxAt|Duration|TimeUnit|ofSeconds|ofMillis|ofMinutes|ofHours|timeout|ttl|"
-                      r"expire|expiration|SECONDS|MILLISECONDS|MINUTES|HOURS|DAYS)\b|^\d+L?$", re.IGNORECASE)
+_JVM_PARAMS = re.compile(r"\b(SetParams|SetArgs|setParams)\b")
+_JVM_PARAM_TTL = re.compile(r"\.\s*(ex|px|exAt|pxAt|keepttl|keepTtl)\s*\(", re.IGNORECASE)
 
 
 def _tainted(facts: FunctionFacts, pattern: re.Pattern[str]) -> set[str]:
@@ -43,44 +43,53 @@ def _is_time(text: str, pattern: re.Pattern[str], names: set[str]) -> bool:
 _GO_UPPER = {m.upper() for m in _GO_WRITES}
 
 
-def _go_write(call: Call) -> tuple[str, str, bool] | None:
-    """(command, key text, has expiry) of a go-redis or redigo write, else None."""
+def _go_write(call: Call) -> tuple[str, int, bool] | None:
+    """(command, index of the key argument, has expiry) of a go-redis or redigo write, else None."""
     if call.method == "Do" and len(call.args) >= 2:  # redigo: conn.Do("SET", key, v, "EX", 60)
         cmd = call.args[0].strip('"`').upper()
         if cmd not in _GO_UPPER:
             return None
-        return cmd, call.args[1], any(a.strip('"`').upper() in ("EX", "PX", "EXAT", "PXAT") for a in call.args[2:])
+        return cmd, 1, any(a.strip('"`').upper() in ("EX", "PX", "EXAT", "PXAT") for a in call.args[2:])
     if call.method not in _GO_WRITES or len(call.args) < 2:
         return None
-    key = call.args[1]
     if call.method in ("Set", "SetNX"):
         exp = call.args[3].strip() if len(call.args) > 3 else "0"
-        return call.method, key, exp not in ("0", "redis.KeepTTL", "0*time.Second", "0 * time.Second")
+        return call.method, 1, exp not in ("0", "redis.KeepTTL", "0*time.Second", "0 * time.Second")
     if call.method == "SetArgs":
-        return call.method, key, bool(re.search(r"\b(TTL|ExpireAt)\s*:", " ".join(call.args[3:])))
-    return call.method, key, False
+        return call.method, 1, bool(re.search(r"\b(TTL|ExpireAt)\s*:", " ".join(call.args[3:])))
+    return call.method, 1, False
 
 
-def _jvm_write(call: Call) -> tuple[str, str, bool] | None:
+def _jvm_write(call: Call, assigned: dict[str, str]) -> tuple[str, int, bool] | None:
     if call.method not in _JVM_WRITES or len(call.args) < 2:
         return None
     if call.method in ("put", "add", "increment", "putIfAbsent") and len(call.args) < 3:
         return None  # Map.put / List.add; RedisTemplate's opsForHash().put has the key first and three args
-    with_ttl = call.method in ("set", "setIfAbsent") and any(_JVM_TTL.search(a.strip()) for a in call.args[2:])
-    return call.method, call.args[0], with_ttl
+    with_ttl = call.method in ("set", "setIfAbsent") and any(_jvm_ttl(a, assigned) for a in call.codes[2:])
+    return call.method, 0, with_ttl
+
+
+def _jvm_ttl(arg: str, assigned: dict[str, str]) -> bool:
+    """Does a third (or later) argument of ``set`` give an expiry? A Duration, a number, a TTL constant
+    (``SESSION_LIFETIME``) or a timeout and its TimeUnit do; Jedis ``SetParams`` / Lettuce ``SetArgs`` (built
+    there or in a variable) only with ``ex``/``px``/``exAt``/``pxAt``/``keepttl``."""
+    text = assigned.get(arg.strip(), arg)
+    if _JVM_PARAMS.search(text):
+        return bool(_JVM_PARAM_TTL.search(text))
+    return True
 
 
 def check_function(language: str, facts: FunctionFacts) -> Iterator[Hit]:
     pattern = _GO_TIME if language == "go" else _JVM_TIME
     names = _tainted(facts, pattern)
-    write = _go_write if language == "go" else _jvm_write
-    key_index = 1 if language == "go" else 0
+    assigned = dict(facts.assigns)
     for i, call in enumerate(facts.calls):
-        found = write(call)
+        found = _go_write(call) if language == "go" else _jvm_write(call, assigned)
         if found is None:
             continue
-        cmd, key, has_ttl = found
-        if has_ttl or not _is_time(key, pattern, names):
+        cmd, key_index, has_ttl = found
+        key = call.args[key_index]
+        if has_ttl or not _is_time(call.codes[key_index], pattern, names):  # names in code, not in literals
             continue
         later = facts.calls[i + 1:]
         if any(_EXPIRE.match(c.method) and len(c.args) > key_index and c.args[key_index].strip() == key.strip()
