@@ -3,7 +3,8 @@ Kubernetes) and SIGHUP all end them the same way, keeping what was computed.
 
 - `interrupting`: a command that computes one result (``redis scan``) gets ``KeyboardInterrupt`` for each of
   them, exactly as for Ctrl-C, keeps its partial result, and exits with ``128 + signal``;
-- `stopping`: a command that loops until told (``watch``, the exporters) gets a stop callback instead.
+- `stopping`: a command that loops until told (``watch``, the exporters) gets a stop callback instead, run in
+  a short-lived thread (never inside the handler: see `stopping`).
 
 Handlers are only installed from the main thread (elsewhere a command runs as a library call) and are
 restored afterwards.
@@ -74,7 +75,10 @@ def stopping(stop: Callable[[], None]) -> Iterator[Ending]:
     def handler(signum: int, frame: FrameType | None) -> None:
         if ending.signum is None:
             ending.signum = signum
-        stop()
+        # not called here: the handler runs in the main thread between two bytecodes, possibly while that thread
+        # holds the very lock ``stop`` takes (inside ``Event.wait``, whose condition lock ``Event.set`` needs):
+        # called inline, a Ctrl-C at that instant deadlocked the watch
+        threading.Thread(target=stop, name="kvguardian-stop", daemon=True).start()
 
     with _handlers(handler):
         yield ending
