@@ -205,51 +205,47 @@ class Case:
             self.impl.free(self.pool, h[::-1])
         return per_block
 
-    def _free_cached(self) -> float:
+    def _cached_tables(self) -> list[Any]:
+        """``rounds`` allocations of n blocks, every block cached, in the order a finishing request frees
+        them (the latest table first, each reversed): what the free-cached case and its floors time."""
         impl, pool, n = self.impl, self.pool, self.n
         held = [impl.alloc(pool, n) for _ in range(self.rounds)]
         for h in held:
             impl.cache(pool, h, self.hashes.take(n))
-        rev = [h[::-1] for h in reversed(held)]
+        return [h[::-1] for h in reversed(held)]
+
+    def _free_cached(self) -> float:
+        impl, pool, rev = self.impl, self.pool, self._cached_tables()
         t0 = time.thread_time_ns()
         for h in rev:
             impl.free(pool, h)
-        return (time.thread_time_ns() - t0) / (self.rounds * n)
+        return (time.thread_time_ns() - t0) / (self.rounds * self.n)
 
     def _free_cached_floor(self) -> float:
         """The floor under `_free_cached` for any pool whose per-block state is a Python list indexed by int
         ids: the same blocks, allocated and cached the same way, then only one list slot written per block
         (its id object read, one slot stored), timed; the pool's own free follows, untimed."""
-        impl, pool, n = self.impl, self.pool, self.n
-        held = [impl.alloc(pool, n) for _ in range(self.rounds)]
-        for h in held:
-            impl.cache(pool, h, self.hashes.take(n))
-        rev = [h[::-1] for h in reversed(held)]
-        slots = self.slots
+        rev, slots = self._cached_tables(), self.slots
         t0 = time.thread_time_ns()
         for h in rev:
             for b in h:
                 slots[b] = 0
-        per_block = (time.thread_time_ns() - t0) / (self.rounds * n)
+        per_block = (time.thread_time_ns() - t0) / (self.rounds * self.n)
         for h in rev:
-            impl.free(pool, h)
+            self.impl.free(self.pool, h)
         return per_block
 
     def _free_cached_floor_numpy(self) -> float:
         """`_free_cached_floor` as one numpy scatter per call into an int32 array (400 KB at 100,000 blocks:
         it fits the L2 cache), the ids given as arrays (converted untimed): the floor of a numpy pool."""
-        impl, pool, n = self.impl, self.pool, self.n
-        held = [impl.alloc(pool, n) for _ in range(self.rounds)]
-        for h in held:
-            impl.cache(pool, h, self.hashes.take(n))
-        rev = [np.array(h[::-1], dtype=np.int64) for h in reversed(held)]
-        state = self.state
+        rev, state = self._cached_tables(), self.state
+        arrays = [np.array(h, dtype=np.int64) for h in rev]
         t0 = time.thread_time_ns()
-        for a in rev:
+        for a in arrays:
             state[a] = 0
-        per_block = (time.thread_time_ns() - t0) / (self.rounds * n)
-        for h in reversed(held):
-            impl.free(pool, h[::-1])
+        per_block = (time.thread_time_ns() - t0) / (self.rounds * self.n)
+        for h in rev:
+            self.impl.free(self.pool, h)
         return per_block
 
     def _setup_prefix(self) -> None:

@@ -212,17 +212,15 @@ class RetentionMonitor:
 
     # ------------------------------------------------------------------ sampling
     def after_request_end(self, info: Any) -> None:
+        self._ended += 1
         if not self.sampling:
-            self._ended += 1
             return
         host = self._host()
         if host is None:
             return
         if not self._sampling_now.acquire(blocking=False):  # another thread samples: it sees this request too
-            self._ended += 1
             return
         try:
-            self._ended += 1
             self._after_request_end(host)
         finally:
             self._sampling_now.release()

@@ -15,6 +15,7 @@ from kvguardian._errors import EXIT_FINDINGS, EXIT_OK, UsageError
 from kvguardian.lint.config import load_config
 from kvguardian.lint.diagnostic import Skipped
 from kvguardian.lint.engine import lint_paths
+from kvguardian.lint.files import LANGUAGES
 from kvguardian.lint.output import FORMATS, clean, render
 from kvguardian.lint.rules import RULES
 from kvguardian.report.output import check_outputs
@@ -49,15 +50,12 @@ def _list_rules() -> int:
     return EXIT_OK
 
 
-_SOURCE_SUFFIXES = (".py", ".pyi", ".go", ".java", ".kt", ".kts")
-
-
 def _sources_hit(output: str, paths: list[str]) -> list[str]:
     """The linted paths ``-o OUTPUT`` would replace: a file named on the command line, or an existing source
     file inside a linted folder."""
     out = Path(output)
     hit = [p for p in paths if Path(p).is_file()]
-    if out.is_file() and out.suffix in _SOURCE_SUFFIXES:
+    if out.is_file() and out.suffix.lower() in LANGUAGES:
         real = out.resolve()
         hit += [str(out) for p in paths if Path(p).is_dir() and real.is_relative_to(Path(p).resolve())]
     return hit

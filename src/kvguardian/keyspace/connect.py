@@ -58,6 +58,11 @@ def _remember_credentials(url: str) -> str | None:
     return env if env and not has_password else None
 
 
+def _path_db(parts: Any) -> str:
+    """The database a split URL's path names (``/3``), as text; '' for none (and for a socket's path)."""
+    return parts.path.strip("/") if parts.scheme != "unix" else ""
+
+
 def _check_url(url: str) -> None:
     where = display_url(url)
     try:
@@ -75,7 +80,7 @@ def _check_url(url: str) -> None:
         raise UsageError(f"Redis URL {where!r} names no host; use redis://HOST:PORT/DB")
     if parts.scheme != "unix" and parts.port == 0:  # redis-py reads port 0 as "none given": 6379, another server
         raise UsageError(f"Redis URL {where!r} names port 0; fix: the server's port, e.g. redis://HOST:6379/0")
-    db = parts.path.strip("/") if parts.scheme != "unix" else ""
+    db = _path_db(parts)
     if db and not db.isdigit():
         raise UsageError(f"Redis URL {where!r} names database {db!r}; fix: a database is a number, e.g. "
                          "redis://HOST:PORT/0")
@@ -99,7 +104,7 @@ def url_db(url: str) -> int | None:
     """
     _check_url(url)
     parts = urlsplit(url)
-    db = parts.path.strip("/") if parts.scheme != "unix" else ""
+    db = _path_db(parts)
     query = dict(parse_qsl(parts.query)).get("db", "")
     if query and not query.isdigit():
         raise UsageError(f"Redis URL {display_url(url)!r} names database {query!r}; fix: a number, e.g. ?db=0")

@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 from kvguardian._errors import UsageError
 from kvguardian.keyspace.tokens import (
+    B64_MIN,
     DATE_BYTES,
     DELIMITERS,
     IP_BYTES,
@@ -46,7 +47,7 @@ _MASKED = {True: b"0123456789abcdefABCDEF",
            False: b"0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"}
 #: names the coarse cache may not hold: their split can depend on more than where the delimiters are (UUIDs,
 #: dates and IPs need ``-`` or ``.``, hash tags ``{``, base64 runs are long runs of these characters)
-_COARSE_UNSAFE = re.compile(rb"[-.{}+/=]|[A-Za-z0-9_]{21}")
+_COARSE_UNSAFE = re.compile(rb"[-.{}+/=]|[A-Za-z0-9_]{%d}" % B64_MIN)
 _CACHE_MAX = 50_000  # entries per generation of a cache (two generations are kept)
 _COARSE_PER_SHAPE = 4  # patterns one coarse mask may stand for
 

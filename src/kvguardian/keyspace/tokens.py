@@ -25,6 +25,7 @@ import math
 import re
 
 __all__ = [
+    "B64_MIN",
     "DATE_BYTES",
     "DELIMITERS",
     "IP_BYTES",
@@ -61,7 +62,9 @@ _DATE = r"(?:19|20)\d\d-[01]\d-[0-3]\d(?:[T ][0-2]\d:[0-5]\d(?::[0-5]\d(?:\.\d+)
 _IP = r"(?:\d{1,3}\.){3}\d{1,3}(?::\d{1,5})?"
 _TAG = r"\{[^{}]*\}"
 _WORD = r"[^:/.|#,;=@ _\-{}]+"
-_LONG = r"[A-Za-z0-9+/_-]{21,}={0,2}"  # base64 (and nanoid: 21 characters, ``_`` and ``-`` included)
+#: the shortest random run of the base64 alphabets kept whole (a nanoid: 21 characters, ``_`` and ``-`` included)
+B64_MIN = 21
+_LONG = rf"[A-Za-z0-9+/_-]{{{B64_MIN},}}={{0,2}}"
 
 #: one findall gives the tokens in order; delimiters and stray characters come out one character each
 _TOKENS = re.compile(f"{_UUID}|{_DATE_SHAPE}|{_IP_SHAPE}|{_TAG}|{_LONG}|{_WORD}|.", re.S)
@@ -73,7 +76,6 @@ _IP_RE = re.compile(_IP)
 DATE_BYTES = re.compile(_DATE.encode())
 IP_BYTES = re.compile(_IP.encode())
 _HEXCHARS = frozenset("0123456789abcdefABCDEF")
-_DIGIT_RE = re.compile(r"\d")
 _ULID_RE = re.compile(r"[0-7][0-9A-HJKMNP-TV-Z]{25}")
 _SEGMENT_SPLIT = re.compile(r"[_/+-]+")
 #: a word, camelCase word, acronym or number, optionally ending in digits (``getUserName``, ``HTTPServer``,
@@ -117,9 +119,9 @@ def tokenize_ex(name: str) -> tuple[list[str], bool]:
         name = name[:MAX_KEY_CHARS]
     toks = _TOKENS.findall(name)
     has_b64 = False
-    if len(name) >= 21:
+    if len(name) >= B64_MIN:
         for t in toks:
-            if len(t) >= 21 and not t.isalnum() and not (len(t) == 36 and t[8] == "-"):
+            if len(t) >= B64_MIN and not t.isalnum() and not (len(t) == 36 and t[8] == "-"):
                 toks, has_b64 = _resplit(toks)
                 break
     if len(toks) > MAX_TOKENS:
@@ -135,7 +137,7 @@ def _resplit(toks: list[str]) -> tuple[list[str], bool]:
     out: list[str] = []
     has_b64 = False
     for t in toks:
-        if len(t) >= 21 and not t.isalnum():
+        if len(t) >= B64_MIN and not t.isalnum():
             if _is_b64(t):
                 has_b64 = True
                 out.append(t)
@@ -155,7 +157,7 @@ def _is_b64(t: str) -> bool:
     A run with ``_ - / +`` inside is words when every part looks like one (`_WORDLIKE`); otherwise its random
     parts need fewer switches (0.25: a nanoid has 0.35 or less one time in a hundred)."""
     body = t.rstrip("=")
-    if len(body) < 21 or body.upper() == body or body.lower() == body:
+    if len(body) < B64_MIN or body.upper() == body or body.lower() == body:
         return False
     entropy = _entropy(body)
     if entropy >= 4.3:  # nearly every character distinct over 28 and more: words stay near 4.1
@@ -249,7 +251,7 @@ def classify(tok: str) -> str | None:
             return "ip"
     if n >= 8 and _HEXCHARS.issuperset(tok):  # not all digits (returned above): hex if it has any digit
         return None if tok.isalpha() else "hex"
-    if n >= 21 and _is_b64(tok):
+    if n >= B64_MIN and _is_b64(tok):
         return "b64"
     if n == 26 and _ULID_RE.fullmatch(tok):
         return "rand"  # a ULID: Crockford base32, upper case and digits

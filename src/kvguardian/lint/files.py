@@ -13,6 +13,7 @@ import tokenize
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from kvguardian.input_file import NotRegular, TooLarge, read_regular
 from kvguardian.lint.config import LintConfig
 from kvguardian.lint.diagnostic import Skipped
 
@@ -119,20 +120,6 @@ def _os_reason(exc: OSError, path: str) -> str:
     return f"cannot read ({exc.strerror or type(exc).__name__}); skipped"
 
 
-def _read_bounded(path: str) -> bytes | Skipped:
-    """The bytes of ``path`` if it is a regular file of at most `MAX_BYTES` (checked on the opened file, so a
-    FIFO or device swapped in after the walk is never read: opening does not block, reading never starts)."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            return Skipped(path, NOT_REGULAR)
-        if st.st_size > MAX_BYTES:
-            return _too_large(path, st.st_size)
-        data = f.read(MAX_BYTES + 1)
-    return _too_large(path, len(data)) if len(data) > MAX_BYTES else data  # it may grow after the stat
-
-
 def _too_large(path: str, size: int) -> Skipped:
     return Skipped(path, f"larger than {MAX_BYTES // (1024 * 1024)} MiB ({size} bytes), likely generated; "
                          "skipped (exclude it to silence this)")
@@ -142,11 +129,13 @@ def read_source(path: str) -> SourceFile | Skipped:
     """The file's text, or why it cannot be linted. Python honours a PEP 263 coding line; others are UTF-8."""
     language = _language(path) or "python"
     try:
-        data = _read_bounded(path)
+        data = read_regular(path, max_bytes=MAX_BYTES)
     except OSError as exc:
         return Skipped(path, _os_reason(exc, path))
-    if isinstance(data, Skipped):
-        return data
+    except NotRegular:
+        return Skipped(path, NOT_REGULAR)
+    except TooLarge as exc:
+        return _too_large(path, exc.size)
     if b"\0" in data[:8192]:
         return Skipped(path, "binary file (NUL bytes); skipped")
     encoding = "utf-8-sig"
