@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[3]
-VENV = ROOT / ".venv-vllm"
+BASE_VENV = Path(os.environ.get("KVG_VENV_PREFIX") or ROOT / ".venv")  # scripts/test.sh sets it (drift: elsewhere)
+VENV = Path(f"{BASE_VENV}-vllm")
 PYTHON = VENV / "bin" / "python"
 MODEL = VENV / "kvg-models" / "tiny-llama"
 BLOCK = 128  # vLLM's block size on CPU: prompts need more tokens than this to fill (and publish) a block
@@ -57,7 +58,7 @@ class VllmServer:
                 cfg["replay_endpoint"] = self.replay
             cmd += ["--kv-events-config", json.dumps(cfg)]
         if self.kv_run_report is not None:  # audited by `kv-guardian run` (which enables the vLLM audit)
-            cmd = [str(ROOT / ".venv" / "bin" / "python"), "-m", "kvguardian", "run", "--report",
+            cmd = [str(BASE_VENV / "bin" / "python"), "-m", "kvguardian", "run", "--report",
                    str(self.kv_run_report), "--", *cmd]
         return cmd
 
