@@ -68,12 +68,17 @@ class RankServer:
         self._recording = True
 
     # -- collectives, counted ----------------------------------------------------------------------------------
-    def _broadcast(self, t: Any) -> None:
+    def _broadcast(self, t: Any, *, staged: bool = False) -> None:
+        """Broadcast rank 0's ``t`` into every rank's ``t``. ``staged``: rank 0 sends a copy (a staging buffer),
+        for KV its guard tracks: gloo drops its reference to the tensor it was given after this returns, in its
+        worker thread, so the tracked storage itself must not go to gloo (see `_ended_bytes`)."""
         import torch.distributed as dist
 
+        buf = t.clone() if staged and self.rank == 0 else t
         t0 = time.perf_counter()
-        dist.broadcast(t, src=0)
+        dist.broadcast(buf, src=0)
         self.comm_seconds += time.perf_counter() - t0
+        del buf  # a staged copy lives on in gloo's worker for a while: untracked
         self.comm_bytes += t.numel() * t.element_size()
         if self._recording:
             self.pattern.append(("broadcast", tuple(t.shape), t.dtype))
@@ -127,14 +132,14 @@ class RankServer:
                 feats = image_features(self.model, self._pixels(image_seed))
                 cache = output_cache(self.model(inputs_embeds=feats[None], use_cache=True))
                 for layer in cache.layers:
-                    self._broadcast(layer.keys)
-                    self._broadcast(layer.values)
+                    self._broadcast(layer.keys, staged=True)
+                    self._broadcast(layer.values, staged=True)
                 return cache
             cache = DynamicCache(config=self.model.config)
             for i in range(spec.layers):
                 k = torch.empty(1, spec.kv_heads, spec.visual_tokens, spec.head_dim)  # k, v: [B, H_kv, S, D]
                 v = torch.empty_like(k)
-                self._broadcast(k)
+                self._broadcast(k)  # k, v are buffers: the cache's update copies them (DynamicLayer's cat)
                 self._broadcast(v)
                 cache.update(k, v, i)
                 got: Any = cache.layers[i]
@@ -189,12 +194,19 @@ class RankServer:
                 "comm_seconds": self.comm_seconds - s0}
 
 
-def _ended_bytes(guard: Any) -> tuple[int, int]:
-    """(bytes, storages) of KV whose owner sequence has ended and that a GC pass does not free, on this rank
-    (unsettled, a cycle the collector had not reached yet counted now and then as held)."""
+def _ended_bytes(guard: Any, *, settle: bool = True) -> tuple[int, int]:
+    """(bytes, storages) of KV whose owner sequence has ended, on this rank.
+
+    Exact without a GC pass: gloo (torch/csrc/distributed/c10d/ProcessGroupGloo.cpp, ``runLoop``) drops its
+    reference to a broadcast tensor in its worker thread after ``wait()`` returns, so a tracked storage handed
+    to it could die after its sequence ended (the 8,192 bytes once seen on rank 0, under load); rank 0 therefore
+    broadcasts a staging copy (`RankServer._broadcast`). tests/unit/repro/test_rank_server_gloo.py shows both.
+    ``settle`` (a GC pass first) stays as a margin.
+    """
     from kvguardian.ledger import EntryState
 
-    guard.settle()
+    if settle:
+        guard.settle()
     snap = guard.snapshot()
     recs = [r for r in snap.records if r.state is not EntryState.LIVE]
     return sum(r.storage_bytes for r in recs), len(recs)
