@@ -90,7 +90,7 @@ def extraneous(args: argparse.Namespace) -> int:
 
 
 def diff(args: argparse.Namespace) -> int:
-    locked = read_lock(Path(args.lock))
+    locked = {n: v for n, v in read_lock(Path(args.lock)).items() if n not in ALWAYS_KEEP}
     have = {n: v for n, v in own_packages(args.python).items() if n not in ALWAYS_KEEP}
     moved = [f"  {n}: {locked[n]} -> {have[n]}" for n in sorted(have) if n in locked and locked[n] != have[n]]
     new = [f"  {n}: {have[n]} (not in the lock)" for n in sorted(have) if n not in locked]

@@ -113,7 +113,7 @@ fi
 overlay_venv() {
   local dir=$1 module=$2 version=$3 lock=$4 requirement=$5 base_sp sp
   if [ ! -x "$dir/bin/python" ]; then
-    say "creating virtualenv $dir ($requirement over .venv's packages)"
+    say "creating virtualenv $dir ($requirement over $VENV's packages)"
     "$PY" -m venv "$dir"
   fi
   base_sp=$("$VPY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
