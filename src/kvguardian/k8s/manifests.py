@@ -26,12 +26,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from kvguardian import __version__
+
 __all__ = ["DRAIN_DEADLINE", "GRACE", "documents", "main", "render"]
 
 ROOT = Path(__file__).resolve().parents[3]
 RULES = ROOT / "deploy" / "prometheus" / "kvguardian-rules.yml"
 OUT = ROOT / "deploy" / "k8s"
-IMAGE = "kv-guardian:0.1.0"  # built from this repository (pip install 'kv-guardian[k8s]')
+IMAGE = f"kv-guardian:{__version__}"  # built from this repository (pip install 'kv-guardian[k8s]')
 SERVER_IMAGE = "vllm/vllm-openai:latest"
 RESOURCE = "kvguardian.dev/kv-cache-256mi"
 DRAIN_DEADLINE = 60
