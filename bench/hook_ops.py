@@ -28,9 +28,9 @@ def count(cache_kind: str, path: str, steps: int) -> dict[str, Any]:
     from transformers import DynamicCache, QuantizedCache, StaticCache
 
     import kvguardian
+    from kvguardian.apps.repro.models import SMALL, build_llama
     from kvguardian.guard import Guard
     from kvguardian.hf import instrument
-    from kvguardian.repro.models import SMALL, build_llama
 
     cfg = build_llama(SMALL).config
     layers = cfg.num_hidden_layers

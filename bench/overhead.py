@@ -202,8 +202,8 @@ def _hook_all_in(model: Any, ids: Any, cache: str, tokens: int, stride: int) -> 
 def bench_decode(config: str, cache: str, tokens: int, pairs: int, stride: int) -> dict[str, Any]:
     import torch
 
+    from kvguardian.apps.repro.models import SMALL, TINY, build_llama
     from kvguardian.guard import Guard
-    from kvguardian.repro.models import SMALL, TINY, build_llama
 
     spec = {"tiny": TINY, "small": SMALL}[config]
     model = build_llama(spec)
@@ -269,9 +269,9 @@ def bench_steps(config: str, cache: str, tokens: int, rounds: int, stride: int) 
     ``stride`` of them observed, `kvguardian.hf.sampling`)."""
     import torch
 
+    from kvguardian.apps.repro.models import SMALL, TINY, build_llama
     from kvguardian.guard import Guard
     from kvguardian.hf.compat import cache_kwarg
-    from kvguardian.repro.models import SMALL, TINY, build_llama
 
     spec = {"tiny": TINY, "small": SMALL}[config]
     model = build_llama(spec)

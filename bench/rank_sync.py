@@ -1,7 +1,7 @@
 """Benchmark of the two fixes for §2.4 (visual-token KV across ranks): writes bench/results/rank_sync.json.
 
 Two real gloo ranks on loopback (forked processes) serve image+text sequences on a tiny LLaVA three ways
-(`kvguardian.repro.multimodal`): the buggy variant (its only collective is the visual-token broadcast from the
+(`kvguardian.apps.repro.multimodal`): the buggy variant (its only collective is the visual-token broadcast from the
 vision rank: the baseline), the per-layer K/V broadcast fix, and the ref count + int64 all-reduce fix. Per
 sequence: bytes through collectives, and the latency of that sequence's collectives replayed alone after a
 barrier (median of 50), for the configurations below. Ratios are against the baseline measured in the same run.
@@ -19,8 +19,8 @@ import time
 
 from results_io import save_json
 
-from kvguardian.repro.multimodal import VARIANTS, measure
-from kvguardian.repro.vlm import VlmSpec
+from kvguardian.apps.repro.multimodal import VARIANTS, measure
+from kvguardian.apps.repro.vlm import VlmSpec
 
 CONFIGS = {
     "tiny": VlmSpec(),

@@ -58,10 +58,10 @@ def per_block(spec: KVSpec, batch: int, repeats: int, rounds: int) -> dict[str, 
 
 
 def engine_ratio(repeats: int, requests: int) -> dict[str, float]:
+    from kvguardian.apps.repro.cross_request import make_workload, one_thread
+    from kvguardian.apps.repro.models import TINY, build_llama
     from kvguardian.paged.engine import Engine, OwnershipScheduler
     from kvguardian.paged.model import PagedLlama
-    from kvguardian.repro.cross_request import make_workload, one_thread
-    from kvguardian.repro.models import TINY, build_llama
 
     hf = build_llama(TINY)
     model = PagedLlama(hf)

@@ -25,7 +25,7 @@ def pytest_configure(config):
 @pytest.fixture(scope="session")
 def tiny_model():
     """The built-in tiny random-weight Llama (2 layers, hidden 64), shared by a test session."""
-    from kvguardian.repro.models import TINY, build_llama
+    from kvguardian.apps.repro.models import TINY, build_llama
 
     return build_llama(TINY)
 

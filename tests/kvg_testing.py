@@ -147,8 +147,8 @@ def closing_factory(make):  # type: ignore[no-untyped-def]
 def paged_workload(tiny_model, n: int, *, seed: int, sys_tokens: tuple[int, int]):  # type: ignore[no-untyped-def]
     """A mini-engine workload on ``tiny_model``: (`PagedLlama`, requests, HF generate()'s tokens per request id,
     the EOS id). One thread, so the oracle and the engine compute alike."""
+    from kvguardian.apps.repro.cross_request import make_workload, one_thread, oracle
     from kvguardian.paged.model import PagedLlama
-    from kvguardian.repro.cross_request import make_workload, one_thread, oracle
 
     with one_thread():
         reqs, _ = make_workload(n, tiny_model.config.vocab_size, seed=seed, sys_tokens=sys_tokens)

@@ -10,7 +10,7 @@ from collections import OrderedDict
 
 import torch
 
-from kvguardian.repro.models import TINY, build_llama
+from kvguardian.apps.repro.models import TINY, build_llama
 
 MODEL = build_llama(TINY)
 SESSIONS = {}

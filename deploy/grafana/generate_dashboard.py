@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -249,9 +250,23 @@ def _targets(dashboard: dict[str, Any]) -> list[tuple[str, str]]:
     return [(p["title"], t["expr"]) for p in dashboard["panels"] for t in p.get("targets", [])]
 
 
+def exported_names(rule_files: Iterable[Path] = ()) -> dict[str, str]:
+    """Every metric name some component exports, mapped to who exports it: kv-guardian's catalog, the vLLM and
+    SGLang metrics the watchers read, and the recording rules of ``rule_files``."""
+    from kvguardian.engines import sglang_metrics, vllm_metrics
+    from kvguardian.exporters.catalog import METRICS
+    from kvguardian.exporters.promql import recording_rule_names
+
+    out = {m.name: f"kv-guardian ({m.owner})" for m in METRICS}
+    out.update({n: "vLLM" for n in vllm_metrics.METRICS_READ})
+    out.update({n: "SGLang" for n in sglang_metrics.METRICS_READ})
+    out.update({n: "recording rule" for n in recording_rule_names(rule_files)})
+    return out
+
+
 def check(dashboard: dict[str, Any], committed: Path, promtool: str | None) -> list[str]:
     """Problems, one line each: a stale committed file, unknown metrics, expressions promtool refuses."""
-    from kvguardian.exporters.promql import exported_names, metric_names, substitute_grafana
+    from kvguardian.exporters.promql import metric_names, substitute_grafana
 
     problems = []
     if not committed.exists() or committed.read_text() != render(dashboard):

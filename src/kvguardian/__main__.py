@@ -1,3 +1,3 @@
-from kvguardian.cli import main
+from kvguardian.apps.cli import main
 
 raise SystemExit(main())

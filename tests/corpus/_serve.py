@@ -11,8 +11,8 @@ import threading
 import torch
 from transformers import DynamicCache
 
+from kvguardian.apps.repro.models import TINY, build_llama
 from kvguardian.hf.compat import cache_kwarg, output_cache
-from kvguardian.repro.models import TINY, build_llama
 
 __all__ = ["MODEL", "cache_of", "extend", "generate", "only_to", "prefill", "prompt", "serve_jobs"]
 

@@ -76,7 +76,7 @@ def test_pool_events_and_findings_in_process():
     """The events the pool re-publishes and its debug findings carry ids, hashes and counts only."""
     from fastapi.testclient import TestClient
 
-    from kvguardian.paged.openai.app import MiniConfig, create_app
+    from kvguardian.apps.mini_server.app import MiniConfig, create_app
 
     app = create_app(MiniConfig(cache_mode="per-tenant", debug=True, api_keys=(f"acme={CANARY}",)))
     with TestClient(app) as client:

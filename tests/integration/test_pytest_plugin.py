@@ -4,14 +4,14 @@ import pytest
 import torch  # noqa: F401  - imported before the inline runs, which restore sys.modules after each run
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: F401
 
-import kvguardian.guard
-import kvguardian.repro.models  # noqa: F401
+import kvguardian.apps.repro.models
+import kvguardian.guard  # noqa: F401
 
 pytest_plugins = ["pytester"]
 
 LEAKY = '''
 import pytest, torch
-from kvguardian.repro.models import TINY, build_llama
+from kvguardian.apps.repro.models import TINY, build_llama
 
 MODEL = build_llama(TINY)
 KEPT = {}

@@ -16,10 +16,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "src" / "kvguardian"
 
-# Cycles being removed on other branches, allowed here until they land; the lead removes this at integration.
-# (The paged pool's cycle - pool, audit, debug, metrics - was fixed on branch perf, merged.)
-
-
 def modules_of(package_dir: Path) -> dict[str, Path]:
     """Dotted module name -> file, for every module of the package rooted at ``package_dir``."""
     base = package_dir.parent
@@ -151,6 +147,51 @@ def test_no_import_cycles():
     assert not CYCLES, f"import cycles among kvguardian modules (imports must point down): {describe(GRAPH, CYCLES)}"
 
 
+def folder_graph(graph: dict[str, set[str]], package: str) -> dict[str, set[str]]:
+    """One folder level: ``package``'s direct children (modules and subpackages) -> the children their modules
+    import. The package's own ``__init__`` is its face, not a child: it may re-export what its children define."""
+    prefix = package + "."
+
+    def child(module: str) -> str | None:
+        return prefix + module[len(prefix):].split(".")[0] if module.startswith(prefix) else None
+
+    out: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        src = child(module)
+        if src is None:
+            continue
+        out.setdefault(src, set()).update(t for t in map(child, targets) if t is not None and t != src)
+    for targets in list(out.values()):
+        for t in targets:
+            out.setdefault(t, set())
+    return out
+
+
+def test_every_folder_level_is_a_dag():
+    """The tree reads as layers at every level: among the children of any package (the wings under kvguardian,
+    the modules of each wing) no two import each other, directly or around a loop. No exception list."""
+    packages = sorted(m for m, path in modules_of(PACKAGE).items() if path.name == "__init__.py")
+    found = []
+    for package in packages:
+        level = folder_graph(GRAPH, package)
+        found += [f"{package}: {describe(level, [c])}" for c in strongly_connected(level)]
+    assert not found, "folders that import each other:\n" + "\n".join(found)
+
+
+def test_a_folder_level_cycle_is_found(tmp_path):
+    pkg = tmp_path / "pkg"
+    for sub in ("a", "b"):
+        (pkg / sub).mkdir(parents=True)
+        (pkg / sub / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("from pkg.a import x\nfrom pkg.b import y\n")  # the face: no cycle
+    (pkg / "a" / "x.py").write_text("from pkg.b import y\n")
+    (pkg / "b" / "y.py").write_text("")
+    assert not strongly_connected(folder_graph(import_graph(pkg), "pkg"))
+    (pkg / "b" / "z.py").write_text("def f():\n    from pkg.a import x\n")
+    [cycle] = strongly_connected(folder_graph(import_graph(pkg), "pkg"))
+    assert cycle == {"pkg.a", "pkg.b"}
+
+
 def test_the_graph_sees_type_checking_relative_and_from_imports(tmp_path):
     pkg = tmp_path / "pkg"
     (pkg / "sub").mkdir(parents=True)
@@ -188,7 +229,7 @@ LAYERS: dict[int, tuple[str, ...]] = {
     3: ("detectors", "retention", "accounting", "ranks", "report"),
     4: ("guard", "check", "kvguardian"),
     5: ("engines", "keyspace", "oom", "k8s", "lint", "triton", "audit", "sweep", "exporters", "autorun"),
-    6: ("cli", "repro", "pytest_plugin", "__main__", "paged.openai", "oom.demo_server"),
+    6: ("apps", "pytest_plugin", "__main__"),
 }
 
 

@@ -44,7 +44,7 @@ def test_one_warning_line_once_and_the_traceback_at_debug(caplog):
 
 
 def test_the_cli_shows_library_warnings_as_one_escaped_line(capsys):
-    from kvguardian.cli import _OneLine
+    from kvguardian.apps.cli import _OneLine
 
     record = logging.LogRecord("kvguardian", logging.WARNING, __file__, 1, "bad key %s", ("a\x1b[2Jb",), None)
     assert _OneLine().format(record) == "kv-guardian: warning: bad key a\\x1b[2Jb"

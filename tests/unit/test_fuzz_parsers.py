@@ -184,7 +184,7 @@ REPORT_PATHS = [p for p in _paths(VALID_REPORT) if p]
 
 
 def _check_document(text: str) -> None:
-    from kvguardian.cli.exporter import parse_document
+    from kvguardian.apps.cli.exporter import parse_document
     from kvguardian.exporters.prometheus import findings_families
 
     try:
@@ -324,7 +324,7 @@ def test_metrics_urls_are_checked_in_one_usage_error(url):
                                  "-W", "error", "-EB", "-bE", "x.py", "--", "-", "--check-hash-based-pycs"]),
                 max_size=6))
 def test_run_reads_interpreter_flags_without_failing(argv):
-    from kvguardian.cli.run import blind_interpreter
+    from kvguardian.apps.cli.run import blind_interpreter
 
     why = blind_interpreter(argv)
     assert why is None or why.startswith("python -")

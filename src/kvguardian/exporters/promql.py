@@ -14,7 +14,7 @@ from pathlib import Path
 
 from kvguardian._errors import UsageError
 
-__all__ = ["GRAFANA_INTERVALS", "exported_names", "metric_names", "recording_rule_names", "substitute_grafana"]
+__all__ = ["GRAFANA_INTERVALS", "metric_names", "recording_rule_names", "substitute_grafana"]
 
 _TOKEN = re.compile(
     r"""
@@ -107,16 +107,3 @@ def recording_rule_names(rule_files: Iterable[Path]) -> set[str]:
                 if "record" in rule:
                     names.add(rule["record"])
     return names
-
-
-def exported_names(rule_files: Iterable[Path] = ()) -> dict[str, str]:
-    """Every metric name some component exports, mapped to who exports it: kv-guardian's catalog, the vLLM and
-    SGLang metrics the watchers read, and the recording rules of ``rule_files``."""
-    from kvguardian.engines import sglang_metrics, vllm_metrics
-    from kvguardian.exporters.catalog import METRICS
-
-    out = {m.name: f"kv-guardian ({m.owner})" for m in METRICS}
-    out.update({n: "vLLM" for n in vllm_metrics.METRICS_READ})
-    out.update({n: "SGLang" for n in sglang_metrics.METRICS_READ})
-    out.update({n: "recording rule" for n in recording_rule_names(rule_files)})
-    return out

@@ -10,7 +10,7 @@ from kvguardian.lint.config import LintConfig
 from kvguardian.lint.diagnostic import Diagnostic, LintResult, Skipped
 from kvguardian.lint.files import SourceFile, discover, read_source
 from kvguardian.lint.noqa import parse_noqa, silenced
-from kvguardian.lint.python import lint_python
+from kvguardian.lint.python import index_python
 from kvguardian.lint.rules import RULES, Hit, Rule
 
 __all__ = ["lint_paths", "lint_source"]
@@ -19,10 +19,20 @@ __all__ = ["lint_paths", "lint_source"]
 def lint_source(src: SourceFile, rules: Iterable[Rule]) -> list[tuple[str, Hit]] | Skipped:
     """Run ``rules`` on one source file's text."""
     if src.language == "python":
-        return lint_python(src.path, src.text, [r for r in rules if r.language == "python"])
+        return _lint_python(src.path, src.text, [r for r in rules if r.language == "python"])
     from kvguardian.lint.treesitter import lint_tree_sitter
 
     return lint_tree_sitter(src.path, src.language, src.text, [r.id for r in rules])
+
+
+def _lint_python(path: str, text: str, rules: list[Rule]) -> list[tuple[str, Hit]] | Skipped:
+    ix = index_python(path, text)
+    if isinstance(ix, Skipped):
+        return ix
+    try:
+        return [(rule.id, h) for rule in rules for h in rule.check(ix)]
+    except RecursionError:
+        return Skipped(path, "nested too deeply to analyse; skipped")
 
 
 def lint_paths(paths: list[str], config: LintConfig | None = None,

@@ -98,7 +98,7 @@ class Document:
 # ---------------------------------------------------------------------------------------------- reading
 def load_document(path: str | Path, *, redact: Redact | None = None) -> Document:
     """Read and classify a report file; with ``redact`` (a function from report JSON to report JSON: the
-    command's ``--redact``, `kvguardian.cli.report.redact_report`), each document passed through it first.
+    command's ``--redact``, `kvguardian.apps.cli.report.redact_report`), each document passed through it first.
     Raises `UsageError` (one line: the file, the problem, the fix)."""
     p = Path(path)
     where = f"report file {str(p)!r}"

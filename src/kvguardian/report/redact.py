@@ -2,7 +2,7 @@
 written with it (``run --redact``, ``Guard(redact=True)``): the dictionary keys in holder chains are hidden. A key
 is shown as ``<str len=N>`` or ``<key>`` exactly as the holder-chain search writes it with ``redact=True``,
 wherever a ``dict[...]`` step appears (chains, messages, evidence). Redis scans and diffs are redacted by
-`kvguardian.keyspace.redact.redact_keyspace_json` (the command picks one: `kvguardian.cli.report`).
+`kvguardian.keyspace.redact.redact_keyspace_json` (the command picks one: `kvguardian.apps.cli.report`).
 
 Reports never contain KV contents or prompt text in the first place; redaction is about names.
 """

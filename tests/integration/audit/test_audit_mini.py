@@ -11,8 +11,8 @@ import json
 import pytest
 
 from kvg_tenancy import KEYS
+from kvguardian.apps.mini_server.app import MiniConfig, create_app
 from kvguardian.exporters.webconfig import serve_asgi
-from kvguardian.paged.openai.app import MiniConfig, create_app
 
 pytestmark = pytest.mark.slow
 

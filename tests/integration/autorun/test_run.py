@@ -333,7 +333,7 @@ def test_a_forked_multiprocessing_child_is_audited_when_its_target_returns(kv_cl
 
 def test_python_dash_e_says_why_it_cannot_audit(kv_cli, tmp_path):
     """Issue 13 item 10: `run -- python -E leak.py` said "never imported transformers" (rc 0)."""
-    from kvguardian.cli.run import blind_interpreter
+    from kvguardian.apps.cli.run import blind_interpreter
 
     rc, _out, err, data = run_cli(kv_cli, tmp_path, sys.executable, "-E", str(PROGRAMS / "leaky_server.py"), "2")
     assert rc == 3, err

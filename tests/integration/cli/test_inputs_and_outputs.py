@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from kvguardian._errors import UsageError
-from kvguardian.paged.openai.tenancy import KeyRing
+from kvguardian.apps.mini_server.tenancy import KeyRing
 
 REPORT = {"tool": "kv-guardian", "findings": [{"id": "KVG102", "severity": "warning", "message": "kept"}]}
 

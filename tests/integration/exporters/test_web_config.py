@@ -54,7 +54,7 @@ def test_exporter_command_with_web_config(tmp_path):
 
 
 def test_watch_exporter_serves_through_the_same_web_config(tmp_path):
-    from kvguardian.cli.watch import _serve
+    from kvguardian.apps.cli.watch import _serve
     from kvguardian.engines.watch import Watch
 
     cfg = load_web_config(web_config_file(tmp_path, USERS))
@@ -67,8 +67,8 @@ def test_watch_exporter_serves_through_the_same_web_config(tmp_path):
 
 
 def test_mini_server_tls_basic_auth_on_metrics_and_api_keys_on_v1(tmp_path, kv_cli):
+    from kvguardian.apps.mini_server.app import MiniConfig, create_app
     from kvguardian.exporters.webconfig import serve_asgi
-    from kvguardian.paged.openai.app import MiniConfig, create_app
 
     web = load_web_config(web_config_file(tmp_path, USERS))
     app = create_app(MiniConfig(api_keys=(f"acme={KEYS['acme']}",)), web=web)

@@ -8,11 +8,11 @@ import pytest
 import torch
 from transformers import cache_utils
 
+from kvguardian.apps.repro.models import TINY, build_llama
 from kvguardian.guard import Guard
 from kvguardian.hf.compat import cache_kwarg, output_cache
 from kvguardian.hf.tracker import HFTracker
 from kvguardian.ledger import EntryState
-from kvguardian.repro.models import TINY, build_llama
 
 
 @pytest.fixture(scope="module")

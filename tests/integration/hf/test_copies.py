@@ -9,9 +9,9 @@ import pickle
 import pytest
 import torch
 
+from kvguardian.apps.repro.models import TINY, build_llama
 from kvguardian.guard import Guard
 from kvguardian.hf import instrument
-from kvguardian.repro.models import TINY, build_llama
 
 
 def ids_of(seed=0):

@@ -42,9 +42,9 @@ def expected():
     """HF generate()'s greedy tokens for every (prompt, new tokens) the loads send."""
     import torch
 
-    from kvguardian.oom.demo_server import SPEC
-    from kvguardian.repro.cross_request import one_thread
-    from kvguardian.repro.models import build_llama
+    from kvguardian.apps.oom_demo_server import SPEC
+    from kvguardian.apps.repro.cross_request import one_thread
+    from kvguardian.apps.repro.models import build_llama
 
     model = build_llama(SPEC, seed=0)
     out = {}
@@ -114,7 +114,7 @@ def drive(port, jobs, *, workers, expected, keep=False, work_mb=0, stop=None, ou
 def start_server(cg, tmp_path, *, guarded):
     port = free_port()
     err = open(tmp_path / f"server-{port}.log", "wb")  # noqa: SIM115 - closed by the test's end
-    argv = [sys.executable, "-m", "kvguardian.oom.demo_server", "--port", str(port)]
+    argv = [sys.executable, "-m", "kvguardian.apps.oom_demo_server", "--port", str(port)]
     proc = cg.spawn(argv + ([] if guarded else ["--no-guard"]), stdout=err, stderr=subprocess.STDOUT, cwd=ROOT)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:

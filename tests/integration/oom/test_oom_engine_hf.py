@@ -8,13 +8,13 @@ import pytest
 
 from kvg_oom import Knob
 from kvg_testing import paged_workload
+from kvguardian.apps.repro.cross_request import one_thread
 from kvguardian.guard import Guard
 from kvguardian.oom.engine import guard_engine
 from kvguardian.oom.guard import OOMGuard
 from kvguardian.oom.hf_cache import BoundedPrefixCache, cache_nbytes
 from kvguardian.paged import PagedKVPool
 from kvguardian.paged.engine import Engine, OwnershipScheduler
-from kvguardian.repro.cross_request import one_thread
 
 
 @pytest.fixture(scope="module")

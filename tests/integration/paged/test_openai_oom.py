@@ -13,9 +13,9 @@ import pytest
 
 from kvg_oom import Knob
 from kvg_tenancy import mini_server
+from kvguardian.apps.mini_server.app import MiniConfig, create_app
 from kvguardian.exporters.webconfig import serve_asgi
 from kvguardian.oom.guard import OOMGuard
-from kvguardian.paged.openai.app import MiniConfig, create_app
 
 pytest.importorskip("fastapi")
 

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
+from kvguardian.apps.mini_server.app import MiniConfig, create_app
 from kvguardian.exporters.webconfig import serve_asgi
-from kvguardian.paged.openai.app import MiniConfig, create_app
 
 KEYS = ("acme=sk-a", "globex=sk-b")
 

@@ -3,10 +3,10 @@
 import pytest
 
 from kvg_testing import paged_workload
+from kvguardian.apps.repro.cross_request import one_thread
+from kvguardian.apps.repro.slot_scheduler import SlotScheduler
 from kvguardian.paged import PagedKVPool
 from kvguardian.paged.engine import Engine, OwnershipScheduler
-from kvguardian.repro.cross_request import one_thread
-from kvguardian.repro.slot_scheduler import SlotScheduler
 
 
 @pytest.fixture(scope="module")

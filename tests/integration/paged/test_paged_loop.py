@@ -10,10 +10,10 @@ from concurrent.futures import CancelledError
 import pytest
 
 from kvg_testing import paged_workload
+from kvguardian.apps.repro.cross_request import one_thread
 from kvguardian.paged import PagedKVPool
 from kvguardian.paged.engine import Engine, OwnershipScheduler, Request
 from kvguardian.paged.loop import EngineLoop, Stopped
-from kvguardian.repro.cross_request import one_thread
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ import sys
 
 import torch
 
-from kvguardian.repro.models import TINY, build_llama
+from kvguardian.apps.repro.models import TINY, build_llama
 
 MODEL = build_llama(TINY)
 MEMO = {}  # prompt text -> cache: a leak whose dict key is tenant data

@@ -5,7 +5,7 @@ import sys
 
 import torch
 
-from kvguardian.repro.models import TINY, build_llama
+from kvguardian.apps.repro.models import TINY, build_llama
 
 model = build_llama(TINY)
 out = model.generate(torch.ones(1, 5, dtype=torch.long), max_new_tokens=2, do_sample=False)

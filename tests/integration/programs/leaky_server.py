@@ -8,7 +8,7 @@ import sys
 
 import torch
 
-from kvguardian.repro.models import TINY, build_llama
+from kvguardian.apps.repro.models import TINY, build_llama
 
 MODEL = build_llama(TINY)
 FAILURES = []  # (type, value, traceback) of failed requests, "for the error page"

@@ -15,7 +15,7 @@ import pytest
 
 from kvg_browser import axe_violations, chromium, pixel_stdev
 from kvg_reports import synthetic_report
-from kvguardian.cli import main
+from kvguardian.apps.cli import main
 
 pytestmark = pytest.mark.services
 

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from kvguardian.cli import main
+from kvguardian.apps.cli import main
 
 PROMPT_CANARY = "zebracanaryprompt"
 KEY_CANARY = "canary-key-5b1e9d"

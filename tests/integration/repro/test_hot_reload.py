@@ -6,8 +6,8 @@ import httpx
 import pytest
 
 from kvg_testing import rendered
-from kvguardian.repro import hot_reload
-from kvguardian.repro.reload_server import create_app, serve
+from kvguardian.apps.repro import hot_reload
+from kvguardian.apps.repro.reload_server import create_app, serve
 
 SYSTEM = "You are a helpful assistant."
 
@@ -40,7 +40,7 @@ def test_buggy_server_reports_stale_generation_over_http():
         kv = c.get("/kv").json()
     (f,) = [f for f in report["findings"] if f["id"] == "KVG105"]
     assert f["evidence"]["generation"] == 0 and f["evidence"]["current_generation"] == 1
-    assert f["holder_chain"][0] == "class kvguardian.repro.reload_server.LruPrefixService: encode_prefix"
+    assert f["holder_chain"][0] == "class kvguardian.apps.repro.reload_server.LruPrefixService: encode_prefix"
     assert f["holder_chain"][1] == "lru_cache LruPrefixService.encode_prefix()"
     assert kv["models_alive"] == 2 and list(kv["kv_bytes_by_generation"]) == ["0"]
     assert SYSTEM not in str(report)  # reports never contain prompt text
@@ -68,7 +68,7 @@ def test_twenty_reloads_grow_linearly_buggy_and_stay_flat_fixed(twenty):
 def test_render_names_the_ray_api_that_does_not_exist(twenty):
     text = rendered(hot_reload.render, twenty)
     assert "ray.get_runtime_context().get_kv(): that API does not exist in Ray" in text
-    assert "held by: class kvguardian.repro.reload_server.LruPrefixService: encode_prefix" in text
+    assert "held by: class kvguardian.apps.repro.reload_server.LruPrefixService: encode_prefix" in text
     from kvguardian._errors import UsageError
 
     with pytest.raises(UsageError, match=r"--reloads must be 2\.\.500"):

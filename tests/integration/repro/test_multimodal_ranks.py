@@ -5,8 +5,8 @@ import argparse
 import pytest
 
 from kvg_testing import rendered
-from kvguardian.repro import multimodal
-from kvguardian.repro.vlm import VLM_TINY
+from kvguardian.apps.repro import multimodal
+from kvguardian.apps.repro.vlm import VLM_TINY
 
 SEQUENCES = 3
 
@@ -42,7 +42,7 @@ def test_the_holding_rank_names_the_holder(data):
     assert b["local_findings_by_rank"]["0"] == {"KVG102": SEQUENCES}
     assert b["local_findings_by_rank"]["1"] == {}
     assert b["holder_chain"][:3] == [
-        "module kvguardian.repro.rank_server: RANK_SERVER", "RankServer.store", "VisualKVStore.image_cache",
+        "module kvguardian.apps.repro.rank_server: RANK_SERVER", "RankServer.store", "VisualKVStore.image_cache",
     ]
 
 

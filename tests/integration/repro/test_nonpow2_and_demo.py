@@ -5,7 +5,7 @@ import json
 import pytest
 
 from kvg_testing import rendered
-from kvguardian.repro import ARTICLE_SECTIONS, REPROS, DemoRow, nonpow2, not_built_rows, section_order
+from kvguardian.apps.repro import ARTICLE_SECTIONS, REPROS, DemoRow, nonpow2, not_built_rows, section_order
 
 
 def test_nonpow2_measures_sdpa_and_catches_the_control():
@@ -39,4 +39,4 @@ def test_demo_rows_of_this_issue(kv_cli):
     assert list(rows) == ["nonpow2", "multimodal-ranks", "hot-reload"]
     assert "claim does not reproduce" in rows["nonpow2"]["measured"]
     assert rows["multimodal-ranks"]["verdict"].startswith("KVG106 ×4")
-    assert rows["hot-reload"]["verdict"].startswith("KVG105 ×5 held by class kvguardian.repro.reload_server")
+    assert rows["hot-reload"]["verdict"].startswith("KVG105 ×5 held by class kvguardian.apps.repro.reload_server")

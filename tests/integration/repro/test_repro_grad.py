@@ -46,6 +46,6 @@ def test_demo_json_orphaned_row(kv_cli):
     assert row["ok"] and row["fix_verified"]
     assert 0 < row["seconds"] <= data["seconds"]  # demo times each row
     chain = row["details"]["holder_chain"]
-    assert chain[0] == "module kvguardian.repro.orphaned: SERVER"
+    assert chain[0] == "module kvguardian.apps.repro.orphaned: SERVER"
     assert chain[1:4] == ["ChatServer.sessions", "SessionStore.entries", "OrderedDict['r-0']"]
     assert "KVG103 after 16 requests" in row["verdict"]

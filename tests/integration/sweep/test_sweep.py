@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kvguardian.repro import nonpow2
+from kvguardian.apps.repro import nonpow2
 from kvguardian.sweep import SweepConfig, Target, resolve_targets, run_sweep
 
 CPU = torch.device("cpu")
@@ -63,7 +63,7 @@ def test_floor_release_control_is_caught_exactly_where_the_length_is_not_a_block
     assert sorted(n for n, r in floor.items() if r.verdict == "LEAK") == [1, 63, 65, 127]
     per_call_kv = 2 * 2 * 65 * 32 * 4
     assert floor[65].alive_bytes == [per_call_kv, 2 * per_call_kv]  # both calls' K and V still alive
-    assert floor[65].holder_chain[0] == "module kvguardian.repro.nonpow2: _STAGED"
+    assert floor[65].holder_chain[0] == "module kvguardian.apps.repro.nonpow2: _STAGED"
     assert floor[65].holder_chain[1].startswith("list[") and floor[65].holder_chain[2] == "tuple[0]"
     assert all(r.verdict in ("ok", "one-time") for r in res.rows if r.target == "ceil")
     assert res.verdict().startswith("FAIL: floor: LEAK at 4 of 6 lengths (1, 63, 65, 127)")
@@ -124,17 +124,17 @@ def test_cli_json(kv_cli):
 
 
 def test_cli_table_and_exit_code_on_a_leak(capsys):
-    from kvguardian.cli import main
+    from kvguardian.apps.cli import main
 
     try:
-        code = main(["sweep", "--attn", "kvguardian.repro.nonpow2:leaky_blockwise_attention", "--lengths", "64,65",
+        code = main(["sweep", "--attn", "kvguardian.apps.repro.nonpow2:leaky_blockwise_attention", "--lengths", "64,65",
                      "--repeats", "2", "--threads", "1"])
     finally:
         nonpow2._STAGED.clear()
     out = capsys.readouterr().out
     assert code == 1
-    assert "verdict: FAIL: kvguardian.repro.nonpow2:leaky_blockwise_attention: LEAK at 1 of 2 lengths (65)" in out
-    assert "held by: module kvguardian.repro.nonpow2: _STAGED" in out
+    assert "verdict: FAIL: kvguardian.apps.repro.nonpow2:leaky_blockwise_attention: LEAK at 1 of 2 lengths (65)" in out
+    assert "held by: module kvguardian.apps.repro.nonpow2: _STAGED" in out
 
 
 @pytest.mark.parametrize(
@@ -150,7 +150,7 @@ def test_cli_table_and_exit_code_on_a_leak(capsys):
     ],
 )
 def test_cli_errors_are_one_line(capsys, args, code, needle):
-    from kvguardian.cli import main
+    from kvguardian.apps.cli import main
 
     assert main(["sweep", *args]) == code
     err = capsys.readouterr().err

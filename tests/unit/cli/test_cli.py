@@ -2,7 +2,7 @@
 
 import pytest
 
-from kvguardian.cli import COMMANDS, build_parser, main
+from kvguardian.apps.cli import COMMANDS, build_parser, main
 
 
 def subcommand_paths():
@@ -62,7 +62,7 @@ def test_no_command_prints_help_and_exits_2(capsys):
 
 
 def test_internal_error_is_one_line(monkeypatch, capsys):
-    import kvguardian.repro.grad_tracking as gt
+    import kvguardian.apps.repro.grad_tracking as gt
 
     def boom(steps, spec=None):
         raise RuntimeError("kaboom")

@@ -6,7 +6,7 @@ import textwrap
 
 PROGRAM = textwrap.dedent("""
     import signal, threading
-    from kvguardian.cli.signals import stopping
+    from kvguardian.apps.cli.signals import stopping
 
     done = threading.Event()
     with stopping(done.set) as ending:

@@ -315,7 +315,7 @@ def test_disabled_by_default(monkeypatch, capsys):
 
 
 def test_the_sink_writes_a_report_the_exporter_reads_and_serves_metrics(sched, tmp_path):
-    from kvguardian.cli.exporter import ReportFiles
+    from kvguardian.apps.cli.exporter import ReportFiles
 
     s, owner = sched
     s.leak_on_abort = True

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kvguardian.cli import main
+from kvguardian.apps.cli import main
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "lint"
 SCHEMA = Path(__file__).resolve().parents[2] / "fixtures" / "sarif-schema-2.1.0.json"
@@ -259,7 +259,7 @@ def test_bidi_characters_in_go_keys_escaped(tmp_path, capsys, monkeypatch):
 def test_an_unwritable_output_is_refused_before_linting(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "app.py").write_text(LEAKY)
-    import kvguardian.cli.lint as cli_lint
+    import kvguardian.apps.cli.lint as cli_lint
 
     def never(*args, **kwargs):
         raise AssertionError("linted before the output path was checked")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kvguardian._errors import UsageError
-from kvguardian.paged.openai.tenancy import KeyRing, namespace_of
+from kvguardian.apps.mini_server.tenancy import KeyRing, namespace_of
 
 
 def test_keys_map_to_tenants_and_are_kept_as_digests(tmp_path):

@@ -9,7 +9,7 @@ import re
 import pytest
 
 from kvg_reports import synthetic_report
-from kvguardian.cli.report import redact_report as redact_data
+from kvguardian.apps.cli.report import redact_report as redact_data
 from kvguardian.report.document import FindingView, classify
 from kvguardian.report.history import read_history
 from kvguardian.report.html import render_html

@@ -16,7 +16,7 @@ from collections import defaultdict
 import pytest
 
 from kvg_reports import BYTES_PER_LAYER, LAYERS, synthetic_report
-from kvguardian.cli import main
+from kvguardian.apps.cli import main
 
 # the opcodes the viewer's JavaScript unpickler (torch/utils/viz/MemoryViz.js) implements
 VIEWER_OPCODES = {"PROTO", "FRAME", "STOP", "MARK", "EMPTY_DICT", "EMPTY_LIST", "EMPTY_TUPLE", "SETITEM", "SETITEMS",

@@ -52,16 +52,16 @@ def test_gloo_keeps_the_broadcast_tensor_after_wait_and_no_gc_pass_frees_it(no_g
 
 @pytest.fixture(scope="module")
 def vlm():
-    from kvguardian.repro.vlm import VLM_TINY, build_vlm
+    from kvguardian.apps.repro.vlm import VLM_TINY, build_vlm
 
     return build_vlm(VLM_TINY, seed=0)
 
 
 @pytest.mark.parametrize("rank", [0, 1])
 def test_broadcast_variant_ended_kv_is_exact_unsettled_whatever_gloo_holds(vlm, rank, monkeypatch, no_gc):
+    from kvguardian.apps.repro import rank_server
+    from kvguardian.apps.repro.vlm import VLM_TINY
     from kvguardian.guard import Guard
-    from kvguardian.repro import rank_server
-    from kvguardian.repro.vlm import VLM_TINY
 
     kept = []  # every tensor handed to the collective, kept past the sequence: gloo's worker at its slowest
 

@@ -1,0 +1,3 @@
+from kvguardian.apps.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,164 @@
+"""``kv-guardian watch vllm|sglang``: check a live inference server from the outside (metrics, KV events)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from typing import Any
+
+from kvguardian._errors import EXIT_ENVIRONMENT, UsageError
+from kvguardian.apps.cli.options import add_subcommands
+from kvguardian.apps.cli.signals import stopping
+from kvguardian.apps.cli.web_options import add_web_config, web_config
+from kvguardian.findings import Finding, Severity
+from kvguardian.report.console import ConsoleReporter
+from kvguardian.report.output import add_html_option, check_writable
+from kvguardian.report.reporter import Reporter, make_reporter
+
+NAME = "watch"
+HELP = "watch a live vLLM or SGLang server for KV leaks from its metrics and (vLLM) its KV-event stream"
+
+
+def _positive(kind: type, *, zero: bool = False) -> Any:
+    """An argparse type: a finite number > 0 (>= 0 with ``zero``)."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not (value >= 0 if zero else value > 0) or not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{text!r} must be {'>=' if zero else '>'} 0 (a finite number)")
+        return value
+
+    return parse
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--metrics", required=True, metavar="URL", help="the server's Prometheus endpoint (…/metrics)")
+    add_html_option(p)
+    p.add_argument("--interval", type=_positive(float), default=5.0, metavar="S",
+                   help="seconds between scrapes (default 5)")
+    p.add_argument("--grace", type=_positive(float, zero=True), default=60.0, metavar="S",
+                   help="seconds a suspicious idle state must last before it is a finding (default 60)")
+    p.add_argument("--duration", type=_positive(float), default=None, metavar="S",
+                   help="stop after S seconds (default: until Ctrl-C or SIGTERM)")
+    p.add_argument("--timeout", type=_positive(float), default=5.0, metavar="S",
+                   help="HTTP timeout of a scrape (default 5)")
+    p.add_argument("--json", action="store_true", help="print the final report as JSON (no live lines)")
+    p.add_argument("--fail-on", default="error", choices=[s.value for s in Severity],
+                   help="exit 1 when a finding reaches this severity (default error)")
+    p.add_argument("--exporter-port", type=int, default=None, metavar="PORT",
+                   help="also serve findings and watch metrics for Prometheus on this port (0: pick one)")
+    p.add_argument("--exporter-host", default="127.0.0.1", metavar="HOST",
+                   help="bind address of --exporter-port (default 127.0.0.1)")
+    add_web_config(p)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    sub = add_subcommands(p, "engine", "ENGINE")
+    v = sub.add_parser("vllm", help="vLLM: KV usage while idle; prefix-index audit from KV events",
+                       description="Watch a vLLM server: KV usage while idle (KVG207) from --metrics, and with "
+                                   "--events the prefix-cache index (KVG208, KVG105) with gap repair (KVG209).")
+    _common(v)
+    v.add_argument("--events", metavar="tcp://HOST:5557",
+                   help="vLLM's KV-event publisher (ZMQ PUB), connected to; vLLM's own bind form tcp://*:P "
+                        "connects to the --metrics host; ipc://PATH as given")
+    v.add_argument("--events-bind", action="store_true",
+                   help="bind --events instead (for a vLLM endpoint tcp://HOST:P with a concrete host, which "
+                        "makes vLLM connect to it)")
+    v.add_argument("--replay", metavar="tcp://HOST:5558",
+                   help="vLLM's KV-event replay socket (ZMQ ROUTER, always bound by vLLM)")
+    v.add_argument("--topic", default="", help="KV-event topic to subscribe to (vLLM's default: empty)")
+    v.add_argument("--num-blocks", type=_positive(int), default=None, metavar="N",
+                   help="GPU blocks of the pool (default: num_gpu_blocks from vllm:cache_config_info)")
+    v.add_argument("--index-limit", type=_positive(int), default=1_000_000, metavar="N",
+                   help="most prefix blocks the audit indexes (bounds its memory; default 1,000,000)")
+    v.add_argument("--max-salts-per-prefix", type=_positive(int), default=64, metavar="N",
+                   help="one prompt prefix cached under this many cache salts is a finding (default 64)")
+    s = sub.add_parser("sglang", help="SGLang: token conservation from its gauges",
+                       description="Watch an SGLang server: available + evictable + used <= total always, and "
+                                   "nothing used or unaccounted while idle (KVG206).")
+    _common(s)
+    s.add_argument("--tolerance", type=int, default=0, metavar="TOKENS",
+                   help="token difference tolerated before a conservation finding (default 0)")
+    s.add_argument("--confirm", type=_positive(int), default=2, metavar="N",
+                   help="consecutive scrapes an over-count must persist (default 2)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from kvguardian.engines.watch import Watch
+    from kvguardian.report import secrets
+
+    for url in (args.metrics, getattr(args, "events", None), getattr(args, "replay", None)):
+        secrets.remember_url(url)  # http://user:PASSWORD@…, ?token=…: never in a line, the JSON or the page
+    if args.exporter_port is not None and not 0 <= args.exporter_port < 65536:
+        raise UsageError(f"--exporter-port {args.exporter_port} is not a TCP port; fix: use 0-65535 (0 picks a "
+                         "free one)")
+    web = web_config(args)  # a bad --web-config fails before the watch starts
+    if args.html:
+        check_writable(args.html, "--html")
+    vllm = args.engine == "vllm"
+    watch = Watch(
+        args.engine, args.metrics, interval=args.interval, grace=args.grace, timeout=args.timeout,
+        events=args.events if vllm else None, replay=args.replay if vllm else None,
+        topic=args.topic if vllm else "", num_blocks=args.num_blocks if vllm else None,
+        index_limit=args.index_limit if vllm else 1_000_000,
+        max_salts_per_prefix=args.max_salts_per_prefix if vllm else 64,
+        tolerance=0 if vllm else args.tolerance, confirm=2 if vllm else args.confirm,
+        events_bind=args.events_bind if vllm else False,
+    )
+    out = make_reporter("json" if args.json else "console", html=args.html)
+    with stopping(watch.stop) as ending:  # Ctrl-C, SIGTERM and SIGHUP end the watch; the report is still printed
+        report = _watch(args, watch, out, web)
+    out.findings(report)
+    for line in watch.summary_lines():
+        out.text(line)
+    out.result(report.to_dict())
+    out.close()
+    # tried, never reached the server (a scrape in flight when a signal ended the watch was cut off: not counted)
+    failed = sum(watch.scrape_errors.values()) - (1 if ending.signum is not None else 0)
+    if watch.scrapes == 0 and failed > 0:
+        raise UsageError(
+            f"no scrape of {args.metrics} succeeded ({watch.last_scrape_error}); fix: check that the server "
+            "runs and --metrics points at its /metrics", exit_code=EXIT_ENVIRONMENT,
+        )
+    return report.exit_code(args.fail_on)
+
+
+def _watch(args: argparse.Namespace, watch: Any, out: Reporter, web: Any) -> Any:
+    """Run the watch (with its exporter, if asked for) until the duration or a signal; its report."""
+    exporter = None
+    try:
+        if args.exporter_port is not None:
+            exporter = _serve(watch, args.exporter_host, args.exporter_port, web)
+        err = ConsoleReporter(stderr=True)
+        watch.on_warning = lambda line: err.text(f"kv-guardian watch: warning: {line}", tone="warning")
+        if not args.json:
+            err.text(_banner(args, exporter))
+
+        def show(new: list[Finding]) -> None:
+            for f in new:
+                out.finding(f)
+
+        watch.run(duration=args.duration, on_new=None if args.json else show)
+        return watch.report()
+    finally:
+        watch.close()
+        if exporter is not None:
+            exporter.close()
+
+
+def _banner(args: argparse.Namespace, exporter: Any) -> str:
+    where = f" and KV events at {args.events}" if args.engine == "vllm" and args.events else ""
+    until = f"for {args.duration:g} s" if args.duration else "until Ctrl-C"
+    served = f"; metrics on {exporter.url}" if exporter is not None else ""
+    return f"watching {args.engine} at {args.metrics}{where} {until}{served}"
+
+
+def _serve(watch: Any, host: str, port: int, web: Any = None) -> Any:
+    from kvguardian.engines.watch_exporter import WatchCollector
+    from kvguardian.exporters.server import start_exporter
+
+    return start_exporter(collector=WatchCollector(watch), host=host, port=port, check_interval=None,
+                          web_config=web)

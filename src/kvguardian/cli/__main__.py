@@ -1,3 +1,0 @@
-from kvguardian.cli import main
-
-raise SystemExit(main())
