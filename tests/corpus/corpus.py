@@ -66,7 +66,7 @@ def run(path: Path, *, timeout: float = 600) -> Outcome:
     with tempfile.TemporaryDirectory() as d:
         report = Path(d) / "report.json"
         proc = subprocess.run(
-            [sys.executable, "-m", "kvguardian", "run", "--report", str(report), "--fail-on", "warning", "--",
+            [sys.executable, "-m", "kvguardian", "run", "--output", str(report), "--fail-on", "warning", "--",
              sys.executable, str(path)],
             capture_output=True, text=True, timeout=timeout, cwd=ROOT, env={**os.environ, "PYTHONHASHSEED": "0"},
         )

@@ -98,7 +98,7 @@ def test_run_report_json_terminal_and_prometheus(kv_cli, tmp_path):
     report = tmp_path / "report.json"
     prompts = [f"user says {CANARY} number {i}" for i in range(3)]
     page, trace, snapshot = tmp_path / "report.html", tmp_path / "trace.json", tmp_path / "kv.pickle"
-    rc, out, err = kv_cli("run", "--report", str(report), "--html", str(page), "--trace", str(trace),
+    rc, out, err = kv_cli("run", "--output", str(report), "--html", str(page), "--trace", str(trace),
                           "--memory-snapshot", str(snapshot), "--", sys.executable,
                           str(PROGRAMS / "canary_server.py"), *prompts, timeout=300)
     assert rc == 1, err  # the leak is found ...

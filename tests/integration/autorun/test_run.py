@@ -14,7 +14,7 @@ pytestmark = pytest.mark.slow
 
 def run_cli(kv_cli, tmp_path, *program, fail_on=None, env=None):
     report = tmp_path / "report.json"
-    args = ["run", "--report", str(report)]
+    args = ["run", "--output", str(report)]
     if fail_on:
         args += ["--fail-on", fail_on]
     rc, out, err = kv_cli(*args, "--", *program, timeout=600, env=env)
@@ -187,7 +187,7 @@ def test_signals_to_run_are_forwarded_waited_for_and_the_report_written(tmp_path
     program = tmp_path / "sleeper.py"
     program.write_text(SLEEPER)
     report = tmp_path / "report.json"
-    argv = cli_command("run", "--report", str(report), "--", sys.executable, str(program),
+    argv = cli_command("run", "-o", str(report), "--", sys.executable, str(program),
                        *([] if code is None else [str(code)]))
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "TMPDIR": str(tmp_path)}, start_new_session=True)
@@ -223,10 +223,10 @@ def test_a_sigkilled_program_says_nothing_was_audited(kv_cli, tmp_path):
 # ---------------------------------------------------------------------------------------------- item 10
 def test_report_path_is_checked_before_the_program_starts(kv_cli, tmp_path):
     started = tmp_path / "started"
-    rc, _out, err = kv_cli("run", "--report", str(tmp_path / "no" / "such" / "r.json"), "--", sys.executable, "-c",
+    rc, _out, err = kv_cli("run", "--output", str(tmp_path / "no" / "such" / "r.json"), "--", sys.executable, "-c",
                           f"open({str(started)!r}, 'w'); raise SystemExit(3)")
     assert rc == 2 and not started.exists(), "refused before the program ran, so nothing it did is lost"
-    assert err.startswith("kv-guardian run: error: --report ") and "folder that does not exist" in err
+    assert err.startswith("kv-guardian run: error: --output ") and "folder that does not exist" in err
     assert len(err.strip().splitlines()) == 1
 
 

@@ -75,7 +75,7 @@ def _run_case(tmp: Path) -> Case:
         assert data["summary"]["complete"] is False
         assert data["summary"]["program"]["signals"]["forwarded"] == [signal.Signals(sig).name]
 
-    return Case(cli_command("run", "--report", str(report), "--", sys.executable, str(program)), "ready",
+    return Case(cli_command("run", "-o", str(report), "--", sys.executable, str(program)), "ready",
                 "stdout", {signal.SIGINT: 130, signal.SIGTERM: 143}, check)
 
 

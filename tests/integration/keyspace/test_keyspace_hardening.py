@@ -210,12 +210,13 @@ def test_bad_scan_arguments_are_refused(hostile, kv_cli, argv, fragment):
     (["--interval", "0"], "--interval 0 must be > 0"), (["--interval", "-5"], "out of range"),
     (["--interval", "nan"], "out of range"), (["--top", "-5"], "--top -5"), (["--min-keys", "-1"], "--min-keys -1"),
     (["--port", "70000"], "--port 70000 is not a TCP port"),
-    (["--addr", "203.0.113.7"], "fix: bind an address of this machine (127.0.0.1, 0.0.0.0, or an interface's "
-                                "address) with --addr"),
+    (["--host", "203.0.113.7"], "fix: bind an address of this machine (127.0.0.1, 0.0.0.0, or an interface's "
+                                "address) with --host"),
+    (["--addr", "203.0.113.7"], "with --host"),  # --addr: the 0.1.0 name of --host, hidden for one release
 ])
 def test_bad_exporter_arguments_are_refused(hostile, kv_cli, argv, fragment):
-    """Items 13, 14 and 17: --interval 0 swept back to back, --port 70000 was rc 70, a bad --addr said
-    'pick another --port'."""
+    """Items 13, 14 and 17: --interval 0 swept back to back, --port 70000 was rc 70, a bad --addr (now --host)
+    said 'pick another --port'."""
     rc, _out, err = kv_cli("redis", "exporter", hostile.url, *argv, timeout=30)
     assert rc in (2, 3) and fragment in err and len(err.strip().splitlines()) == 1, err
 

@@ -23,7 +23,7 @@ ROOTS = {f"module __main__: {n}" for n in ("FAILURES", "MEMO", "ON_SHUTDOWN", "S
 def test_run_writes_a_page_a_snapshot_and_a_trace_of_a_real_program(kv_cli, tmp_path):
     report, page = tmp_path / "kv.json", tmp_path / "kv.html"
     snap, trace = tmp_path / "kv.pickle", tmp_path / "kv-trace.json"
-    rc, _, err = kv_cli("run", "--report", str(report), "--html", str(page), "--memory-snapshot", str(snap),
+    rc, _, err = kv_cli("run", "--output", str(report), "--html", str(page), "--memory-snapshot", str(snap),
                         "--trace", str(trace), "--", sys.executable, str(PROGRAMS / "leaky_server.py"), "16",
                         timeout=600)
     assert rc == 1, err  # the leaks are errors

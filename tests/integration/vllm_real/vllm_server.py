@@ -58,7 +58,7 @@ class VllmServer:
                 cfg["replay_endpoint"] = self.replay
             cmd += ["--kv-events-config", json.dumps(cfg)]
         if self.kv_run_report is not None:  # audited by `kv-guardian run` (which enables the vLLM audit)
-            cmd = [str(BASE_VENV / "bin" / "python"), "-m", "kvguardian", "run", "--report",
+            cmd = [str(BASE_VENV / "bin" / "python"), "-m", "kvguardian", "run", "--output",
                    str(self.kv_run_report), "--", *cmd]
         return cmd
 

@@ -16,7 +16,7 @@ import threading
 from typing import Any
 
 from kvguardian._errors import EXIT_FINDINGS, EXIT_OK
-from kvguardian.apps.cli.options import add_subcommands
+from kvguardian.apps.cli.options import add_format, add_subcommands
 from kvguardian.audit.cache_sharing import AuditOptions
 
 NAME = "audit"
@@ -58,7 +58,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         c.add_argument("--" + name.replace("_", "-"), type=type(defaults[name]), default=defaults[name], help=text)
     c.add_argument("--cacert", metavar="FILE", default=None, help="CA certificate to verify an https server")
     c.add_argument("--seed", type=int, default=None, help="seed for prompts and order (default: random)")
-    c.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_format(c, json_help="print the result as JSON")
     c.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 
 
@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
                         seed=args.seed, **{name: getattr(args, name) for name in _TUNING})
 
     def progress(msg: str) -> None:
-        if not args.quiet and not args.json:
+        if not args.quiet and args.format != "json":
             sys.stderr.write(f"  {msg}\n")
 
     audit = CacheSharingAudit(opts, progress=progress)
@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
     data = result.to_dict()
-    if args.json:
+    if args.format == "json":
         sys.stdout.write(json.dumps(data, indent=2) + "\n")
     elif result.requests and any(lv.get("samples") for lv in data["levels"].values()):
         _print(data)  # partial results are kept; nothing to show when the first request failed

@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 from kvguardian._errors import EXIT_FINDINGS, EXIT_OK, UsageError
+from kvguardian.apps.cli.options import add_format
 from kvguardian.apps.repro import REPROS, DemoRow, load, not_built_rows, section_order
 
 NAME = "demo"
@@ -16,7 +17,7 @@ HELP = "reproduce the KV-leak anti-patterns on a built-in tiny model and print o
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--only", action="append", metavar="NAME", choices=list(REPROS),
                    help="run only these reproductions (repeatable)")
-    p.add_argument("--json", action="store_true", help="print the rows as JSON")
+    add_format(p, json_help="print the rows as JSON")
     p.add_argument("--threads", type=int, default=1,
                    help="torch intra-op threads while the rows run (default: 1; the tiny models run 3-10x faster "
                         "single-threaded on a busy 2-core machine, and no memory figure depends on it)")
@@ -48,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     with _threads(args.threads):
         for name in names:
             module = load(name)
-            if not args.json:
+            if args.format != "json":
                 err.text(f"running {name} …")
             started = time.perf_counter()
             try:
@@ -63,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.only:  # the article's five always show, built or not
         rows = sorted(rows + not_built_rows(), key=section_order)
     total = time.perf_counter() - t0
-    with reporting("json" if args.json else "console") as out:
+    with reporting("json" if args.format == "json" else "console") as out:
         out.table(
             "kv-guardian demo — the article's claims, measured here",
             ["reproduction", "article claims", "measured here", "detector verdict", "fix verified"],

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from kvguardian._errors import EXIT_FINDINGS, EXIT_OK, UsageError
+from kvguardian.apps.cli.options import add_format, add_output
 from kvguardian.lint.config import load_config
 from kvguardian.lint.diagnostic import Skipped
 from kvguardian.lint.engine import lint_paths
@@ -30,14 +31,14 @@ def _csv(value: str) -> list[str]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("paths", nargs="*", metavar="PATH", help="files or directories (default: .)")
-    p.add_argument("--format", choices=FORMATS, default="text", help="output format (default text)")
+    add_format(p, json_help="write the report as JSON", formats=FORMATS)
     p.add_argument("--select", type=_csv, metavar="IDS", help="comma-separated rule ids or prefixes to run (KVG4)")
     p.add_argument("--ignore", type=_csv, metavar="IDS", help="comma-separated rule ids or prefixes to skip")
     p.add_argument("--extend-exclude", type=lambda v: [x for x in v.split(",") if x], metavar="GLOBS",
                    help="more glob patterns to leave out")
     p.add_argument("--config", type=Path, metavar="PYPROJECT",
                    help="read [tool.kv-guardian.lint] from this file (default: the nearest pyproject.toml)")
-    p.add_argument("--output", "-o", type=Path, metavar="FILE", help="write the report to FILE instead of stdout")
+    add_output(p, "write the report to FILE instead of stdout", convert=Path)
     p.add_argument("--exit-zero", action="store_true", help="exit 0 even when there are findings")
     p.add_argument("--list-rules", action="store_true", help="print the rules and exit")
 

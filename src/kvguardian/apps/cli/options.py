@@ -1,11 +1,21 @@
-"""Option groups that several commands share, each written once (``--web-config`` is in `web_options`)."""
+"""Option groups that several commands share, each written once (``--web-config`` is in `web_options`).
+
+The command line's flag vocabulary (``tests/unit/cli/test_cli_conventions.py`` checks it on every parser):
+
+* ``-o/--output FILE`` is always where a command writes its main result (`add_output`); an input is never ``-o``.
+* A command that prints its result in more than one form has ``--format {text,json,...}`` (default text), and
+  ``--json`` is short for ``--format json`` (`add_format`): code reads ``args.format``.
+* A listener binds ``--host``/``--port``; a second one takes a prefix (``--exporter-host``/``--exporter-port``).
+* A renamed flag stays one release as a hidden alias (`add_hidden_alias`): it parses, ``--help`` does not show it.
+"""
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["add_duration_option", "add_subcommands"]
+__all__ = ["add_duration_option", "add_format", "add_hidden_alias", "add_output", "add_subcommands"]
 
 
 def add_subcommands(p: argparse.ArgumentParser, dest: str, metavar: str) -> Any:
@@ -19,3 +29,22 @@ def add_subcommands(p: argparse.ArgumentParser, dest: str, metavar: str) -> Any:
 def add_duration_option(p: argparse.ArgumentParser) -> None:
     """``--duration S`` of a command that serves until stopped."""
     p.add_argument("--duration", type=float, metavar="S", help="stop after S seconds")
+
+
+def add_output(p: argparse.ArgumentParser, help_text: str, convert: Callable[[str], Any] = str) -> None:
+    """``-o/--output FILE``: where the command writes its main result (``args.output``, None when not given)."""
+    p.add_argument("-o", "--output", metavar="FILE", type=convert, help=help_text)
+
+
+def add_format(p: argparse.ArgumentParser, json_help: str, formats: Sequence[str] = ("text", "json"),
+               help_text: str = "output format (default text; --json is short for --format json)") -> None:
+    """``--format {text,json,...}`` (default text) and ``--json``, short for ``--format json``: both set
+    ``args.format``."""
+    p.add_argument("--format", choices=list(formats), default="text", help=help_text)
+    p.add_argument("--json", dest="format", action="store_const", const="json", default="text", help=json_help)
+
+
+def add_hidden_alias(p: argparse.ArgumentParser, flag: str, dest: str, metavar: str | None = None) -> None:
+    """``flag``, the old spelling of a renamed option writing ``dest``: still accepted for one release, not shown
+    in ``--help``. Add it after the new option, whose default counts."""
+    p.add_argument(flag, dest=dest, metavar=metavar, default=argparse.SUPPRESS, help=argparse.SUPPRESS)

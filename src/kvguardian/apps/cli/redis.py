@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from kvguardian._errors import EXIT_ENVIRONMENT, EXIT_OK, EXIT_USAGE, UsageError
-from kvguardian.apps.cli.options import add_subcommands
+from kvguardian.apps.cli.options import add_format, add_hidden_alias, add_output, add_subcommands
 from kvguardian.apps.cli.signals import Ending, interrupting, stopping
 from kvguardian.apps.cli.web_options import add_web_config, web_config
 from kvguardian.findings import Report, Severity
@@ -49,7 +49,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     diff = sub.add_parser("diff", help="per-pattern growth between two scan JSON files (KVG303/KVG304)")
     diff.add_argument("old", metavar="OLD.json")
     diff.add_argument("new", metavar="NEW.json")
-    diff.add_argument("--json", action="store_true", help="print rows and findings as JSON")
+    add_format(diff, json_help="print rows and findings as JSON")
     add_html_option(diff)
     diff.add_argument("--top", type=int, default=20, help="patterns shown in the table (default 20)")
     _verdict_arguments(diff)
@@ -60,7 +60,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                      "sweeps run on their own schedule, never inside a scrape.")
     exp.add_argument("url", help="redis://[USER:PASSWORD@]HOST:PORT[/DB], rediss://…, or unix:///path.sock")
     exp.add_argument("--port", type=int, default=9464, help="port to serve /metrics on (default 9464)")
-    exp.add_argument("--addr", default="127.0.0.1", help="address to bind (default 127.0.0.1: loopback only)")
+    exp.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: loopback only)")
+    add_hidden_alias(exp, "--addr", "host", metavar="HOST")  # its 0.1.0 name, accepted for one release
     exp.add_argument("--interval", default="5m", help="pause between sweeps (default 5m)")
     exp.add_argument("--top", type=int, default=50, help="patterns with their own label; the rest sum under {other}")
     _sweep_arguments(exp)
@@ -70,8 +71,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _output_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--json", action="store_true", help="print the result as JSON (the schema redis diff reads)")
-    p.add_argument("--output", "-o", metavar="FILE", help="also write the JSON result to FILE")
+    add_format(p, json_help="print the result as JSON (the schema redis diff reads)")
+    add_output(p, "also write the JSON result to FILE")
     add_html_option(p)
     p.add_argument("--prometheus", metavar="FILE", help="write the Prometheus exposition to FILE ('-': stdout)")
     p.add_argument("--compare", metavar="OLD.json", help="also report growth against an earlier scan")
@@ -177,7 +178,7 @@ def emit_scan(args: argparse.Namespace, result: Any, old: Any, *, command: str, 
         from kvguardian.keyspace.metrics import exposition
 
         failed.append(_write(args.prometheus, exposition(result), "--prometheus"))
-    if args.json or args.prometheus != "-":
+    if args.format == "json" or args.prometheus != "-":
         _show(args, result, diff_out)
     elif args.html:  # the exposition is on stdout: the HTML report alone
         _show(args, result, diff_out, html_only=True)
@@ -204,7 +205,7 @@ def _show(args: argparse.Namespace, result: Any, diff_out: tuple[Any, Any, Any] 
         from kvguardian.report.html.reporter import html_file  # the HTML page's modules load only for it
 
     with (contextlib.closing(html_file(args.html)) if html_only else
-          reporting("json" if args.json else "console", html=args.html)) as out:
+          reporting("json" if args.format == "json" else "console", html=args.html)) as out:
         print_scan(result, out, top=args.top)
         if diff_out is not None:
             print_diff(diff_out[0], Report(findings=diff_out[1]), diff_out[2], out, top=args.top)
@@ -235,7 +236,7 @@ def run_diff(args: argparse.Namespace) -> int:
     old, new = load_result(args.old), load_result(args.new)
     rows, findings, warnings = diff(old, new, Thresholds(min_keys=args.min_keys))
     report = Report(findings=findings, summary={"old": args.old, "new": args.new})
-    with reporting("json" if args.json else "console", html=args.html) as out:
+    with reporting("json" if args.format == "json" else "console", html=args.html) as out:
         print_diff(rows, report, warnings, out, top=args.top)
         out.result({"rows": rows, "warnings": warnings, **report.to_dict()})
     return _exit_code(report, args.fail_on)
@@ -255,13 +256,13 @@ def run_exporter(args: argparse.Namespace) -> int:
         raise UsageError(f"--port {args.port} is not a TCP port; fix: use 0-65535 (0 picks a free one)")
     exporter = Exporter(args.url, opts, interval=interval, top=args.top, finalize=_finalize(args))
     try:
-        host, port = exporter.serve(args.port, args.addr, web_config=web)
+        host, port = exporter.serve(args.port, args.host, web_config=web)
     except OSError as exc:
         exporter.close()
         from kvguardian.exporters.http import bind_fix
 
-        fix = bind_fix(exc, port_flag="--port", host_flag="--addr")
-        raise UsageError(f"cannot serve on {args.addr}:{args.port}: {exc.strerror or exc}; fix: {fix}",
+        fix = bind_fix(exc, port_flag="--port", host_flag="--host")
+        raise UsageError(f"cannot serve on {args.host}:{args.port}: {exc.strerror or exc}; fix: {fix}",
                          exit_code=EXIT_ENVIRONMENT) from None
     done = threading.Event()
     try:

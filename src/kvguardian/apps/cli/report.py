@@ -1,6 +1,6 @@
 """``kv-guardian report FILE.json -o report.html [--memory-snapshot OUT.pickle] [--trace OUT.json]``.
 
-Renders any report kv-guardian writes (``run --report``, ``Guard.check().to_json()``, ``redis scan --json``,
+Renders any report kv-guardian writes (``run -o``, ``Guard.check().to_json()``, ``redis scan --json``,
 ``redis diff --json``, ``watch --json``, ``repro NAME --json``, ``pytest --kv-report``) as one self-contained
 HTML file, and exports a KV history as a PyTorch memory snapshot or a Chrome/Perfetto trace. Every output is
 checked before anything is written; a file that cannot be read is one line and exit code 2.
@@ -13,6 +13,7 @@ import sys
 from typing import Any
 
 from kvguardian._errors import EXIT_OK, UsageError
+from kvguardian.apps.cli.options import add_output
 from kvguardian.report.escape import visible
 from kvguardian.report.output import check_outputs
 
@@ -23,7 +24,7 @@ HELP = ("render a report JSON as a self-contained HTML page; export its KV histo
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("file", metavar="FILE.json", help="a report written by kv-guardian (any kind)")
-    p.add_argument("-o", "--output", metavar="HTML", help="write the HTML report here")
+    add_output(p, "write the HTML report to FILE")
     p.add_argument("--memory-snapshot", metavar="OUT.pickle",
                    help="write the KV history as a PyTorch memory snapshot (python -m torch.cuda._memory_viz "
                         "trace_plot OUT.pickle -o kv.html)")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from kvguardian._errors import EXIT_FINDINGS, EXIT_OK
-from kvguardian.apps.cli.options import add_subcommands
+from kvguardian.apps.cli.options import add_format, add_subcommands
 from kvguardian.apps.repro import REPROS, load
 from kvguardian.report.output import add_html_option, check_writable
 from kvguardian.report.reporter import reporting
@@ -20,7 +20,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         module = load(name)
         rp = sub.add_parser(name, help=module.TITLE, description=(module.__doc__ or module.TITLE).strip())
         module.add_arguments(rp)
-        rp.add_argument("--json", action="store_true", help="print the measurements as JSON")
+        add_format(rp, json_help="print the measurements as JSON")
         add_html_option(rp)
         rp.set_defaults(repro_module=module)
 
@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
     if args.html:
         check_writable(args.html, "--html")  # before the reproduction runs
     result = args.repro_module.run(args)
-    with reporting("json" if args.json else "console", html=args.html) as out:
+    with reporting("json" if args.format == "json" else "console", html=args.html) as out:
         result.show(out)
         out.result(result.to_dict())
     return EXIT_OK if result.ok else EXIT_FINDINGS

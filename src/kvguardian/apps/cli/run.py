@@ -1,10 +1,10 @@
-"""``kv-guardian run [--report FILE] [--fail-on warning|error] -- python app.py args...``
+"""``kv-guardian run [-o FILE] [--fail-on warning|error] -- python app.py args...``
 
 Audits an unmodified program, like ``memray run``: the program runs as a child process with its own stdin,
 stdout and stderr; a ``sitecustomize`` put first on its PYTHONPATH instruments transformers when the program
 imports it (every Python process it starts, too). Each top-level ``generate()`` call and each manually driven
 cache is a request. At exit each audited process writes a report; this command merges them, writes
-``--report FILE`` (JSON, checked before the program starts), prints a summary on stderr, and exits with:
+``-o/--output FILE`` (JSON, checked before the program starts), prints a summary on stderr, and exits with:
 
 * the program's own exit code when it is not 0 (128+N when killed by signal N), after one line saying so;
 * 1 when findings reach ``--fail-on`` (default ``error``);
@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from kvguardian._errors import EXIT_ENVIRONMENT, EXIT_INTERNAL, EXIT_OK, UsageError
+from kvguardian.apps.cli.options import add_hidden_alias, add_output
 from kvguardian.findings import Finding, Report, Severity
 from kvguardian.report.console import ConsoleReporter
 from kvguardian.report.escape import dumps, visible
@@ -49,7 +50,8 @@ HELP = "audit an unmodified Python program's KV caches (like `memray run`): kv-g
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--report", metavar="FILE", help="write the merged JSON report here")
+    add_output(p, "write the merged JSON report to FILE")
+    add_hidden_alias(p, "--report", "output", metavar="FILE")  # its 0.1.0 name, accepted for one release
     p.add_argument("--fail-on", default="error", choices=["info", "warning", "error"],
                    help="exit 1 when a finding reaches this severity (default: %(default)s)")
     p.add_argument("--holder-seconds", type=float, default=120.0, metavar="S",
@@ -138,7 +140,7 @@ def _program(args: argparse.Namespace) -> list[str]:
         raise UsageError("no program to run; fix: kv-guardian run -- python app.py [args...]")
     if not args.holder_seconds > 0 or args.holder_seconds == float("inf"):
         raise UsageError(f"--holder-seconds {args.holder_seconds} must be a number > 0; fix: e.g. 3")
-    outputs = [("--report", args.report), ("--html", args.html), ("--memory-snapshot", args.memory_snapshot),
+    outputs = [("--output", args.output), ("--html", args.html), ("--memory-snapshot", args.memory_snapshot),
                ("--trace", args.trace)]
     check_outputs(outputs, [(f"a file the program is given ({a})", a) for a in cmd if os.path.isfile(a)])
     return cmd
@@ -169,11 +171,11 @@ def run(args: argparse.Namespace) -> int:
     report = merge(cmd, outcome.returncode, audit, seconds=time.monotonic() - t0,
                    signals={"received": _names(outcome.received), "forwarded": _names(outcome.forwarded)})
     written = True
-    if args.report:
+    if args.output:
         try:
-            write_whole(args.report, dumps(report.to_dict()) + "\n")
+            write_whole(args.output, dumps(report.to_dict()) + "\n")
         except OSError as exc:  # checked before the start; gone since (a full disk): say so
-            _say(f"error: cannot write --report {args.report}: {exc.strerror or exc}")
+            _say(f"error: cannot write --output {args.output}: {exc.strerror or exc}")
             written = False
     written = _write_views(args, report) and written
     if not args.quiet:
@@ -193,7 +195,7 @@ def _write_views(args: argparse.Namespace, report: Report) -> bool:
     from kvguardian.report.document import classify
     from kvguardian.report.exports import OutputsNotWritten, write_outputs
 
-    source = Path(args.report).name if args.report else "kv-guardian run"
+    source = Path(args.output).name if args.output else "kv-guardian run"
     done: list[str] = []
     ok = True
     try:

@@ -17,6 +17,7 @@ import argparse
 from typing import Any
 
 from kvguardian._errors import EXIT_ENVIRONMENT, EXIT_FINDINGS, EXIT_OK, UsageError
+from kvguardian.apps.cli.options import add_format
 from kvguardian.report.reporter import Reporter
 
 NAME = "sweep"
@@ -55,7 +56,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-check-output", action="store_true", help="skip the float64 check of the last 128 rows")
     p.add_argument("--show", default="pow2", choices=SHOW,
                    help="rows printed: pow2 (lengths next to a power of two, plus problems), all, problems")
-    p.add_argument("--json", action="store_true", help="print the whole result as JSON")
+    add_format(p, json_help="print the whole result as JSON")
 
 
 def _validate(args: argparse.Namespace) -> None:
@@ -104,8 +105,8 @@ def run(args: argparse.Namespace) -> int:
 
     err = ConsoleReporter(stderr=True)
     with torch_threads(args.threads or torch.get_num_threads()):
-        result = run_sweep(targets, lengths, config, notes=notes, progress=None if args.json else err.text)
-    with reporting("json" if args.json else "console") as out:
+        result = run_sweep(targets, lengths, config, notes=notes, progress=None if args.format == "json" else err.text)
+    with reporting("json" if args.format == "json" else "console") as out:
         render(result, out, show=args.show)
         out.result(result.to_dict())
     return EXIT_OK if result.ok else EXIT_FINDINGS

@@ -7,7 +7,7 @@ import math
 from typing import Any
 
 from kvguardian._errors import EXIT_ENVIRONMENT, UsageError
-from kvguardian.apps.cli.options import add_subcommands
+from kvguardian.apps.cli.options import add_format, add_subcommands
 from kvguardian.apps.cli.signals import stopping
 from kvguardian.apps.cli.web_options import add_web_config, web_config
 from kvguardian.findings import Finding, Severity
@@ -45,7 +45,7 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="stop after S seconds (default: until Ctrl-C or SIGTERM)")
     p.add_argument("--timeout", type=_positive(float), default=5.0, metavar="S",
                    help="HTTP timeout of a scrape (default 5)")
-    p.add_argument("--json", action="store_true", help="print the final report as JSON (no live lines)")
+    add_format(p, json_help="print the final report as JSON (no live lines)")
     p.add_argument("--fail-on", default="error", choices=[s.value for s in Severity],
                    help="exit 1 when a finding reaches this severity (default error)")
     p.add_argument("--exporter-port", type=int, default=None, metavar="PORT",
@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
         tolerance=0 if vllm else args.tolerance, confirm=2 if vllm else args.confirm,
         events_bind=args.events_bind if vllm else False,
     )
-    out = make_reporter("json" if args.json else "console", html=args.html)
+    out = make_reporter("json" if args.format == "json" else "console", html=args.html)
     with stopping(watch.stop) as ending:  # Ctrl-C, SIGTERM and SIGHUP end the watch; the report is still printed
         report = _watch(args, watch, out, web)
     out.findings(report)
@@ -134,14 +134,14 @@ def _watch(args: argparse.Namespace, watch: Any, out: Reporter, web: Any) -> Any
             exporter = _serve(watch, args.exporter_host, args.exporter_port, web)
         err = ConsoleReporter(stderr=True)
         watch.on_warning = lambda line: err.text(f"kv-guardian watch: warning: {line}", tone="warning")
-        if not args.json:
+        if args.format != "json":
             err.text(_banner(args, exporter))
 
         def show(new: list[Finding]) -> None:
             for f in new:
                 out.finding(f)
 
-        watch.run(duration=args.duration, on_new=None if args.json else show)
+        watch.run(duration=args.duration, on_new=None if args.format == "json" else show)
         return watch.report()
     finally:
         watch.close()
