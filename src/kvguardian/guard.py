@@ -31,9 +31,13 @@ from kvguardian.reuse import ReuseWindow
 from kvguardian.sources.scope import RequestScope
 
 if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel
+
     from kvguardian.hf.attach import Attachment
     from kvguardian.hf.tracker import HFTracker
     from kvguardian.sources.custom import ModuleTracker
+    from kvguardian.sources.evictable import EvictCallback
 
 __all__ = ["Guard"]
 
@@ -127,7 +131,7 @@ class Guard:
         return self.ledger.bump_generation()
 
     # ------------------------------------------------------------------ sources
-    def attach(self, model: Any) -> Guard:
+    def attach(self, model: PreTrainedModel) -> Guard:
         """Instrument a Hugging Face transformers model's caches (every `Cache.update` it makes).
 
         Nothing is stored on the model (see `hf.attach`): ``copy.deepcopy``, pickle and ``torch.save`` of an
@@ -180,7 +184,7 @@ class Guard:
         if self._hf is not None and process_tracker() is self._hf:
             set_process_tracker(None)
 
-    def track_module(self, model: Any, **kwargs: Any) -> ModuleTracker:
+    def track_module(self, model: torch.nn.Module, **kwargs: Any) -> ModuleTracker:
         """Audit a custom torch model that keeps preallocated KV buffers on its modules (gpt-fast style): the
         buffers are found once through ``model.modules()`` and observed after every forward (O(layers)).
         Keyword arguments go to `kvguardian.sources.custom.ModuleTracker`. Returns the tracker (``.remove()``)."""
@@ -198,7 +202,8 @@ class Guard:
             self._modules.pop().remove()
         self.stop_auditing_process()
 
-    def track(self, keys: Any, values: Any = None, *, layer: int | None = None, source: str = "track") -> None:
+    def track(self, keys: torch.Tensor, values: torch.Tensor | None = None, *, layer: int | None = None,
+              source: str = "track") -> None:
         """Record K (and V) tensors of a custom model's cache for the current request.
 
         Call it after each cache write (a new tensor per step, or the same preallocated buffer): views of
@@ -208,7 +213,7 @@ class Guard:
 
         track_tensors(self.scope, (keys, values), layer=layer, source=source)
 
-    def retain(self, obj: Any, *, reason: str, evict: Any = None) -> int:
+    def retain(self, obj: Any, *, reason: str, evict: EvictCallback | None = None) -> int:
         """Declare that the KV reachable from ``obj`` is kept on purpose (a prefix cache, a session store).
 
         Objects that support weak references (caches, tensors, most classes) are re-examined at every

@@ -27,6 +27,8 @@ from kvguardian.detectors.rank_divergence import compare, sequence_summary
 from kvguardian.findings import Report
 
 if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+
     from kvguardian.sources.host import Auditable
 
 __all__ = ["check_ranks", "gather_summaries"]
@@ -43,7 +45,8 @@ def _dist() -> Any:
     return dist
 
 
-def gather_summaries(guard: Auditable, *, group: Any = None, settle: bool = True) -> list[dict[str, Any]]:
+def gather_summaries(guard: Auditable, *, group: ProcessGroup | None = None,
+                     settle: bool = True) -> list[dict[str, Any]]:
     """Every rank's summary, in rank order (a collective over ``group``)."""
     dist = _dist()
     if settle:
@@ -56,7 +59,8 @@ def gather_summaries(guard: Auditable, *, group: Any = None, settle: bool = True
     return sorted(gathered, key=lambda s: s["rank"])
 
 
-def check_ranks(guard: Auditable, *, group: Any = None, exact_bytes: bool = False, settle: bool = True) -> Report:
+def check_ranks(guard: Auditable, *, group: ProcessGroup | None = None, exact_bytes: bool = False,
+                settle: bool = True) -> Report:
     """Gather and compare; the same `Report` on every rank (KVG106 findings, one per divergent sequence).
 
     Args:

@@ -52,7 +52,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from kvguardian.ledger import EntryState, LedgerSnapshot, Record
+from kvguardian.ledger import EntryState, LedgerSnapshot, Record, RequestInfo
 from kvguardian.sources.host import chain_hints
 
 if TYPE_CHECKING:
@@ -211,7 +211,7 @@ class RetentionMonitor:
         self.sample_cpu_seconds = 0.0  # process CPU time meanwhile (steadier than wall time on a busy machine)
 
     # ------------------------------------------------------------------ sampling
-    def after_request_end(self, info: Any) -> None:
+    def after_request_end(self, info: RequestInfo) -> None:
         self._ended += 1
         if not self.sampling:
             return

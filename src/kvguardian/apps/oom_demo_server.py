@@ -23,9 +23,13 @@ import argparse
 import mmap
 import threading
 from collections import OrderedDict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvguardian.apps.repro.models import TinySpec
+
+if TYPE_CHECKING:
+    from kvguardian.oom.guard import OOMGuard
+    from kvguardian.paged import PagedKVPool
 
 __all__ = ["SPEC", "SessionStore", "create_app", "main"]
 
@@ -75,7 +79,7 @@ class _Work:
             self.buf.close()
 
 
-def _keeping_scheduler(pool: Any, store: SessionStore, keep: set[str], oom: Any) -> Any:
+def _keeping_scheduler(pool: "PagedKVPool", store: SessionStore, keep: set[str], oom: "OOMGuard | None") -> Any:
     from kvguardian.paged.engine import OwnershipScheduler
 
     class KeepingScheduler(OwnershipScheduler):

@@ -40,7 +40,10 @@ from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kvguardian.exporters.webconfig import WebConfig
 
 __all__ = ["HTTPRequest", "Limits", "MetricsHTTPServer", "Response", "bind_fix"]
 
@@ -115,7 +118,7 @@ class MetricsHTTPServer:
     title = "kv-guardian exporter"
 
     def __init__(self, registry: Any, host: str = "127.0.0.1", port: int = 0, limits: Limits | None = None, *,
-                 web: Any = None) -> None:
+                 web: WebConfig | None = None) -> None:
         self.registry = registry
         self.limits = limits or Limits()
         self.web = web  # a WebConfig (TLS, basic auth), or None

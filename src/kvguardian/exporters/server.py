@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
@@ -23,6 +23,9 @@ from kvguardian._errors import EXIT_ENVIRONMENT, UsageError
 from kvguardian.exporters.http import MetricsHTTPServer, bind_fix
 from kvguardian.exporters.prometheus import KVGuardianCollector
 from kvguardian.exporters.webconfig import WebConfig
+
+if TYPE_CHECKING:
+    from kvguardian.guard import Guard
 
 __all__ = ["DEFAULT_HOST", "DEFAULT_PORT", "Exporter", "MetricsApp", "mount_metrics", "start_exporter"]
 
@@ -129,7 +132,7 @@ class Exporter:
 class _Checker:
     """Runs ``guard.check(holder_chains=False)`` every ``interval`` seconds and publishes the report."""
 
-    def __init__(self, guard: Any, collector: KVGuardianCollector, interval: float) -> None:
+    def __init__(self, guard: Guard, collector: KVGuardianCollector, interval: float) -> None:
         self._guard = guard
         self._collector = collector
         self._interval = interval
@@ -151,7 +154,7 @@ class _Checker:
 
 
 def start_exporter(
-    guard: Any = None,
+    guard: Guard | None = None,
     *,
     port: int = DEFAULT_PORT,
     host: str = DEFAULT_HOST,
@@ -182,7 +185,7 @@ def start_exporter(
         raise UsageError(f"check_interval must be > 0 seconds or None, got {check_interval!r}")
     checked: KVGuardianCollector | None = None
     if collector is None:
-        collector = checked = KVGuardianCollector(ledger=guard.ledger)
+        collector = checked = KVGuardianCollector(ledger=guard.ledger)  # type: ignore[union-attr]  # one of the two
     registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
     registry.register(collector)
     try:
@@ -194,5 +197,6 @@ def start_exporter(
         registry.unregister(collector)
         raise UsageError(f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}; fix: {bind_fix(exc)}",
                          exit_code=EXIT_ENVIRONMENT) from None
-    checker = _Checker(guard, checked, check_interval) if checked is not None and check_interval else None
+    checker = (_Checker(guard, checked, check_interval)  # type: ignore[arg-type]  # checked: the guard's
+               if checked is not None and check_interval else None)
     return Exporter(collector, registry, server, checker)

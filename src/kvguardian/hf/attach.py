@@ -24,6 +24,8 @@ from kvguardian.hf import instrument
 from kvguardian.hf.compat import check_transformers_version
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
     from kvguardian.hf.tracker import HFTracker
 
 __all__ = ["Attachment", "attach_model", "check_attachable"]
@@ -43,7 +45,7 @@ class Attachment:
     benchmark).
     """
 
-    def __init__(self, tracker: HFTracker, model: Any) -> None:
+    def __init__(self, tracker: HFTracker, model: PreTrainedModel) -> None:
         self._tracker = weakref.ref(tracker)
         self._clock = tracker.host.ledger.clock
         self._model = weakref.ref(model, self._model_died)
@@ -156,7 +158,7 @@ def check_attachable(model: Any) -> None:
         raise UsageError(f"{type(model).__name__} is already attached to a guard; fix: detach() it first")
 
 
-def attach_model(tracker: HFTracker, model: Any) -> Attachment:
+def attach_model(tracker: HFTracker, model: PreTrainedModel) -> Attachment:
     """Instrument ``model`` (a transformers ``PreTrainedModel``) for ``tracker``.
 
     Raises:

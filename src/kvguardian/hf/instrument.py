@@ -49,6 +49,8 @@ from kvguardian.hf.roles import cache_role, note_roles
 from kvguardian.hf.states import tracker_of
 
 if TYPE_CHECKING:
+    from transformers import Cache
+
     from kvguardian.hf.tracker import HFTracker
 
 __all__ = [
@@ -171,7 +173,7 @@ def _target_tracker() -> HFTracker | None:
     return t if t is not None else _PROCESS[0]
 
 
-def _tracker_for(cache: Any) -> HFTracker | None:
+def _tracker_for(cache: Cache) -> HFTracker | None:
     """The tracker of this context, else the one that follows ``cache`` (a crop or reorder between forwards)."""
     t = _target_tracker()
     return t if t is not None else tracker_of(cache)  # type: ignore[no-any-return]

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import itertools
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from transformers import Cache
 
 __all__ = ["cache_role", "note_roles"]
 
@@ -23,7 +26,7 @@ def note_roles(edc: Any) -> None:
     _ROLES[edc.cross_attention_cache] = ("cross", parent)
 
 
-def cache_role(cache: Any) -> tuple[str, str] | None:
+def cache_role(cache: Cache) -> tuple[str, str] | None:
     """("self" | "cross", parent label) for a sub-cache of an EncoderDecoderCache, else None."""
     try:
         return _ROLES.get(cache)

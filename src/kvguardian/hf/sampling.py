@@ -26,11 +26,14 @@ cache (not an encoder-decoder's two).
 from __future__ import annotations
 
 from collections.abc import Hashable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvguardian.hf.observers import CacheUpdate
 from kvguardian.hf.states import CacheState
 from kvguardian.ledger import Ledger, RequestInfo
+
+if TYPE_CHECKING:
+    from transformers import Cache
 
 __all__ = ["DEFAULT_STRIDE", "Sampler"]
 
@@ -63,7 +66,7 @@ class Sampler:
             return
         if st.skipped:
             self.fold_appends(st)
-        cache = updates[0].cache
+        cache: Cache = updates[0].cache
         rs = st.rs
         if (st.ref() is not cache or st.manual is not None or st.owner_req is None or st.generic
                 or (rs is not None and rs.ttft is None)
@@ -91,7 +94,7 @@ class Sampler:
         return [st for st in self.following.values() if st.owner_req is info]
 
 
-def sampleable(st: CacheState, cache: Any) -> bool:
+def sampleable(st: CacheState, cache: Cache) -> bool:
     """Every layer of the cache is planned, with a known layout whose state the tracker can read between forwards
     (cached on the state until a layer is planned again). Not a static layer that counts its filled tokens
     nowhere (transformers 5.0-5.4: only the update's ``cache_position`` says how far it is filled)."""
@@ -120,6 +123,6 @@ def slots_of(st: CacheState) -> list[Hashable]:
     return out
 
 
-def refresh_update(cache: Any, idx: int) -> CacheUpdate:
+def refresh_update(cache: Cache, idx: int) -> CacheUpdate:
     """The update an observer is given when the tracker observes a layer outside a forward (a refresh)."""
     return CacheUpdate(cache, idx, None, (), {}, None)

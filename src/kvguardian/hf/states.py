@@ -4,10 +4,13 @@ either: a cache is held by weak reference, a request by the ledger's own `Reques
 from __future__ import annotations
 
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvguardian.hf.observers import LayerState
 from kvguardian.ledger import EntrySite, RequestInfo
+
+if TYPE_CHECKING:
+    from transformers import Cache
 
 __all__ = ["CacheState", "RequestState", "track_cache", "tracker_of"]
 
@@ -16,7 +19,7 @@ __all__ = ["CacheState", "RequestState", "track_cache", "tracker_of"]
 _KNOWN: weakref.WeakKeyDictionary[Any, weakref.ref[Any]] = weakref.WeakKeyDictionary()
 
 
-def track_cache(cache: Any, tracker: Any) -> None:
+def track_cache(cache: Cache, tracker: Any) -> None:
     """Remember that ``tracker`` (an `HFTracker`) follows ``cache``; called for each new cache state."""
     try:
         _KNOWN[cache] = weakref.ref(tracker)
@@ -24,7 +27,7 @@ def track_cache(cache: Any, tracker: Any) -> None:
         pass
 
 
-def tracker_of(cache: Any) -> Any:
+def tracker_of(cache: Cache) -> Any:
     """The tracker that follows ``cache``, or None."""
     try:
         ref = _KNOWN.get(cache)
@@ -59,7 +62,7 @@ class CacheState:
         "skipped",
     )
 
-    def __init__(self, cache: Any, label: str, role: str | None, on_dead: Any) -> None:
+    def __init__(self, cache: Cache, label: str, role: str | None, on_dead: Any) -> None:
         self.cid = id(cache)
         self.ref = weakref.ref(cache, on_dead)
         self.label = label  # "DynamicCache#3", "EncoderDecoderCache#1.cross"

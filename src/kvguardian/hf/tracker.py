@@ -13,7 +13,7 @@ import statistics
 import sys
 import weakref
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kvguardian import _faults
@@ -27,6 +27,8 @@ from kvguardian.ledger import EntrySite, EntryState, Record, RequestInfo, Update
 from kvguardian.reuse import ReuseWindow
 
 if TYPE_CHECKING:
+    from transformers import Cache
+
     from kvguardian.sources.host import SourceHost
 
 __all__ = ["CacheState", "HFTracker"]
@@ -205,7 +207,7 @@ class HFTracker:
                     self._note_grad(t, idx)
 
     # ------------------------------------------------------------------ cache states
-    def _new_cache(self, cache: Any) -> CacheState:
+    def _new_cache(self, cache: Cache) -> CacheState:
         old = self.caches.get(id(cache))
         if old is not None:  # the address was reused by a new cache before the old one's death was seen
             if self._by_ref.pop(id(old.ref), None) is not None:
@@ -276,7 +278,7 @@ class HFTracker:
             self.ledger.note_unknown(plan.cls_name, plan.note or "unknown layer class")
         return ls
 
-    def classify(self, cache: Any) -> dict[str, Any]:
+    def classify(self, cache: Cache) -> dict[str, Any]:
         """Every layer of ``cache`` with its kind and, for layers holding no KV, the reason (O(layers))."""
         out: dict[str, Any] = {"class": type(cache).__name__, "layers": []}
         layers = getattr(cache, "layers", None)
@@ -383,7 +385,7 @@ class HFTracker:
                 return st.ref
         return None
 
-    def chain_seeds(self, records: Any) -> tuple[dict[Any, Any], dict[Any, list[str]]]:
+    def chain_seeds(self, records: Sequence[Record]) -> tuple[dict[Any, Any], dict[Any, list[str]]]:
         """For orphaned entries still held by a live cache this tracker knows: storage key -> the cache object
         (where the holder-chain search can start, four levels and a heap scan cheaper), and the rendered
         steps from the cache down to the tensor."""
@@ -421,7 +423,7 @@ class HFTracker:
         while len(self._results) > _MAX_RESULTS:
             self._results.popitem(last=False)
 
-    def chain_hints(self, records: Any) -> list[Any]:
+    def chain_hints(self, records: Sequence[Record]) -> list[Any]:
         """The live results of the requests that own ``records``: objects likely to hold their caches."""
         out: list[Any] = []
         seen: set[str | None] = set()
@@ -472,7 +474,7 @@ class HFTracker:
             self.ledger.emit_cache_event("init", cache=st.label, request=owner, detail=f"a deep copy of {source}",
                                          nbytes=self.ledger.slot_bytes(st.slots()))
 
-    def _observe_layers(self, cache: Any, st: CacheState, owner: RequestInfo) -> None:
+    def _observe_layers(self, cache: Cache, st: CacheState, owner: RequestInfo) -> None:
         """Observe every layer's keys and values of ``cache`` as they are now, for ``owner`` (O(layers))."""
         layers = getattr(cache, "layers", None)
         if not isinstance(layers, list):
@@ -488,7 +490,7 @@ class HFTracker:
             self.ledger.observe_kv(keys, getattr(layer, "values", None), ls.sites, owner, update)
 
     # ------------------------------------------------------------------ crop / reset
-    def on_evict(self, cache: Any, detail: str) -> None:
+    def on_evict(self, cache: Cache, detail: str) -> None:
         """After ``cache.crop()``/``reset()``: an evict event, and the layers re-observed (O(layers))."""
         if self._dead:
             self._process_dead()
@@ -502,7 +504,7 @@ class HFTracker:
         elif st.owner_req is not None:
             self._observe_layers(cache, st, st.owner_req)
 
-    def on_reshape(self, cache: Any) -> None:
+    def on_reshape(self, cache: Cache) -> None:
         """After ``reorder_cache`` (beam search, every step) and the batch repeat/select of contrastive and
         assisted decoding: every layer holds new tensors. A followed cache needs nothing (the next observation
         finds what its slots hold, as after a ``torch.cat``); otherwise the layers are observed again, so the
@@ -528,7 +530,7 @@ class HFTracker:
         }
 
 
-def _layer_tail(cache: Any, st: CacheState, idx: int, rec: Record) -> list[str] | None:
+def _layer_tail(cache: Cache, st: CacheState, idx: int, rec: Record) -> list[str] | None:
     """The rendered steps from layer ``idx`` of ``cache`` to ``rec``'s tensor, if the layer still holds ``rec``'s
     storage."""
     try:

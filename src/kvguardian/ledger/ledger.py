@@ -32,6 +32,7 @@ from kvguardian.ledger.timeline import Timeline, timeline_json
 from kvguardian.ledger.totals import LedgerTotals
 
 if TYPE_CHECKING:
+    import torch
     from typing_extensions import Unpack
 
     from kvguardian.ledger.fields import BlockFields, CacheEventFields, EntryFields
@@ -153,7 +154,7 @@ class Ledger:
             return self._table.generation
 
     # ------------------------------------------------------------------ tensor entries
-    def observe(self, tensor: Any, site: EntrySite, request: RequestInfo | None,
+    def observe(self, tensor: torch.Tensor, site: EntrySite, request: RequestInfo | None,
                 update: Update = NO_FILL) -> Record | None:
         """Record that ``tensor`` (a KV tensor or a view of one), stored at ``site``, is in use by ``request``.
 
@@ -166,15 +167,15 @@ class Ledger:
                 table.drain()
             return rec
 
-    def observe_tensor(self, tensor: Any, *, request: RequestInfo | None,
+    def observe_tensor(self, tensor: torch.Tensor, *, request: RequestInfo | None,
                        **fields: Unpack[EntryFields]) -> Record | None:
         """`observe` with the site and fill by keyword: ``kind``, ``layer``, ``source``, ``slot``, ``role``,
         ``cache``, ``filled_tokens``, ``capacity_tokens``."""
         site, update = site_of(fields)
         return self.observe(tensor, site, request, update)
 
-    def observe_kv(self, keys: Any, values: Any, sites: tuple[EntrySite, EntrySite], request: RequestInfo | None,
-                   update: Update = NO_FILL) -> bool:
+    def observe_kv(self, keys: torch.Tensor, values: torch.Tensor | None, sites: tuple[EntrySite, EntrySite],
+                   request: RequestInfo | None, update: Update = NO_FILL) -> bool:
         """`observe` for one layer's keys and values (``values`` may be None) under one lock: the per-layer,
         per-decode-step hot path of cache instrumentation. Returns whether either entry has seen a tensor that
         requires grad."""

@@ -8,11 +8,14 @@ on the slot's entry (`TensorEntries._continue`), never a new record.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvguardian.ledger.records import EntrySite, EntryState, EntryView, Record, RequestInfo, Update
 from kvguardian.ledger.releases import StorageRef
 from kvguardian.ledger.table import EntryTable
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["TensorEntries"]
 
@@ -30,7 +33,7 @@ class TensorEntries:
         self._on_freed = table.releases.on_freed
         self._names: dict[Any, str] = {}  # torch dtype/device -> its name (str() is slow on the hot path)
 
-    def observe(self, tensor: Any, site: EntrySite, request: RequestInfo | None, update: Update,
+    def observe(self, tensor: torch.Tensor, site: EntrySite, request: RequestInfo | None, update: Update,
                 now: float) -> Record | None:
         """Record one observation of ``tensor`` (a KV tensor or a view of one) at ``site``. Returns its entry, or
         None for an empty tensor (no storage to track)."""
@@ -92,7 +95,8 @@ class TensorEntries:
         else:
             self._totals.refill(rec, rec.storage_bytes, rec.logical_bytes, filled)
 
-    def _continue(self, rec: Record, tensor: Any, storage: Any, ptr: int, update: Update) -> bool:
+    def _continue(self, rec: Record, tensor: torch.Tensor, storage: torch.UntypedStorage, ptr: int,
+                  update: Update) -> bool:
         """The fast path of a slot's next observation: the slot's entry ``rec`` goes on with this tensor. False
         when it cannot (a storage already tracked elsewhere, or the slot's previous storage still alive - a new
         entry supersedes it)."""
@@ -119,7 +123,8 @@ class TensorEntries:
         self._recycle(rec, tensor, storage, ptr, update.grad_enabled)
         return True
 
-    def _existing(self, tensor: Any, storage: Any, ptr: int, site: EntrySite, update: Update) -> Record | None:
+    def _existing(self, tensor: torch.Tensor, storage: torch.UntypedStorage, ptr: int, site: EntrySite,
+                  update: Update) -> Record | None:
         """The entry this storage belongs to, brought up to date: the one already tracking it, or the slot's
         entry whose storage was just freed. None: a new entry."""
         table = self.table
@@ -146,7 +151,8 @@ class TensorEntries:
                 return prev
         return None
 
-    def _recycle(self, rec: Record, tensor: Any, storage: Any, ptr: int, check_grad: bool) -> None:
+    def _recycle(self, rec: Record, tensor: torch.Tensor, storage: torch.UntypedStorage, ptr: int,
+                 check_grad: bool) -> None:
         """The entry of a slot whose storage was freed continues with the storage that replaced it.
 
         Equivalent to releasing the old storage and recording the new one in the same slot - the same counters
@@ -186,7 +192,7 @@ class TensorEntries:
         rec.superseded = False
         rec.grad = check_grad and tensor.requires_grad
 
-    def _create(self, tensor: Any, site: EntrySite, request: RequestInfo | None, update: Update) -> Record:
+    def _create(self, tensor: torch.Tensor, site: EntrySite, request: RequestInfo | None, update: Update) -> Record:
         """A new entry for ``tensor``'s storage."""
         storage = tensor.untyped_storage()
         names = self._names

@@ -21,9 +21,12 @@ import threading
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvguardian.sources.evictable import EvictorRegistry
+
+if TYPE_CHECKING:
+    from kvguardian.paged import PagedKVPool
 
 __all__ = ["CallbackAction", "Evicted", "PoolPrefixEviction", "RetainedEviction", "release_memory"]
 
@@ -41,7 +44,7 @@ class Evicted:
 class PoolPrefixEviction:
     """Evict cached, unreferenced blocks of ``pool`` (LRU) for the bytes wanted."""
 
-    def __init__(self, pool: Any, *, name: str = "main", lock: AbstractContextManager[Any] | None = None,
+    def __init__(self, pool: PagedKVPool, *, name: str = "main", lock: AbstractContextManager[Any] | None = None,
                  lock_timeout: float = 0.05) -> None:
         self.pool = pool
         self.reason = f"pool_prefix:{name}"

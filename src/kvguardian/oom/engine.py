@@ -13,14 +13,17 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from kvguardian.oom.guard import OOMGuard
+
+if TYPE_CHECKING:
+    from kvguardian.paged.engine import Engine
 
 __all__ = ["guard_engine"]
 
 
-def guard_engine(oom: OOMGuard, engine: Any, *, name: str = "main", preempt: bool = False,
+def guard_engine(oom: OOMGuard, engine: Engine, *, name: str = "main", preempt: bool = False,
                  shed: bool = True) -> OOMGuard:
     oom.watch_pool(engine.pool, name=name, lock=engine.lock)
     if preempt:  # preempted requests give their blocks back to the preallocated pool: no host or GPU memory

@@ -27,13 +27,19 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvguardian._errors import KVGuardianError
 from kvguardian.oom.actions import CallbackAction, Evicted, PoolPrefixEviction, RetainedEviction, release_memory
 from kvguardian.oom.policy import PolicyState, Watermarks, decide
 from kvguardian.oom.signals.base import Reading, Signal
 from kvguardian.sources.evictable import EvictCallback, EvictorRegistry, registry_of
+
+if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
+    from kvguardian.guard import Guard
+    from kvguardian.paged import PagedKVPool
 
 __all__ = ["Action", "OOMGuard", "Overloaded", "Reservation"]
 
@@ -127,7 +133,7 @@ class OOMGuard:
         self._pool_steps: list[PoolPrefixEviction] = []
         self._preempt: CallbackAction | None = None
         self._shed: CallbackAction | None = None
-        self._guard: Any = None  # a kvguardian.Guard: ledger events
+        self._guard: Guard | None = None  # ledger events
         self.state = PolicyState()
         self.readings: list[Reading] = []
         self.pressure: float | None = None
@@ -164,7 +170,7 @@ class OOMGuard:
                 f"draining={self.state.draining} in_flight={self.in_flight}>")
 
     @classmethod
-    def for_process(cls, guard: Any = None, *, budget_mb: int | str | None = None, cuda: bool = True,
+    def for_process(cls, guard: Guard | None = None, *, budget_mb: int | str | None = None, cuda: bool = True,
                     **kwargs: Any) -> OOMGuard:
         """A guard for this process: its memory cgroup (when it has a limit), every CUDA device torch sees
         (when torch is already imported and has CUDA), and, with a `kvguardian.Guard`, its ledger against
@@ -212,7 +218,8 @@ class OOMGuard:
         self.signals.append(signal)
         return self
 
-    def watch_pool(self, pool: Any, *, name: str = "main", lock: Any = None, hook: bool = True) -> OOMGuard:
+    def watch_pool(self, pool: PagedKVPool, *, name: str = "main", lock: AbstractContextManager[Any] | None = None,
+                   hook: bool = True) -> OOMGuard:
         """Add the pool's occupancy signal and its prefix cache as the first eviction step; with ``hook``,
         every allocation of the pool samples (``pool.on_allocate``). ``lock`` is what the pool's engine holds
         while it schedules (eviction takes it; the pool is not thread-safe)."""
@@ -224,7 +231,7 @@ class OOMGuard:
             pool.on_allocate = self.on_allocate
         return self
 
-    def watch_guard(self, guard: Any, *, budget_bytes: int | None = None, budget_source: str = "argument",
+    def watch_guard(self, guard: Guard, *, budget_bytes: int | None = None, budget_source: str = "argument",
                     hf_hook: bool = True) -> OOMGuard:
         """Use a `kvguardian.Guard`: actions become ledger events, its ``retain(..., evict=...)`` callbacks
         are evicted, its ledger's KV bytes are a signal against ``budget_bytes`` (if given), and with

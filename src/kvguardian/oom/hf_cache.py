@@ -19,9 +19,15 @@ import copy
 import threading
 from collections import OrderedDict
 from collections.abc import Hashable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvguardian._errors import UsageError
+
+if TYPE_CHECKING:
+    from transformers import Cache
+
+    from kvguardian.guard import Guard
+    from kvguardian.oom.guard import OOMGuard
 
 __all__ = ["BoundedPrefixCache", "cache_nbytes"]
 
@@ -37,8 +43,8 @@ def cache_nbytes(cache: Any) -> int:
 
 
 class BoundedPrefixCache:
-    def __init__(self, *, max_entries: int = 64, max_bytes: int | None = None, guard: Any = None, oom: Any = None,
-                 reason: str = "HF prefix cache (bounded LRU)") -> None:
+    def __init__(self, *, max_entries: int = 64, max_bytes: int | None = None, guard: Guard | None = None,
+                 oom: OOMGuard | None = None, reason: str = "HF prefix cache (bounded LRU)") -> None:
         if max_entries < 1 or (max_bytes is not None and max_bytes < 1):
             raise UsageError(f"max_entries={max_entries}, max_bytes={max_bytes}: both must be positive; fix: e.g. "
                              "BoundedPrefixCache(max_entries=32, max_bytes=2 << 30)")
@@ -76,7 +82,7 @@ class BoundedPrefixCache:
         cache = self.get(key)
         return None if cache is None else copy.deepcopy(cache)
 
-    def put(self, key: Hashable, cache: Any) -> None:
+    def put(self, key: Hashable, cache: Cache) -> None:
         """Store a copy of ``cache`` under ``key``, evicting least recently used entries past the bounds."""
         if self._oom is not None:
             self._oom.on_allocate()

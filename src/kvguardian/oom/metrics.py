@@ -8,17 +8,20 @@ Reading the guard is a copy of counters it keeps: a scrape never samples the sig
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING
 
 from prometheus_client.core import Metric
 
 from kvguardian.exporters.prometheus import ScrapeCollector, by_label, one_sample
 
+if TYPE_CHECKING:
+    from kvguardian.oom.guard import OOMGuard
+
 __all__ = ["OOMCollector"]
 
 
 class OOMCollector(ScrapeCollector):
-    def __init__(self, oom: Any) -> None:
+    def __init__(self, oom: OOMGuard) -> None:
         self.oom = oom
 
     def collect(self) -> Iterator[Metric]:

@@ -10,11 +10,17 @@ embedding and MLP are the Hugging Face modules themselves, so greedy tokens can 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from kvguardian.paged.records import KVSpec
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import LlamaForCausalLM
+
+    from kvguardian.paged.pool import PagedKVPool
 
 __all__ = ["PagedLlama", "StepInput"]
 
@@ -30,7 +36,7 @@ class StepInput:
     block_ids: np.ndarray  # the sequence's block table as the engine sees it, token order
 
 
-def _rotate_half(x: Any) -> Any:
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     import torch
 
     half = x.shape[-1] // 2
@@ -40,7 +46,7 @@ def _rotate_half(x: Any) -> Any:
 class PagedLlama:
     """Wraps a ``LlamaForCausalLM`` (not copied: its modules are reused as they are)."""
 
-    def __init__(self, hf_model: Any) -> None:
+    def __init__(self, hf_model: LlamaForCausalLM) -> None:
         cfg = hf_model.config
         inner = hf_model.model
         self.config = cfg
@@ -54,7 +60,7 @@ class PagedLlama:
         self.groups = self.heads // self.spec.kv_heads
         self.scaling = self.spec.head_dim ** -0.5
 
-    def forward(self, pool: Any, batch: list[StepInput]) -> Any:
+    def forward(self, pool: PagedKVPool, batch: list[StepInput]) -> Any:
         """Run one step; return the logits of each sequence's last new token, ``[len(batch), vocab]``."""
         import torch
         import torch.nn.functional as F

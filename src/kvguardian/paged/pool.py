@@ -43,6 +43,8 @@ from kvguardian.paged.records import BlockTable, KVSpec, TableState
 from kvguardian.paged.remanence import Remanence
 
 if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
     from kvguardian.paged.debug import DebugChecker
 
 __all__ = ["PagedKVPool", "PoolExhausted"]
@@ -351,7 +353,7 @@ class PagedKVPool(RawBlockOps):
         self._end(np.empty(0, dtype=np.int32))
 
     # ------------------------------------------------------------------ K/V access
-    def write(self, request_id: str, layer: int, slots: Any, k: Any, v: Any) -> None:
+    def write(self, request_id: str, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store K/V ``[n, kv_heads, head_dim]`` of ``request_id`` at ``slots`` (int64 tensor) of ``layer``.
         In debug mode the writer must own every block it writes (its table, and no other, holds it)."""
         if self._debug is not None:
@@ -363,7 +365,8 @@ class PagedKVPool(RawBlockOps):
         self.k[layer].view(-1, kv.kv_heads, kv.head_dim).index_copy_(0, slots, k)
         self.v[layer].view(-1, kv.kv_heads, kv.head_dim).index_copy_(0, slots, v)
 
-    def gather(self, layer: int, block_ids: Any, num_tokens: int, *, request_id: str | None = None) -> tuple[Any, Any]:
+    def gather(self, layer: int, block_ids: torch.Tensor, num_tokens: int, *,
+               request_id: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V ``[num_tokens, kv_heads, head_dim]`` of a sequence, read through its block table
         (``block_ids``: int64 tensor in token order). In debug mode, naming the reader (``request_id``) checks
         that every slot read was written by its block's owner since allocation (KVG211)."""
@@ -435,11 +438,11 @@ class PagedKVPool(RawBlockOps):
         if self.remanence is not None:
             self.remanence.claim(t, ids, copy_of)
 
-    def _note_write(self, layer: int, slots: Any) -> None:
+    def _note_write(self, layer: int, slots: torch.Tensor) -> None:
         if self.remanence is not None:
             self.remanence.wrote(layer, slots)
 
-    def _check_read(self, request_id: str, layer: int, block_ids: Any, num_tokens: int) -> None:
+    def _check_read(self, request_id: str, layer: int, block_ids: torch.Tensor, num_tokens: int) -> None:
         if self.remanence is None or self._debug is None:
             return
         bad = self.remanence.unwritten(layer, block_ids, num_tokens)

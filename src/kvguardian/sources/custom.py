@@ -27,6 +27,10 @@ from kvguardian._errors import UsageError
 from kvguardian.ledger import EntrySite, Record, RequestInfo, Update
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    import torch
+
     from kvguardian.sources.host import SourceHost
 
 __all__ = ["DEFAULT_BUFFER_PATTERN", "ModuleTracker", "find_kv_buffers", "track_tensors"]
@@ -38,7 +42,8 @@ DEFAULT_BUFFER_PATTERN = re.compile(r"^(k|v|key|value)_cache$|^cache_(k|v)$")
 _ids = itertools.count(1)
 
 
-def track_tensors(host: SourceHost, kv: tuple[Any, Any], *, layer: int | None, source: str) -> None:
+def track_tensors(host: SourceHost, kv: tuple[torch.Tensor, torch.Tensor | None], *, layer: int | None,
+                  source: str) -> None:
     """``guard.track(keys, values, layer=i)``: record the K and V tensors ``kv`` (V may be None) of a custom model's
     cache for the current request, in the slot (request, layer, kind). Fails open (raises only when strict)."""
     try:
@@ -56,7 +61,8 @@ def track_tensors(host: SourceHost, kv: tuple[Any, Any], *, layer: int | None, s
         host.fail("track", exc)
 
 
-def find_kv_buffers(model: Any, pattern: re.Pattern[str] = DEFAULT_BUFFER_PATTERN) -> list[tuple[int, str, Any]]:
+def find_kv_buffers(model: torch.nn.Module,
+                    pattern: re.Pattern[str] = DEFAULT_BUFFER_PATTERN) -> list[tuple[int, str, Any]]:
     """``(layer index, "k"/"v", (weakref to module, attribute))`` for every KV buffer of ``model``, layers
     numbered in ``model.modules()`` order of the modules that own them."""
     out = []
@@ -87,7 +93,7 @@ class ModuleTracker:
         UsageError: ``model`` is not a torch module, or no buffer matches ``pattern``.
     """
 
-    def __init__(self, host: SourceHost, model: Any, *, pattern: str | re.Pattern[str] | None = None,
+    def __init__(self, host: SourceHost, model: torch.nn.Module, *, pattern: str | re.Pattern[str] | None = None,
                  positions: str | int | None = None, retain: bool = True) -> None:
         import torch
 
@@ -127,7 +133,7 @@ class ModuleTracker:
         return {"model": self.label, "buffers": len(self._buffers),
                 "layers": len({layer for layer, _, _ in self._buffers}), "filled_tokens": self._filled}
 
-    def _after_forward(self, module: Any, args: Any, kwargs: Any, output: Any) -> None:
+    def _after_forward(self, module: torch.nn.Module, args: Any, kwargs: Any, output: Any) -> None:
         host = self._host()
         if host is None:
             return
@@ -201,10 +207,10 @@ class ModuleTracker:
     def cache_ref(self, rec: Record) -> weakref.ref[Any] | None:
         return None
 
-    def chain_seeds(self, records: Any) -> tuple[dict[Any, Any], dict[Any, list[str]]]:
+    def chain_seeds(self, records: Sequence[Record]) -> tuple[dict[Any, Any], dict[Any, list[str]]]:
         return {}, {}
 
-    def chain_hints(self, records: Any) -> list[Any]:
+    def chain_hints(self, records: Sequence[Record]) -> list[Any]:
         return []
 
     def remove(self) -> None:

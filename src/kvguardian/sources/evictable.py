@@ -79,7 +79,7 @@ _REGISTRIES: weakref.WeakKeyDictionary[Any, EvictorRegistry] = weakref.WeakKeyDi
 _LOCK = threading.Lock()
 
 
-def registry_of(guard: Any) -> EvictorRegistry:
+def registry_of(guard: object) -> EvictorRegistry:
     """The registry of ``guard`` (a `kvguardian.Guard`), created on first use; it dies with the guard."""
     with _LOCK:
         reg = _REGISTRIES.get(guard)

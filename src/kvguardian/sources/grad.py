@@ -8,9 +8,12 @@ cache detached between steps never chains.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvguardian.ledger import Ledger
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["GradEvidence"]
 
@@ -23,7 +26,7 @@ class GradEvidence:
         self._max = max_requests
         self._by_request: dict[str | None, dict[str, Any]] = {}  # request id -> its live evidence
 
-    def note(self, tensor: Any, layer: int | None, request_id: str | None) -> None:
+    def note(self, tensor: torch.Tensor, layer: int | None, request_id: str | None) -> None:
         """``tensor`` (stored KV of ``layer``) requires grad, in request ``request_id``."""
         fn = tensor.grad_fn
         nxt: Any = fn.next_functions if fn is not None else ()
@@ -38,7 +41,7 @@ class GradEvidence:
         if chained:
             obs["chained_updates"] += 1
 
-    def _first(self, tensor: Any, layer: int | None, request_id: str | None) -> dict[str, Any]:
+    def _first(self, tensor: torch.Tensor, layer: int | None, request_id: str | None) -> dict[str, Any]:
         """The evidence of a request's first grad-tracked tensor: a bounded walk of its graph."""
         from kvguardian.tensors.autograd import walk_graph
 

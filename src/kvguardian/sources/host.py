@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import contextvars
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 if TYPE_CHECKING:
+    import torch
+
     from kvguardian.ledger import Ledger, LedgerSnapshot, Record, RequestInfo
 
 __all__ = ["Auditable", "ImplicitRequest", "Source", "SourceHost", "chain_hints"]
@@ -49,11 +51,11 @@ class Source(Protocol):
     def cache_ref(self, rec: Record) -> weakref.ref[Any] | None:
         """A weak reference to the live cache object that holds ``rec``, when this source knows it."""
 
-    def chain_seeds(self, records: Any) -> tuple[dict[Any, Any], dict[Any, list[str]]]:
+    def chain_seeds(self, records: Sequence[Record]) -> tuple[dict[Any, Any], dict[Any, list[str]]]:
         """For entries held by a live object this source knows: storage key -> that object (where a holder-chain
         search can start), and the rendered steps from the object down to the storage."""
 
-    def chain_hints(self, records: Any) -> list[Any]:
+    def chain_hints(self, records: Sequence[Record]) -> list[Any]:
         """Live objects likely to hold the entries' caches (what their requests returned to the program): the
         holder search expands them with its first level (a heap scan saved when right, nothing lost when
         wrong). A source without such knowledge returns []."""
@@ -73,7 +75,7 @@ class SourceHost(Protocol):
         """An error inside instrumentation at hook ``site``: counted and logged, never raised into the model (unless
         the guard is strict)."""
 
-    def note_grad(self, tensor: Any, layer: int | None) -> None:
+    def note_grad(self, tensor: torch.Tensor, layer: int | None) -> None:
         """A KV tensor that requires grad was stored at ``layer`` (evidence for KVG101)."""
 
     def kv_growing(self) -> None:
@@ -117,7 +119,7 @@ class Auditable(Protocol):
         """The ledger now, sources synced first."""
 
 
-def chain_hints(sources: Iterable[Source], records: Any) -> list[Any]:
+def chain_hints(sources: Iterable[Source], records: Sequence[Record]) -> list[Any]:
     """Every source's holder-search hints for ``records`` (a source written before hints existed has none)."""
     out: list[Any] = []
     for source in sources:

@@ -14,7 +14,7 @@ import gc
 import itertools
 import sys
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvguardian import _faults
 from kvguardian._errors import UsageError
@@ -22,6 +22,9 @@ from kvguardian.ledger import Event, Ledger, LedgerSnapshot, RequestInfo
 from kvguardian.sources.grad import GradEvidence
 from kvguardian.sources.host import ImplicitRequest, Source
 from kvguardian.sources.retained import DeclaredRetention
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["RequestScope"]
 
@@ -121,7 +124,7 @@ class RequestScope:
     def fail(self, site: str, exc: BaseException) -> None:
         self._failopen.handle(site, exc)
 
-    def note_grad(self, tensor: Any, layer: int | None) -> None:
+    def note_grad(self, tensor: torch.Tensor, layer: int | None) -> None:
         req = self._current.get()
         self._grad.note(tensor, layer, req.request_id if req is not None else None)
 

@@ -18,7 +18,10 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["CudaProbe", "MallocProbe"]
 
@@ -61,7 +64,7 @@ class CudaProbe:
 
     name = "cuda"
 
-    def __init__(self, device: Any) -> None:
+    def __init__(self, device: torch.device) -> None:
         import torch
 
         self.torch = torch

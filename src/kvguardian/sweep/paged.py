@@ -12,7 +12,12 @@ sweep's warm-up call, before its baseline. After every call the adapter checks t
 from __future__ import annotations
 
 import itertools
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from kvguardian.paged import PagedKVPool
 
 __all__ = ["BLOCK_SIZE", "available", "paged_attention"]
 
@@ -30,7 +35,7 @@ def available() -> bool:
     return True
 
 
-def _pool(h: int, d: int, dtype: Any, device: Any, blocks: int) -> Any:
+def _pool(h: int, d: int, dtype: torch.dtype, device: torch.device, blocks: int) -> PagedKVPool:
     from kvguardian.paged import KVSpec, PagedKVPool
 
     key = (h, d, str(dtype), str(device))
@@ -43,7 +48,7 @@ def _pool(h: int, d: int, dtype: Any, device: Any, blocks: int) -> Any:
     return pool
 
 
-def paged_attention(q: Any, k: Any, v: Any, is_causal: bool = False) -> Any:
+def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False) -> torch.Tensor:
     """``[B, H, S, D]`` attention with K/V stored in and gathered from the paged pool's blocks."""
     import torch
     import torch.nn.functional as F

@@ -26,12 +26,17 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvguardian.findings import Report
 from kvguardian.sweep.lengths import length_kind
 from kvguardian.sweep.memory import CudaProbe, MallocProbe
 from kvguardian.sweep.targets import BadOutput, Target
+
+if TYPE_CHECKING:
+    import torch
+
+    from kvguardian.guard import Guard
 
 __all__ = ["Row", "SweepConfig", "SweepResult", "run_sweep"]
 
@@ -144,7 +149,7 @@ class SweepResult:
         }
 
 
-def _tail_error(q: Any, k: Any, v: Any, out: Any) -> float:
+def _tail_error(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor) -> float:
     """Max |out - reference| over the last REF_ROWS query rows, causal, reference in float64 on the CPU."""
     import torch
 
@@ -234,7 +239,7 @@ def _error_row(target: Target, n: int, config: SweepConfig, elem: int, exc: Exce
                cuda_peak_bytes=None, max_abs_err=None, verdict="ERROR", reasons=[what.splitlines()[0][:300]])
 
 
-def _check_output(out: Any, q: Any) -> None:
+def _check_output(out: Any, q: torch.Tensor) -> None:
     import torch
 
     if not isinstance(out, torch.Tensor):
@@ -248,7 +253,7 @@ class _Bench:
     """What every length of one sweep measures with: the settings, the guard, the inputs' maker, the probes."""
 
     config: SweepConfig
-    guard: Any
+    guard: Guard
     make: Callable[[int], list[Any]]  # n -> [q, k, v]
     malloc: MallocProbe
     cuda: CudaProbe
@@ -315,7 +320,7 @@ def _measure_length(bench: _Bench, target: Target, n: int) -> Row:
     return row
 
 
-def _track(guard: Any, source: str, tensors: list[Any], tracked: dict[int, int]) -> None:
+def _track(guard: Guard, source: str, tensors: list[torch.Tensor], tracked: dict[int, int]) -> None:
     """Record q, k, v (as received) and the output in the ledger; remember their storages' keys and bytes.
 
     A function of its own so no loop variable outlives the call and keeps a tensor alive.
@@ -326,7 +331,7 @@ def _track(guard: Any, source: str, tensors: list[Any], tracked: dict[int, int])
         tracked[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
 
 
-def _alive_bytes(guard: Any, tracked: dict[int, int]) -> int:
+def _alive_bytes(guard: Guard, tracked: dict[int, int]) -> int:
     live = guard.ledger.live_keys()
     return sum(b for key, b in tracked.items() if key in live)
 

@@ -30,9 +30,12 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvguardian._errors import EXIT_ENVIRONMENT, UsageError
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["LAYOUTS", "SDPA_BACKENDS", "BadOutput", "Target", "resolve_targets"]
 
@@ -53,7 +56,8 @@ class Target:
     causal_kw: str  # keyword that turns on the causal mask: "is_causal" or "causal"
     context: Callable[[], Any] | None = None  # entered around every call (an SDPA backend pin)
 
-    def prepare(self, q: Any, k: Any, v: Any) -> tuple[tuple[Any, ...], dict[str, Any], list[Any]]:
+    def prepare(self, q: torch.Tensor, k: torch.Tensor,
+                v: torch.Tensor) -> tuple[tuple[Any, ...], dict[str, Any], list[Any]]:
         """Turn ``[B, H, S, D]`` tensors into this target's arguments; also return the q, k, v it receives."""
         kw = {self.causal_kw: True}
         if self.layout == "bhsd":
@@ -82,7 +86,7 @@ class Target:
             return out.reshape(b, s, h, d).transpose(1, 2)
         return out
 
-    def __call__(self, q: Any, k: Any, v: Any) -> tuple[Any, list[Any]]:
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[Any, list[Any]]:
         """Run once; return the output as ``[B, H, S, D]`` and the ``[q, k, v]`` the callable received."""
         args, kw, received = self.prepare(q, k, v)
         if self.context is not None:
@@ -106,7 +110,7 @@ def _sdpa(backend: str) -> Target:
                   context=lambda: sdpa_kernel(member))
 
 
-def _works(target: Target, device: Any, dtype: Any) -> str | None:
+def _works(target: Target, device: torch.device, dtype: torch.dtype) -> str | None:
     """None when ``target`` runs a tiny causal call on ``device``; else why not (one line)."""
     import torch
 
@@ -158,7 +162,7 @@ def paged_attention() -> Callable[..., Any] | None:
 
 
 def resolve_targets(
-    specs: list[str], *, device: Any, dtype: Any, layout: str = "bhsd", causal_kw: str | None = None
+    specs: list[str], *, device: torch.device, dtype: torch.dtype, layout: str = "bhsd", causal_kw: str | None = None
 ) -> tuple[list[Target], list[str]]:
     """Build the targets named by ``specs``; return them and notes on what was skipped and why.
 

@@ -5,7 +5,12 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    import torch
 
 __all__ = ["GraphStats", "walk_graph"]
 
@@ -45,7 +50,7 @@ class GraphStats:
 
 
 def walk_graph(
-    tensors: Any,
+    tensors: torch.Tensor | Iterable[torch.Tensor],
     *,
     max_nodes: int = 100_000,
     max_seconds: float = 5.0,

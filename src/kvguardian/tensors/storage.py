@@ -5,7 +5,10 @@ from __future__ import annotations
 import gc
 import sys
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["is_tensor", "reachable_tensors", "storage_key", "storage_nbytes"]
 
@@ -16,12 +19,12 @@ def is_tensor(obj: object) -> bool:
     return torch is not None and isinstance(obj, torch.Tensor)
 
 
-def storage_key(t: Any) -> int:
+def storage_key(t: torch.Tensor) -> int:
     """The ledger key of a tensor: its storage's data pointer (0 for an empty storage)."""
     return int(t.untyped_storage().data_ptr())
 
 
-def storage_nbytes(t: Any) -> int:
+def storage_nbytes(t: torch.Tensor) -> int:
     return int(t.untyped_storage().nbytes())
 
 

@@ -9,10 +9,13 @@ blocks with an online softmax. Runs on a GPU, or on a CPU with ``TRITON_INTERPRE
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import triton
 import triton.language as tl
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["paged_decode", "paged_decode_kernel"]
 
@@ -47,8 +50,8 @@ def paged_decode_kernel(q, k_cache, v_cache, block_table, seq_lens, out, scale,
     tl.store(out + seq * stride_os + head * stride_oh + d, (acc / l_sum).to(out.dtype.element_ty))
 
 
-def paged_decode(q: Any, k_cache: Any, v_cache: Any, block_table: Any, seq_lens: Any, *,
-                 scale: float | None = None, kernel: Any = None) -> Any:
+def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+                 seq_lens: torch.Tensor, *, scale: float | None = None, kernel: Any = None) -> torch.Tensor:
     """Attention output ``[num_seqs, heads, head_dim]``; ``kernel`` may be a `sanitize`-d copy of the kernel."""
     import torch
 

@@ -26,7 +26,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request  # this module is the app: imported only when one is built
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -37,6 +37,10 @@ from kvguardian.apps.mini_server.tenancy import KeyRing, namespace_of
 from kvguardian.exporters.webconfig import BasicAuthASGI, WebConfig, basic_user
 from kvguardian.paged.loop import EngineLoop, Stopped
 
+if TYPE_CHECKING:
+    from kvguardian.guard import Guard
+    from kvguardian.oom.guard import OOMGuard
+
 __all__ = ["MiniConfig", "MiniServer", "create_app"]
 
 SPECIAL = 3  # token ids 0 (pad), 1 (bos), 2 (eos); byte b is token b + 3
@@ -46,7 +50,8 @@ VOCAB = 256 + SPECIAL + 1
 class MiniServer:
     """The model, pool, engine loop and key ring behind one app."""
 
-    def __init__(self, config: MiniConfig, web: WebConfig | None = None, guard: Any = None, oom: Any = None,
+    def __init__(self, config: MiniConfig, web: WebConfig | None = None, guard: Guard | None = None,
+                 oom: OOMGuard | None = None,
                  *, oom_preempt: bool = False) -> None:
         config.validate()
         self.config = config
@@ -217,8 +222,8 @@ def _error(status: int, message: str, kind: str, param: str | None = None) -> An
 
 
 # ---------------------------------------------------------------------------------------------- the app
-def create_app(config: MiniConfig | None = None, *, web: WebConfig | None = None, guard: Any = None,
-               oom: Any = None, oom_preempt: bool = False) -> Any:
+def create_app(config: MiniConfig | None = None, *, web: WebConfig | None = None, guard: Guard | None = None,
+               oom: OOMGuard | None = None, oom_preempt: bool = False) -> Any:
     """The FastAPI app of a new `MiniServer` (its engine thread starts with the app's lifespan, or at the first
     request when run without one). With ``web`` basic auth, every path outside ``/v1`` needs it; ``/v1`` needs
     an API key (or, with no keys configured, the basic-auth user, who is then the tenant). With a

@@ -24,12 +24,18 @@ import statistics
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvguardian._errors import UsageError
 from kvguardian.apps.repro import DemoRow, ReproResult
 from kvguardian.apps.repro.cross_request_report import demo_texts, render
 from kvguardian.apps.repro.models import GRAD_SPEC, TINY, TinySpec, build_llama
+
+if TYPE_CHECKING:
+    from transformers import LlamaForCausalLM
+
+    from kvguardian.findings import Finding
+    from kvguardian.paged.model import PagedLlama
 
 NAME = "cross-request"
 SECTION = "§2.2"
@@ -85,7 +91,7 @@ def make_workload(n: int, vocab: int, seed: int, sys_tokens: tuple[int, int]) ->
     return reqs, desc
 
 
-def oracle(model: Any, reqs: list[Any]) -> dict[str, list[int]]:
+def oracle(model: LlamaForCausalLM, reqs: list[Any]) -> dict[str, list[int]]:
     """Greedy tokens of HF ``generate()``, one request at a time (no batching, no padding)."""
     import torch
 
@@ -115,7 +121,7 @@ class Timing:
     variants: tuple[str, ...] = TIMING_VARIANTS
 
 
-def run_variant(engine_model: Any, reqs: list[Any], variant: str, run: PoolRun) -> dict[str, Any]:
+def run_variant(engine_model: PagedLlama, reqs: list[Any], variant: str, run: PoolRun) -> dict[str, Any]:
     from kvguardian.apps.repro.slot_scheduler import SlotScheduler
     from kvguardian.paged import PagedKVPool
     from kvguardian.paged.engine import Engine, OwnershipScheduler
@@ -139,7 +145,7 @@ def run_variant(engine_model: Any, reqs: list[Any], variant: str, run: PoolRun) 
     }
 
 
-def _fault(f: Any) -> dict[str, Any] | None:
+def _fault(f: Finding | None) -> dict[str, Any] | None:
     if f is None:
         return None
     ev = f.evidence

@@ -13,13 +13,17 @@ from __future__ import annotations
 import argparse
 import math
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvguardian._errors import UsageError
 from kvguardian.apps.repro import DemoRow, ReproResult, verdict_line
 from kvguardian.apps.repro.fit import growth_exponent, local_exponent, quadratic_share
 from kvguardian.apps.repro.models import GRAD_SPEC, TinySpec, build_llama
 from kvguardian.report.reporter import Reporter
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import LlamaForCausalLM, PretrainedConfig
 
 NAME = "grad-tracking"
 SECTION = "§2.1"
@@ -69,18 +73,19 @@ def _context(mode: str) -> Any:
     }[mode]()
 
 
-def detaching_cache(config: Any) -> Any:
+def detaching_cache(config: PretrainedConfig) -> Any:
     """The detach fix: a DynamicCache that stores detached K/V, so no step's graph is kept by the cache."""
     from transformers import DynamicCache
 
     class DetachingCache(DynamicCache):
-        def update(self, key_states: Any, value_states: Any, layer_idx: int, *args: Any, **kwargs: Any) -> Any:
+        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any,
+                   **kwargs: Any) -> Any:
             return super().update(key_states.detach(), value_states.detach(), layer_idx, *args, **kwargs)
 
     return DetachingCache(config=config)
 
 
-def measure_mode(model: Any, mode: str, steps: list[int]) -> dict[str, Any]:
+def measure_mode(model: LlamaForCausalLM, mode: str, steps: list[int]) -> dict[str, Any]:
     """Decode ``max(steps)`` tokens in ``mode`` under a guard; measure at each step count."""
     import torch
     from transformers import DynamicCache
@@ -142,7 +147,7 @@ def measure_mode(model: Any, mode: str, steps: list[int]) -> dict[str, Any]:
     }
 
 
-def measure_generate(model: Any) -> dict[str, Any]:
+def measure_generate(model: LlamaForCausalLM) -> dict[str, Any]:
     """``generate()`` inside ``enable_grad()``: it is decorated ``no_grad``, so no graph, no KVG101."""
     import torch
 

@@ -22,11 +22,14 @@ from __future__ import annotations
 
 import argparse
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvguardian._errors import UsageError
 from kvguardian.apps.repro import DemoRow, ReproResult, verdict_line
 from kvguardian.report.reporter import Reporter
+
+if TYPE_CHECKING:
+    import torch
 
 NAME = "nonpow2"
 SECTION = "§2.3"
@@ -41,7 +44,7 @@ ARTICLE = {"length": 1023, "leak_mb": 151.2, "blocks_needed": 16, "blocks_freed"
 _STAGED: list[tuple[Any, Any]] = []
 
 
-def _blockwise(q: Any, k: Any, v: Any, is_causal: bool, ceil_release: bool) -> Any:
+def _blockwise(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, ceil_release: bool) -> torch.Tensor:
     """Stage one K/V workspace per 64-row block, compute, release ``released`` of them.
 
     The workspaces are what the article says a kernel keeps per row block (here: views of K and V up to the
@@ -63,12 +66,14 @@ def _blockwise(q: Any, k: Any, v: Any, is_causal: bool, ceil_release: bool) -> A
     return out
 
 
-def leaky_blockwise_attention(q: Any, k: Any, v: Any, is_causal: bool = False) -> Any:
+def leaky_blockwise_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                              is_causal: bool = False) -> torch.Tensor:
     """Block-tiled attention that frees ``length // 64`` block workspaces: leaks when length % 64 != 0."""
     return _blockwise(q, k, v, is_causal, ceil_release=False)
 
 
-def fixed_blockwise_attention(q: Any, k: Any, v: Any, is_causal: bool = False) -> Any:
+def fixed_blockwise_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                              is_causal: bool = False) -> torch.Tensor:
     """The same, freeing ``ceil(length / 64)`` workspaces: returns all memory at every length."""
     return _blockwise(q, k, v, is_causal, ceil_release=True)
 

@@ -10,12 +10,17 @@ from __future__ import annotations
 import argparse
 import time
 from collections import OrderedDict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvguardian._errors import UsageError
 from kvguardian.apps.repro import DemoRow, ReproResult
 from kvguardian.apps.repro.models import TINY, build_llama
 from kvguardian.report.reporter import Reporter
+
+if TYPE_CHECKING:
+    from transformers import Cache, LlamaForCausalLM
+
+    from kvguardian.guard import Guard
 
 NAME = "orphaned"
 SECTION = ""
@@ -35,7 +40,7 @@ class SessionStore:
         self.limit = limit
         self.entries: OrderedDict[str, Any] = OrderedDict()
 
-    def put(self, request_id: str, cache: Any) -> None:
+    def put(self, request_id: str, cache: Cache) -> None:
         self.entries[request_id] = cache
         self.entries.move_to_end(request_id)
         while self.limit is not None and len(self.entries) > self.limit:
@@ -43,7 +48,7 @@ class SessionStore:
 
 
 class ChatServer:
-    def __init__(self, model: Any, guard: Any, *, fixed: bool) -> None:
+    def __init__(self, model: LlamaForCausalLM, guard: Guard, *, fixed: bool) -> None:
         self.model = model
         self.guard = guard
         self.sessions = SessionStore(MAX_SESSIONS if fixed else None)

@@ -16,10 +16,16 @@ import time
 import traceback
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvguardian._errors import InternalError
 from kvguardian.apps.repro.vlm import VLM_TINY, VlmSpec, build_vlm, image_features
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import LlavaForConditionalGeneration
+
+    from kvguardian.guard import Guard
 
 __all__ = ["RANK_SERVER", "VARIANTS", "WORLD", "RankServer", "VisualKVStore", "launch"]
 
@@ -53,7 +59,8 @@ class VisualKVStore:
 class RankServer:
     """One rank of the 2-rank server. ``variant`` is one of VARIANTS."""
 
-    def __init__(self, model: Any, guard: Any, rank: int, variant: str, spec: VlmSpec) -> None:
+    def __init__(self, model: LlavaForConditionalGeneration, guard: Guard, rank: int, variant: str,
+                 spec: VlmSpec) -> None:
         self.model = model
         self.guard = guard
         self.rank = rank
@@ -68,7 +75,7 @@ class RankServer:
         self._recording = True
 
     # -- collectives, counted ----------------------------------------------------------------------------------
-    def _broadcast(self, t: Any, *, staged: bool = False) -> None:
+    def _broadcast(self, t: torch.Tensor, *, staged: bool = False) -> None:
         """Broadcast rank 0's ``t`` into every rank's ``t``. ``staged``: rank 0 sends a copy (a staging buffer),
         for KV its guard tracks: gloo drops its reference to the tensor it was given after this returns, in its
         worker thread, so the tracked storage itself must not go to gloo (see `_ended_bytes`)."""
@@ -83,7 +90,7 @@ class RankServer:
         if self._recording:
             self.pattern.append(("broadcast", tuple(t.shape), t.dtype))
 
-    def _all_reduce(self, t: Any) -> None:
+    def _all_reduce(self, t: torch.Tensor) -> None:
         import torch.distributed as dist
 
         t0 = time.perf_counter()
@@ -194,7 +201,7 @@ class RankServer:
                 "comm_seconds": self.comm_seconds - s0}
 
 
-def _ended_bytes(guard: Any, *, settle: bool = True) -> tuple[int, int]:
+def _ended_bytes(guard: Guard, *, settle: bool = True) -> tuple[int, int]:
     """(bytes, storages) of KV whose owner sequence has ended, on this rank.
 
     Exact without a GC pass: gloo (torch/csrc/distributed/c10d/ProcessGroupGloo.cpp, ``runLoop``) drops its
@@ -222,7 +229,7 @@ class RankJob:
     new_tokens: int
 
 
-def _run_variant(model: Any, rank: int, variant: str, job: RankJob) -> dict[str, Any]:
+def _run_variant(model: LlavaForConditionalGeneration, rank: int, variant: str, job: RankJob) -> dict[str, Any]:
     from kvguardian.guard import Guard
     from kvguardian.ranks import check_ranks
 

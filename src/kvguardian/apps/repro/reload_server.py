@@ -27,9 +27,14 @@ import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvguardian.apps.repro.models import TINY, TinySpec, build_llama
+
+if TYPE_CHECKING:
+    from transformers import LlamaForCausalLM
+
+    from kvguardian.guard import Guard
 
 __all__ = ["VARIANTS", "create_app", "serve"]
 
@@ -45,7 +50,7 @@ def _ids(text: str, vocab: int) -> list[int]:
 class _Service:
     """Generation with a reusable system-prompt prefix; subclasses decide where prefixes live."""
 
-    def __init__(self, model: Any, guard: Any) -> None:
+    def __init__(self, model: "LlamaForCausalLM", guard: "Guard") -> None:
         self.model = model
         self.guard = guard
 
@@ -100,7 +105,7 @@ class PrefixStore:
 class InstancePrefixService(_Service):
     """The fix: the prefix store belongs to the instance and dies with it at reload."""
 
-    def __init__(self, model: Any, guard: Any) -> None:
+    def __init__(self, model: "LlamaForCausalLM", guard: "Guard") -> None:
         super().__init__(model, guard)
         self.prefixes = PrefixStore(PREFIX_LIMIT)
         guard.retain(self.prefixes, reason=f"system-prompt prefix cache (per model, {PREFIX_LIMIT} entries)")
@@ -119,7 +124,7 @@ class InstancePrefixService(_Service):
 class ServerState:
     """What the app holds: the guard, the current service, and weak references to every model loaded."""
 
-    def __init__(self, variant: str, spec: TinySpec, guard: Any) -> None:
+    def __init__(self, variant: str, spec: TinySpec, guard: "Guard") -> None:
         if variant not in VARIANTS:
             raise ValueError(f"variant {variant!r} is not one of {VARIANTS}")
         self.variant = variant
@@ -161,7 +166,7 @@ class ServerState:
         }
 
 
-def create_app(variant: str, *, spec: TinySpec = TINY, guard: Any = None) -> Any:
+def create_app(variant: str, *, spec: TinySpec = TINY, guard: "Guard | None" = None) -> Any:
     """The FastAPI app of one server variant (``buggy`` or ``fixed``); ``app.state.server`` is its state."""
     from fastapi import FastAPI, HTTPException
     from pydantic import BaseModel, Field

@@ -4,9 +4,13 @@ vision tower and a projector producing visual tokens, prefixed to the tiny Llama
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvguardian.apps.repro.models import TinySpec, llama_config
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import LlavaForConditionalGeneration
 
 __all__ = ["VLM_TINY", "VlmSpec", "build_vlm", "image_features"]
 
@@ -61,7 +65,7 @@ def build_vlm(spec: VlmSpec = VLM_TINY, *, seed: int = 0) -> Any:
     return model
 
 
-def image_features(model: Any, pixel_values: Any) -> Any:
+def image_features(model: LlavaForConditionalGeneration, pixel_values: torch.Tensor) -> Any:
     """Visual tokens of one image, ``[visual_tokens, hidden]`` (CLIP tower + projector, CLS dropped)."""
     out = model.get_image_features(pixel_values=pixel_values)
     feats = getattr(out, "pooler_output", out)

@@ -7,10 +7,13 @@ blocks (fed to the ledger) lowers it.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from kvguardian._errors import UsageError
 from kvguardian.oom.signals.base import Reading, failed
+
+if TYPE_CHECKING:
+    from kvguardian.ledger import Ledger
 
 __all__ = ["LedgerBudgetSignal"]
 
@@ -18,7 +21,7 @@ __all__ = ["LedgerBudgetSignal"]
 class LedgerBudgetSignal:
     fast = False
 
-    def __init__(self, ledger: Any, budget_bytes: int, *, source: str = "argument", name: str = "kv_budget") -> None:
+    def __init__(self, ledger: Ledger, budget_bytes: int, *, source: str = "argument", name: str = "kv_budget") -> None:
         if not isinstance(budget_bytes, int) or budget_bytes <= 0:
             raise UsageError(f"KV budget must be a positive number of bytes, got {budget_bytes!r}; fix: e.g. "
                              "KVG_KV_BUDGET_MB=2048")

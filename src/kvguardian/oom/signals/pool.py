@@ -9,16 +9,19 @@ the pool holds K/V tensors, in blocks otherwise. One read is a few numpy calls (
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from kvguardian.oom.signals.base import Reading, failed
 
+if TYPE_CHECKING:
+    from kvguardian.paged import PagedKVPool
+
 __all__ = ["PoolSignal"]
 
 
-def _blocks(pool: Any) -> tuple[int, int]:
+def _blocks(pool: PagedKVPool) -> tuple[int, int]:
     """(referenced, cached and unreferenced) blocks."""
     bp = pool.blocks
     try:
@@ -31,7 +34,7 @@ def _blocks(pool: Any) -> tuple[int, int]:
 class PoolSignal:
     fast = False
 
-    def __init__(self, pool: Any, *, name: str = "main") -> None:
+    def __init__(self, pool: PagedKVPool, *, name: str = "main") -> None:
         self.pool = pool
         self.name = f"pool:{name}"
         self.unit = "bytes" if getattr(pool, "block_bytes", 0) else "blocks"
