@@ -57,7 +57,7 @@ ROWS: list[tuple[str, list[Panel]]] = [
     ("Ledger: residency and fragmentation (the article, §4.3)", [
         Panel("KV residency ratio", with_floor("kvguardian_kv_residency_ratio", "30m", "30 min"),
               unit="percentunit", thresholds=[(0.65, "red")],
-              description="KV bytes whose owner request ended / all KV bytes (DESIGN.md). The alert uses the "
+              description="KV bytes whose owner request ended / all KV bytes (docs/design/ledger.md). The alert uses the "
                           "30-minute floor above the article's 0.65 and requires orphaned bytes too."),
         Panel("KV fragmentation ratio", with_floor("kvguardian_kv_fragmentation_ratio", "1h", "1 h"),
               unit="percentunit", thresholds=[(0.3, "orange")],

@@ -4,14 +4,9 @@
     guard.attach(model)                        # Hugging Face: instruments its caches
     with guard.request("r-17", tenant="acme"):
         model.generate(ids, max_new_tokens=64)
-    guard.retain(prefix_cache, reason="system prompt")
     report = guard.check()
 
-What is where: the ledger (`kvguardian.ledger`) records every KV entry; the request scope
-(`kvguardian.sources.scope`) is what every source talks to - the current request, fail-open, grad evidence;
-the transformers source is `kvguardian.hf` and custom torch models `kvguardian.sources.custom`; ``check()``
-runs `kvguardian.check`. Importing this module imports neither torch nor transformers; `attach` and `track`
-import them when called.
+Importing this module imports neither torch nor transformers. What is where: docs/design/guard.md.
 """
 
 from __future__ import annotations
@@ -45,28 +40,20 @@ _guard_ids = itertools.count(1)
 
 
 class Guard:
-    """Records every KV entry's lifecycle per request and proves leaks.
+    """Records every KV entry's lifecycle per request and proves leaks (docs/design/guard.md).
 
     Args:
-        strict: raise `InstrumentationError` when a hook fails, instead of failing open (for tests).
+        strict: raise `InstrumentationError` when a hook fails, instead of failing open.
         event_capacity: lifecycle events kept in the bounded buffer.
-        holder_search_seconds: wall-clock safety net of one holder-chain search in `check` (the search is
-            bounded by objects visited; this only stops a search on a machine that is stalled).
+        holder_search_seconds: wall-clock safety net of one holder-chain search.
         redact: hide dictionary keys in holder chains.
         growth_alpha: significance level of the KVG103 trend test.
-        reuse_window: requests in the count-based window of the cross-request reuse rate.
-        reuse_seconds: seconds in its time-based window.
-        retention_sampling: at request ends, sample (bounded, rate-limited) which containers hold ended
-            requests' KV, so that a container seen evicting (an LRU) is judged bounded; ``kv-guardian run``
-            and the pytest plugin turn it on.
-        decode_stride: inside a request, a transformers cache is observed layer by layer on its first two
-            forwards, then on one forward in ``decode_stride`` (the ledger's view of it is then up to
-            ``decode_stride - 1`` steps old; it is exact again at every request end, snapshot, crop and reset,
-            and when the cache dies: see `hf.sampling`). 1 observes every forward.
+        reuse_window, reuse_seconds: windows of the cross-request reuse rate.
+        retention_sampling: sample which containers hold ended requests' KV.
+        decode_stride: observe one decode forward in this many (1: all).
 
     Raises:
-        UsageError: an argument of the wrong type or out of range (one line: the argument, what it must be,
-            an example), e.g. ``holder_search_seconds=-1``, ``growth_alpha=2``, ``event_capacity=0``.
+        UsageError: an argument of the wrong type or out of range.
     """
 
     def __init__(

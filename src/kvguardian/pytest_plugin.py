@@ -4,30 +4,10 @@
     def test_chat_turn(model):
         chat(model, "hi")                        # every transformers cache of the process is audited
 
-    def test_with_guard(kv_guard, model):        # a Guard(strict=True) for this test, detached afterwards
-        kv_guard.attach(model)
-        with kv_guard.request("r1", tenant="t"):
-            model.generate(ids, max_new_tokens=4)
-
-A marked test runs with a fresh guard auditing the whole process (``Guard.audit_process``); after the test
-function returns, the requests of manually driven caches are ended and ``Guard.check`` runs. The test fails
-when a finding reaches the marker's ``fail_on`` (default: ``info`` - any KV the test created that is still
-alive, bounded or not) and the orphaned bytes exceed ``allow_bytes`` (default 0). The failure text shows each
-finding's id, bytes and holder chain. KV held by the test's function-scoped fixtures still counts (they are
-torn down later): declare it with ``kv_guard.retain(obj, reason=...)``.
-
-Options (command line / ini):
-
-==========================  ====================  =============================================================
-command line                ini                   meaning
-==========================  ====================  =============================================================
-``--kv-no-leak-all``        ``kv_no_leak_all``    treat every test as marked ``kv_no_leak``
-``--kv-fail-on=SEV``        ``kv_fail_on``        default severity that fails a marked test (info)
-``--kv-holder-seconds=S``   ``kv_holder_seconds`` wall-clock safety net of the holder-chain search per test (120)
-``--kv-redact``             ``kv_redact``         hide dictionary keys in holder chains
-``--kv-report=FILE``        ``kv_report``         append each checked test's findings to FILE (JSON lines)
-``--kv-html=FILE``          ``kv_html``           write the session's checked tests as one HTML report at the end
-==========================  ====================  =============================================================
+A marked test (or every test with ``--kv-no-leak-all``) runs with a fresh process guard; after it, ``check``
+runs and the test fails when a finding reaches ``fail_on`` (default ``info``) and the orphaned bytes exceed
+``allow_bytes``. Options: ``--kv-fail-on``, ``--kv-holder-seconds``, ``--kv-redact``, ``--kv-report``,
+``--kv-html`` (each also an ini key). The options table: docs/design/guard.md.
 """
 
 from __future__ import annotations

@@ -1,20 +1,11 @@
 """The cross-rank consistency check: gather every rank's per-sequence KV summary and compare (KVG106).
 
-    import torch.distributed as dist
-    from kvguardian.ranks import check_ranks
-
     report = check_ranks(guard)      # a collective: every rank of the group calls it at the same point
-    if report.findings and dist.get_rank() == 0:
-        print(report.to_json())
 
-Each rank's guard keeps its own ledger; `check_ranks` settles it, reduces it to a per-sequence summary
-(`kvguardian.detectors.rank_divergence.sequence_summary`: ids, bytes, counts, never KV contents), gathers
-the summaries with ``all_gather_object`` over the process group (gloo or NCCL; with NCCL the objects travel
-through the current CUDA device), and returns the same report on every rank. Call it where the ranks agree
-on the schedule (between engine steps), so a sequence that one rank finished a step earlier is not a
-divergence.
-
-Importing this module does not import torch; `check_ranks` does.
+Each rank's summary (`kvguardian.detectors.rank_divergence.sequence_summary`: ids, bytes, counts, never KV
+contents) is gathered with ``all_gather_object``; every rank gets the same report. Call it where the ranks
+agree on the schedule (between engine steps). Importing this module does not import torch. Details:
+docs/design/guard.md.
 """
 
 from __future__ import annotations

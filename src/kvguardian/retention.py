@@ -1,44 +1,10 @@
 """Is KV that outlived its request a leak, or retention that stays bounded? Decided from evidence.
 
-The check pipeline (`kvguardian.check`) finds, for every orphaned entry (owner ended, not declared retained),
-its holder chain. The
-*collections* on a chain are the containers on it (dict, list, set, deque, ``functools.lru_cache``, a
-``Mapping``...) and the heads of linked structures (a run of same-type objects through one attribute: chat
-turns with a ``parent`` pointer, a tree's ``children``). A collection that holds the KV of two or more ended
-requests is judged from what was seen of it:
-
-* it declares a bound (``lru_cache(maxsize=N)``, ``deque(maxlen=N)``, a ``maxsize``/``capacity`` attribute,
-  a cachetools cache): bounded;
-* it was *seen evicting* (members it held earlier were freed while the program ran - a continued cache's
-  earlier owner counts: its storages were replaced) and its size did not grow past what it had when it began
-  to evict (one extra sample measures that) or at a sample since: bounded (an LRU, even if some entries stay
-  all run or it filled for most of the run, a buffer trimmed in bursts);
-* its size stopped growing (the size at the end is no larger than at a sample taken at least a quarter of the
-  ended requests, and `_MIN_PLATEAU` of them, earlier), nothing evicted: bounded by its keys (a memo of a
-  few fixed prompts, even one that took most of the run to fill);
-* otherwise - its size only grew, or nothing earlier was seen of it - it grows with requests: unbounded.
-
-A request's KV is bounded when its innermost such collection is, and no collection further out keeps
-growing (a dict of bounded deques that gains a deque per user is not bounded). KV held by no shared
-collection is held by single references (the last output in a variable, one constant cache): bounded -
-except KV held from frames of one function in several threads (a ``threading.Timer`` or a streaming thread
-started per request, each keeping its request's output): those threads are one collection, judged like the
-others by how many threads had that function on their stack at each sample (a fixed pool of workers, each
-keeping its last output in a local, stays bounded). A chain that reaches no Python root alone never makes
-an error: it is a warning that names the nearest Python objects. Each verdict states its evidence: sizes
-over time, evictions seen, the declared bound.
-
-Samples run as a request ends, before the program can store what it returned; the final check runs after
-the last store. So the final size and membership are compared with the samples' less the latest request's
-store, when the latest request's KV is in the collection.
-
-The evidence comes from sampling (``kv-guardian run``, the pytest plugin): at geometrically spaced counts of
-ended requests (2, 4, 8, ...: the same on any machine) the holder chains of the orphaned KV still alive are
-searched (bounded by objects visited; reading only this thread's frames, naming no steps), and each
-collection's size and members are recorded - by object id and type, never by a reference - with, per
-function, how many threads have it on their stack. A sample is taken at those counts, plus one when a
-collection of two or more requests' KV is first seen evicting (an output holding its own request's KV is
-not such a collection).
+For each orphaned entry's holder chain, the collections on it (containers, linked structures, per-request
+threads) that hold two or more ended requests' KV are judged bounded when they declare a bound, were seen
+evicting without growing, or stopped growing; otherwise unbounded. Evidence comes from sampling at
+geometrically spaced counts of ended requests (``kv-guardian run``, the pytest plugin), and each verdict
+states it. The rules and their reasons: docs/design/retention.md.
 """
 
 from __future__ import annotations

@@ -2,20 +2,10 @@
 
     python -m kvguardian.apps.oom_demo_server --port 8000 [--no-guard] [--interval 0.02]
 
-``POST /generate`` ``{"prompt": [ids], "max_new_tokens": n, "keep": bool, "work_mb": m}`` → greedy tokens.
-
-- ``keep``: the handler keeps the request's KV after answering, "to resume the conversation later", and
-  never drops it: the leak (a buggy handler keeping caches). With the guard the store is registered with
-  ``guard.retain(store, reason=..., evict=store.evict)``, so memory pressure evicts it, oldest first.
-- ``work_mb``: memory the request legitimately holds while in flight (what image decoding, logprob or
-  detokenizer buffers cost in a real server). Many at once are a legitimate overload. The engine itself
-  preallocates its pool, so its KV never grows with load; host memory does.
-
-With the guard (`kvguardian.oom.asgi.install`): ``/ready``, ``/drain``, ``/oom``; the cgroup of this process,
-the pool and the ledger are signals; new requests get 503 + Retry-After while draining, and a request whose
-``work_mb`` would cross the drain watermark is refused before it allocates. ``/metrics`` always exports the
-ledger (``kvguardian_requests_active``: what a sidecar reads) and, with the guard, the guard's metrics.
-Tokens and prompts are never logged.
+``POST /generate`` takes ``keep`` (the handler keeps the request's KV for good: the leak) and ``work_mb``
+(memory a request legitimately holds in flight: the overload). With the guard, the kept store is evictable
+retention, and ``/ready``, ``/drain``, ``/oom`` shed load before the OOM killer would. Tokens and prompts are
+never logged. Details: docs/design/apps.md.
 """
 
 # No `from __future__ import annotations`: FastAPI reads the endpoints' annotations at runtime.

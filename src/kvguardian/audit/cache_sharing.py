@@ -1,30 +1,9 @@
 """Does a server share its prefix cache between tenants? A black-box timing audit (after Gu et al., "Auditing
 Prompt Caching in Language Model APIs", ICML 2025), with an anytime-valid sequential test.
 
-For each *level* a round is: a victim request puts a fresh random prompt P in the cache; then the attacker
-sends P again (hit procedure) and a prompt Q of the same length that shares no prefix with P (miss
-procedure), in random order, and the time to the first streamed token of each is recorded.
-`SequentialTest` decides after every round.
-
-| level | victim | attacker |
-|---|---|---|
-| ``caching`` | key #1 (salt a) | key #1 (salt a) |
-| ``shared_within_tenant`` | key #1 (salt a) | ``--same-tenant-key``, or key #2 with salt a (``--salt-field``) |
-| ``shared_across_tenants`` | key #1 (salt a) | key #2 (salt b) |
-
-Prompts are random pseudo-words (about 12 bits each, hundreds per prompt), so no two prompts share even one
-cache block by accident; every prompt has the same length in characters. The miss prompt Q is the words of P
-in another order, starting with another word: the server tokenizes the same words for both, so a tokenizer's
-word cache (the BPE cache of Hugging Face ``tokenizers``, warmed by the victim's P) speeds both alike, while
-a prefix cache, which hashes token blocks from the first token on, can serve only P. (With fresh words for Q,
-a server without any prefix cache answered P measurably faster: a false "caching" at p = 0.0006.)
-
-Levels are interleaved round by round in random order and a warm-up precedes the measurements, so slow
-drift hits all of them alike and cancels within each pair. Requests are spaced by a rate limit; a 429
-discards the round and backs off.
-
-Audit only systems you are authorised to test: the audit sends hundreds of requests and measures a side
-channel that can leak other users' prompts.
+Per level (``caching``, ``shared_within_tenant``, ``shared_across_tenants``) a round times the first token of
+a victim's prompt repeated (hit) against the same words reordered (miss); `SequentialTest` decides after every
+round. Audit only systems you are authorised to test. Prompt design and why: docs/design/audit.md.
 """
 
 from __future__ import annotations

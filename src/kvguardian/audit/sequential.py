@@ -1,27 +1,9 @@
 """An anytime-valid sequential test of "is the hit procedure faster than the miss procedure".
 
-Each *round* gives one paired observation: the time to first token of an attacker request that repeats a
-victim's prompt (hit procedure) and of one with a fresh prompt of the same length (miss procedure), sent
-back to back in random order. Two nonnegative test supermartingales (e-processes) run side by side:
-
-- **sharing** (`e_share`). Null H0: no sharing, so the two requests of a round are exchangeable and, because
-  their order is a fair coin, ``X = [hit faster than miss]`` is Bernoulli(1/2) whatever the noise, drift or
-  distribution of the timings. The e-process is the average, over a grid of alternatives ``p``, of the
-  likelihood ratios ``prod (p/0.5)^X ((1-p)/0.5)^(1-X)``: under H0 (any P(X=1) <= 1/2 given the past) it is
-  a supermartingale with mean <= 1, so by Ville's inequality P(it ever reaches 1/alpha) <= alpha.
-  Crossing 1/alpha decides "sharing" with a false-alarm probability <= alpha, at whatever round it happens.
-- **no sharing of size r** (`e_clean`). Null H1: sharing with at least the minimum effect, i.e. in at least
-  half the rounds the miss request takes >= ``min_effect`` times as long as the hit request. With
-  ``Y = [miss / hit >= min_effect]`` (P(Y=1) >= 1/2 under H1), the average over ``q < 1/2`` of
-  ``prod (q/0.5)^Y ((1-q)/0.5)^(1-Y)`` is a supermartingale under H1; crossing 1/beta decides "no sharing"
-  with a probability <= beta of doing so while sharing of that size exists.
-
-The test stops at the first crossing (both guarantees hold under optional stopping) or at ``max_samples``
-rounds, where it says *undecided* and reports its numbers: it never guesses. If both cross on the same
-round, "sharing" wins (its guarantee needs nothing about effect sizes). The reported p-values are the
-anytime-valid ``min(1, 1 / max e)`` of each e-process. The only assumption is the one the design enforces:
-under no sharing, which of a round's two requests is the repeat does not change its timing distribution
-(same length, random order, adjacent in time, so slow drift cancels within the pair).
+Two test supermartingales run over paired rounds: `e_share` (null: no sharing, so "hit faster" is a fair coin)
+and `e_clean` (null: sharing of at least ``min_effect``). Crossing 1/alpha or 1/beta decides, with the error
+bounded by Ville's inequality under optional stopping; at ``max_samples`` the verdict is *undecided*, never a
+guess. The construction and its one assumption: docs/design/audit.md.
 """
 
 from __future__ import annotations

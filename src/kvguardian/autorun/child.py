@@ -1,20 +1,9 @@
 """Inside a program audited by `kv-guardian run`: instrument transformers when it is imported, audit at exit.
 
-`activate` (called by the boot ``sitecustomize``) installs an import hook that waits for
-``transformers.cache_utils`` (then: version check, a process guard, the cache patch) and
-``transformers.generation.utils`` (then: each top-level ``generate()`` is a request). Nothing else is imported
-until the program imports transformers, so programs that never do pay almost nothing.
-
-At exit (an ``atexit`` handler registered first, so it runs after the program's own handlers; in a
-``multiprocessing`` child forked after transformers was seen, also a multiprocessing finalizer, because such a
-child ends with ``os._exit`` once its target returns) it ends the requests of manually driven caches, runs
-`Guard.check`, and writes ``report-<pid>.json`` into the folder named by ``KVG_RUN_DIR``.
-
-Markers let the parent tell what a process that wrote no report had: ``started-<pid>`` when transformers is
-first seen (and ``forked-<pid>`` in each child forked after that), ``kv-<pid>`` when the process first updates
-a transformers cache (the first KV it has; written once, from the guard's ``on_kv_growth`` hook). A process
-that imported transformers but never used a cache of it (vLLM's model worker: its KV is vLLM's own) has
-nothing to lose when it ends without exit handlers; one with KV that did is reported "not audited".
+`activate` (called by the boot ``sitecustomize``) installs an import hook, so programs that never import
+transformers pay almost nothing. At exit (``atexit``, plus a finalizer in forked ``multiprocessing`` children)
+it runs `Guard.check` and writes ``report-<pid>.json`` into ``KVG_RUN_DIR``; ``started-``/``forked-``/``kv-<pid>``
+markers tell the parent what a process that wrote no report had. Details: docs/design/autorun.md.
 """
 
 from __future__ import annotations

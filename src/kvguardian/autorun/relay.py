@@ -1,18 +1,9 @@
 """Run the audited program as a child and relay signals to it, so it behaves exactly as without kv-guardian.
 
-The child starts with the signal dispositions kv-guardian itself was started with (nothing ignored that was
-not ignored already) and the signal mask kv-guardian had: Ctrl-C raises ``KeyboardInterrupt`` in a Python
-program, a server's own SIGTERM handler runs. While the child runs, this process blocks the relayed signals
-and waits for them with ``sigtimedwait``, which says who sent each one:
-
-- sent by the terminal (Ctrl-C, Ctrl-\\): the kernel delivered it to the whole foreground process group, so
-  the child already has it; it is forwarded only if the child moved to a process group of its own;
-- sent by ``kill`` (a supervisor's SIGTERM, ``kill -INT``, SIGHUP): forwarded to the child.
-
-Either way this process keeps waiting for the child, so the caller can still write its report and exit with
-the child's status. (A signal sent to the whole process group with ``kill -- -PGID`` reaches the child
-twice: once from the sender, once forwarded; nothing can tell the two apart.) Where ``sigtimedwait`` does not
-exist (macOS), handlers forward every relayed signal unless stdin is a terminal, as ``uv run`` does.
+The child starts with kv-guardian's own signal dispositions and mask. This process blocks the relayed signals
+and reads them with ``sigtimedwait``: a terminal's signal already reached the child's process group and is not
+sent again; one sent by ``kill`` is forwarded. Either way it keeps waiting, so the report can still be written.
+The macOS fallback and the caveats: docs/design/autorun.md.
 """
 
 from __future__ import annotations

@@ -1,24 +1,9 @@
 """KVG103 kv-growth: retained KV bytes, sampled at every request end, grow monotonically.
 
-The test, run over the most recent windows of the series (16, 24, 32, ... up to 256 samples):
-
-1. **Mann–Kendall** (tie-corrected S, normal approximation) one-sided p-value below ``alpha`` (default
-   1e-5: the test runs at every request end over several windows, so it must be strict), i.e. an upward
-   trend stated with a confidence of ``1 - p``; and the window's second half alone below ``recent_alpha``
-   (5e-3): the growth is still going on, not a fill-up that has already stopped;
-2. **Theil–Sen** slope above zero, reported in bytes per request;
-3. **rising floors**: split the window into four blocks; each block's minimum is at least the previous
-   block's minimum, and the last block's minimum is above the first block's maximum. A bounded cache that
-   fills up and then churns has a flat floor, so it fails this even when its noise makes S large.
-4. **new territory**: the last block's minimum is above every sample before the window. Retention of a
-   bounded cache is autocorrelated (an LRU changes one entry per miss), so it can climb for 16 requests in
-   a row; but it climbs back into a range it has already visited, never beyond it for good.
-
-Warm-up is not special-cased by the test: a bounded cache whose fill-up lasts longer than the shortest window
-looks like a leak while it fills, and is reported as a suspected (warning) finding until the floor stops
-rising - unless the final check's retention verdicts prove every ended request's KV still alive bounded (an
-LRU seen evicting, a memo that stopped growing, a few conversations each continuing its own cache): then the
-growth is that fill-up or those conversations, and the finding is info.
+Over the most recent windows (16 up to 256 samples) the series must pass four tests: a strict Mann–Kendall
+trend (also in the window's second half), a positive Theil–Sen slope, rising floors across four blocks, and
+new territory (beyond every earlier sample). A bounded cache still filling is a warning until its floor stops
+rising, info when the retention verdicts prove it bounded. Why each test: docs/design/detectors.md.
 """
 
 from __future__ import annotations

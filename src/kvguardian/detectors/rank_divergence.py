@@ -1,17 +1,8 @@
 """KVG106 rank-divergence: ranks disagree on which sequences' KV are alive.
 
-Every rank of a distributed (tensor- or data-parallel) server keeps its own ledger. `sequence_summary`
-reduces one rank's ledger to what the ranks must agree on: per sequence (request id), the KV bytes still
-alive, how many storages, and whether the sequence is still active on that rank. `kvguardian.ranks` gathers
-the summaries over the process group (a collective, so it is not one of the per-process detectors that
-`Guard.check` runs); `compare` (pure) turns disagreements into findings:
-
-* KV of a sequence alive on some ranks and released on others (the article's "Rank 0 holds 128, Rank 1
-  holds 0");
-* a sequence ended on some ranks and active on others while KV is held;
-* with ``exact_bytes`` (replicated ranks), different byte counts for the same sequence.
-
-Summaries never carry KV contents or prompt text: ids, counts, byte totals, token lengths, layers.
+`sequence_summary` reduces one rank's ledger to what the ranks must agree on (per sequence: bytes alive,
+storages, whether active), never KV contents or prompt text; `kvguardian.ranks` gathers the summaries (a
+collective), and `compare` (pure) turns disagreements into findings. Details: docs/design/detectors.md.
 """
 
 from __future__ import annotations

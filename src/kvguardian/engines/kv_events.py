@@ -1,22 +1,9 @@
 """Decode vLLM's KV-event wire format into privacy-safe records, refusing nothing silently.
 
-The wire (vLLM ``distributed/kv_events.py``): a ZMQ multipart message ``(topic, sequence, payload)``; the
-sequence is 8 bytes big-endian (the replay socket's end marker is -1, signed); the payload is msgpack of an
-``EventBatch``. Two encodings exist and both are accepted:
-
-- vLLM up to 0.23: everything ``array_like`` - a batch ``[ts, [events...], dp_rank]`` and each event a
-  tagged array ``["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium,
-  lora_name, ...]`` (fields appended over releases);
-- later (vLLM PR #42892): the batch stays an array, each event is a map tagged ``"type"``; the newest source
-  also encodes the batch as a map ``{"ts", "events", "data_parallel_rank"}``.
-
-Block hashes are 64-bit ints (``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES``) or bytes (sha256 by default).
-``extra_keys`` (one entry per block) carries LoRA names, multimodal keys, the request's ``cache_salt`` (a
-plain string, first block of a prompt only) and prompt-embedding hashes. The decoder keeps neither token ids
-nor salts: it keeps a digest of the first block's tokens and of the salt (reports never carry prompt content).
-
-Malformed frames, batches and events raise or yield `DecodeError` with a reason from `REASONS`; one bad event
-does not lose the other events of its batch.
+A ZMQ multipart ``(topic, sequence, payload)``, the payload msgpack of an ``EventBatch``; both encodings
+(array-like up to vLLM 0.23, tagged maps later) are accepted. Token ids and salts are not kept, only digests.
+Malformed input raises or yields `DecodeError` with a reason from `REASONS`; one bad event does not lose its
+batch. The wire format in detail: docs/design/engines.md.
 """
 
 from __future__ import annotations

@@ -1,35 +1,10 @@
 """Subscribe to vLLM's KV events over ZMQ: both socket topologies, sequence tracking, gap repair through the
 replay socket (KVG209), and a watch on whether any publisher is connected at all.
 
-Topology. vLLM's publisher (``--kv-events-config`` ``endpoint``) *binds* when its endpoint contains ``*`` or
-``::`` or is ``ipc://``/``inproc://``, and *connects* otherwise (``tcp://127.0.0.1:5557`` makes it connect). So:
-
-- vLLM ``tcp://*:5557`` (or ``ipc://PATH``): the watcher connects - ``--events tcp://SERVER:5557`` (or the same
-  ``ipc://PATH``). ``--events tcp://*:5557``, vLLM's own string, connects to the host of ``--metrics``.
-- vLLM ``tcp://HOST:5557`` with a concrete host: vLLM connects, so the watcher must bind that address -
-  ``--events tcp://HOST:5557 --events-bind``. A bound SUB only gets what is published after vLLM connected;
-  the replay socket (always bound by vLLM) fills in the history.
-
-A ZMQ connect never fails: a socket monitor tells whether a publisher is connected (``connected``,
-``connect_retries``), so "nothing there" is reported instead of silently reading zero batches.
-
-Live stream: a SUB socket subscribed to the topic; each message is ``(topic, 8-byte big-endian sequence,
-msgpack batch)``; sequences count up from 0 per publisher.
-
-Replay: vLLM binds a ROUTER socket that answers ``[identity, b"", start]`` (start: 8 bytes big-endian) with
-every buffered batch ``seq >= start`` then an end marker with sequence -1; we talk to it through a DEALER and
-send the empty delimiter frame ourselves. Both reply shapes are accepted (`kv_events.split_replay_frames`).
-
-Rules: ``seq == last + 1`` is applied; a jump is a gap: the missing batches are replayed (if a replay endpoint
-is given) and the ones that do not come back are lost (KVG209, the index is marked incomplete until the next
-clear); ``seq <= last`` means the publisher restarted (ZMQ PUB/SUB never redelivers), so the index is reset.
-The first message after subscribing may start anywhere: the buffered history before it is fetched once.
-
-Bounded and responsive: one poll handles at most ``_DRAIN`` messages or ``_DRAIN_SECONDS``; all the gaps of
-one poll are repaired by a single replay request (vLLM answers everything from the first missing sequence on),
-at most one per poll, stopped early once the missing batches are in, and given up after ``replay_timeout``;
-a replay socket that answered nothing is not asked again for ``_REPLAY_BACKOFF`` seconds. Every wait is sliced
-so that setting the ``stop`` event ends it within about 0.1 s. Events are applied in sequence order.
+vLLM binds or connects depending on its endpoint string, so the watcher connects or binds (``--events-bind``)
+to match; a socket monitor reports "no publisher" instead of silently reading nothing. Gaps are replayed from
+vLLM's ROUTER socket or reported lost; a sequence going back means a restart and resets the index. Every poll
+and wait is bounded. Topologies, rules and bounds: docs/design/engines.md.
 """
 
 from __future__ import annotations

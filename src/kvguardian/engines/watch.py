@@ -1,18 +1,9 @@
 """The watch loop: scrape the server's metrics every ``interval`` seconds, read KV events in between, keep the
 findings on a board, and produce a `Report` (terminal, JSON) and metrics (`watch_exporter`).
 
-    watch = Watch("vllm", "http://127.0.0.1:8000/metrics", events="tcp://127.0.0.1:5557",
-                  replay="tcp://127.0.0.1:5558", grace=60)
-    watch.run(duration=600)
-    report = watch.report()
-
-Never hangs: each scrape is bounded as a whole (``timeout``, and never past ``duration``), `stop` (a signal
-handler calls it) cuts an in-flight scrape or replay off at once, and event polls are bounded.
-
-Silent incompleteness is reported, not hidden (``summary["incomplete"]`` and ``summary["warnings"]``): no
-publisher ever connected to the event socket, or the server answered prompts (``prefix_cache_queries_total``
-grew by several blocks' worth of uncached tokens) while no event batch arrived - the two signs of a wrong
-endpoint, topology or topic.
+It never hangs (each scrape bounded, `stop` cuts an in-flight scrape or replay), and it reports silent
+incompleteness (no publisher connected, or prompts answered while no event batch arrived) in
+``summary["incomplete"]`` and ``summary["warnings"]``. Example: docs/design/engines.md.
 """
 
 from __future__ import annotations

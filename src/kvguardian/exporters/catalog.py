@@ -1,19 +1,9 @@
 """The catalog of every metric kv-guardian exports: one place for names, types, labels and HELP text.
 
-Collectors build their metric families from this catalog (`kvguardian.exporters.prometheus.family`
-refuses a name that is not here), the README's metric table is generated from it
-(``python -m kvguardian.exporters.catalog``, a test keeps the two in step), and the Grafana dashboard's
-``--check`` reads it to refuse panels that query a metric nobody exports.
-
-Naming (Prometheus conventions, checked by a test): prefix ``kvguardian_``, base units (``_bytes``,
-``_seconds``, ``_ratio`` for 0-1), ``_total`` only on counters; no request ids, key names or tenants as
-labels (their cardinality is unbounded). Label values are small closed sets (states, finding ids, event
-types) or operator-chosen names (a pool's name, a Redis key *pattern*).
-
-Owners: ``guard`` (the ledger of a running program), ``pool`` (a paged block pool attached to the
-exporter), ``watch`` (``kv-guardian watch vllm|sglang``), ``vllm`` (the in-process audit inside vLLM's
-engine core), ``oom`` (the pre-OOM guard, in-process or ``kv-guardian oom-guard``), ``redis``
-(``kv-guardian redis exporter``).
+Collectors build their families from it (`kvguardian.exporters.prometheus.family` refuses other names), the
+README's metric table is generated from it (``python -m kvguardian.exporters.catalog``) and the Grafana
+dashboard's ``--check`` reads it. Names follow Prometheus conventions, and labels never carry request ids,
+key names or tenants. Naming rules and owners: docs/design/exporters.md.
 """
 
 from __future__ import annotations

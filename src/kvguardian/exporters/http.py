@@ -1,29 +1,10 @@
 """kv-guardian's HTTP server: ``/metrics``, a short index at ``/``, the routes a command adds, 404 elsewhere;
-bounded by construction. Every endpoint kv-guardian serves without an ASGI app runs on it (the exporters,
-``watch --exporter-port``, ``redis exporter``, the ``oom-guard`` sidecar).
+bounded by construction. Every endpoint kv-guardian serves without an ASGI app runs on it.
 
-prometheus_client's ``start_http_server`` answers every path with the metrics, refuses HEAD, and runs one
-thread per connection with no read timeout (3,000 idle half-requests made 2,717 threads and stalled scrapes
-for seconds). This server is one asyncio loop on one thread plus a small pool that renders expositions and
-runs quick routes:
-
-- at most ``max_connections`` connections; a new one beyond that closes the oldest connection still waiting
-  for its request, so idle or trickling clients can never lock a scraper out;
-- a request's head must arrive within ``header_timeout`` seconds and fit ``max_header_bytes``, its body (read
-  and dropped: no route takes one) within the same time and ``max_body_bytes``; a kept-alive connection
-  closes after ``idle_timeout`` seconds without a request;
-- ``GET``/``HEAD`` ``/metrics`` (any query) → the exposition (content negotiated as prometheus_client does),
-  ``/`` → a short text index, each `route` → its handler (``HEAD`` where the route allows it), other
-  paths → 404, other methods → 405 with ``Allow``;
-- a ``slow`` route (one that waits, e.g. the sidecar's ``/drain``) runs on its own daemon thread, at most
-  ``slow_requests`` at once (503 + ``Retry-After`` beyond), so it never holds up scrapes or probes nor the
-  process's exit;
-- with a `kvguardian.exporters.webconfig.WebConfig` (``--web-config``): TLS (the handshake bounded by
-  ``header_timeout``) and basic auth on every path (401 without valid credentials; bcrypt runs in the render
-  pool, never on the loop).
-
-Binds 127.0.0.1 unless told otherwise; a bind error is raised by the constructor (``OSError``), a TLS
-certificate that cannot be loaded as `UsageError`.
+prometheus_client's ``start_http_server`` runs a thread per connection with no read timeout, so idle clients
+can stall scrapes. This server is one asyncio loop plus a small render pool, with bounded connections, header,
+body and idle limits, ``slow`` routes on their own threads, and optional TLS and basic auth (`WebConfig`).
+Binds 127.0.0.1 unless told otherwise. The limits one by one: docs/design/exporters.md.
 """
 
 from __future__ import annotations

@@ -1,18 +1,9 @@
 """The Prometheus collector: fresh metric families from the ledger, attached pools and the latest findings.
 
-    from prometheus_client import CollectorRegistry
-    registry = CollectorRegistry()
-    collector = KVGuardianCollector(ledger=guard.ledger)
-    collector.attach_pool("main", pool)          # anything with metrics() -> dict (see `PoolMetrics`)
-    registry.register(collector)
-    collector.publish(guard.check())             # findings are exported from the latest published report
-
-`collect()` runs at every scrape: it reads `Ledger.totals()` (kept as entries change: no pass over them, no
-record copies), each pool's ``metrics()`` and the findings last published. It never runs detectors or a GC pass
-itself, so a scrape costs the same at a million entries as at none (see ``bench/exporter_scrape.py``). Every
-family is built from `kvguardian.exporters.catalog`; a source that raises is skipped for that scrape and counted
-(``kvguardian_exporter_source_errors_total``), never propagated into the scrape (fail-open, logged once per
-source).
+`collect()` reads `Ledger.totals()`, each attached pool's ``metrics()`` and the last published report; it never
+runs detectors or a GC pass, so a scrape costs the same at a million entries as at none
+(``bench/exporter_scrape.py``). A source that raises is skipped and counted, never propagated (fail-open).
+Example: docs/design/exporters.md.
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 `MetricsApp`), or standalone (``kv-guardian exporter``). Everything binds 127.0.0.1 unless told otherwise.
 
 Why not ``app.mount("/metrics", prometheus_client.make_asgi_app())``: Starlette's ``Mount`` answers
-``GET /metrics`` with a 307 redirect to ``/metrics/`` (REFERENCE.md; a test shows it), and some scrapers do not
-follow it. `mount_metrics` adds an exact ``Route`` instead, so ``/metrics`` answers 200 directly.
+``GET /metrics`` with a 307 redirect to ``/metrics/`` (tests/integration/exporters/test_exporter_server.py
+shows it), and some scrapers do not follow it. `mount_metrics` adds an exact ``Route`` instead, so ``/metrics``
+answers 200 directly.
 """
 
 from __future__ import annotations
@@ -165,19 +166,13 @@ def start_exporter(
 ) -> Exporter:
     """Serve kv-guardian's metrics from inside a running program, on ``http://host:port/metrics``.
 
-    Args:
-        guard: a `kvguardian.Guard`; its ledger is exported, and every ``check_interval`` seconds a check
-            (without holder-chain search; it does run one ``gc.collect()``) refreshes the exported findings.
-            ``check_interval=None`` exports only what you `publish` yourself (``exporter.collector.publish``).
-        port: TCP port; 0 picks a free one (read it from ``exporter.port``).
-        host: bind address; 127.0.0.1 by default. Pass ``0.0.0.0`` explicitly to be scraped from elsewhere.
-        collector: a collector to serve instead of one built from ``guard`` (e.g. a watch's collector).
-        registry: the registry to register into; a fresh one by default (never the global REGISTRY).
-        web_config: TLS and basic auth (`kvguardian.exporters.webconfig.load_web_config`); plain HTTP if None.
+    Pass exactly one of ``guard`` (its ledger is exported, and a check every ``check_interval`` seconds refreshes
+    the findings; None: only what you publish) and ``collector``. ``port`` 0 picks a free one
+    (``exporter.port``); ``host`` is 127.0.0.1 unless told otherwise; ``registry`` a fresh one by default;
+    ``web_config`` adds TLS and basic auth.
 
     Raises:
-        UsageError: not exactly one of ``guard`` and ``collector``, a bad interval, or the port cannot be
-            bound (exit code 3).
+        UsageError: not exactly one of ``guard`` and ``collector``, a bad interval, or the port cannot be bound.
     """
     if (guard is None) == (collector is None):
         raise UsageError("start_exporter needs a guard or a collector (not both); fix: start_exporter(guard)")

@@ -1,29 +1,10 @@
 """TLS and basic auth for every kv-guardian HTTP endpoint, configured like a Prometheus exporter.
 
-The file is the exporter-toolkit web configuration (``--web-config FILE``), the format node_exporter,
-redis_exporter and Prometheus itself read::
-
-    tls_server_config:
-      cert_file: server.crt          # relative paths are relative to this file
-      key_file: server.key
-      client_auth_type: RequireAndVerifyClientCert   # optional (mutual TLS); needs client_ca_file
-      client_ca_file: ca.crt
-      min_version: TLS12             # TLS10 .. TLS13
-    basic_auth_users:
-      prometheus: $2y$10$...         # bcrypt hashes (htpasswd -nBC 10 "" | tr -d ':\\n')
-
-Unknown keys are refused (exporter-toolkit reads the file strictly), so a typo never silently leaves an
-endpoint open. One `WebConfig` serves both server kinds kv-guardian runs:
-
-- the exporters (``kv-guardian exporter``, ``redis exporter``, ``watch``, `start_exporter`) and the
-  ``oom-guard`` sidecar are served by `kvguardian.exporters.http.MetricsHTTPServer`, which takes a
-  `WebConfig` for TLS (handshake bounded) and basic auth (bcrypt off its event loop);
-- ASGI (the mini OpenAI server, the OOM demo server, middlewares others add): `uvicorn_ssl_options` for uvicorn and
-  `BasicAuthASGI` as a middleware, checking bcrypt off the event loop.
-
-Checks cost one bcrypt verification (~60 ms at cost 10) per distinct credential; successes are cached (a
-bounded map of salted SHA-256 digests, never the password), an unknown user is checked against a dummy hash
-so timing does not say which users exist, and failures are never cached.
+``--web-config FILE`` is the exporter-toolkit web configuration (``tls_server_config``, ``basic_auth_users``
+with bcrypt hashes), read strictly: an unknown key is refused, so a typo never leaves an endpoint open. One
+`WebConfig` serves `kvguardian.exporters.http.MetricsHTTPServer` and ASGI apps (`uvicorn_ssl_options`,
+`BasicAuthASGI`). bcrypt runs off the event loop; successes are cached as salted digests, unknown users are
+checked against a dummy hash. File format and costs: docs/design/exporters.md.
 """
 
 from __future__ import annotations

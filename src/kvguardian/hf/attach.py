@@ -1,16 +1,9 @@
 """Attaching a guard to one transformers model: `Attachment`, and the checks that refuse what cannot be attached.
 
-An attachment is an entry in `hf.instrument`'s registry of attached models (keyed by the model's identity), not
-a hook stored on the model: the class-level wrappers of ``PreTrainedModel.__call__`` and ``generate`` look the
-model up there. So nothing of kv-guardian is in the model's ``__dict__`` or its hook dictionaries:
-
-- ``copy.deepcopy(model)``, ``copy.copy(model)``, a ``pickle`` or ``torch.save``/``torch.load`` round trip (and
-  TRL's ``create_reference_model``, accelerate's copies) give a model that is **not attached**: it runs its own
-  weights exactly as without kv-guardian, and is audited only once attached itself (``guard.attach(copy)``) or
-  under ``kv-guardian run``. The pickled bytes name no kv-guardian object: they load where it is not installed.
-- ``model.to(...)``, ``model.eval()``, ``model.half()`` return the same object: still attached.
-- ``detach()`` (`Attachment.remove`) drops the entry; the class-level wrappers go when the last user of the
-  patch is gone.
+An attachment is an entry in `hf.instrument`'s registry (keyed by the model's identity), not a hook stored on
+the model, so nothing of kv-guardian is in the model's ``__dict__`` or hooks: a deepcopy, pickle or
+``torch.save`` round trip gives a model that is not attached (and loads where kv-guardian is not installed);
+``model.to(...)``/``eval()`` keep the attachment. Details: docs/design/hf.md.
 """
 
 from __future__ import annotations
@@ -34,15 +27,11 @@ __all__ = ["Attachment", "attach_model", "check_attachable"]
 class Attachment:
     """One tracker's attachment to one model; `remove` undoes it.
 
-    At each call of the model (``model(...)``, what ``generate`` does per step) `call` makes the tracker the
-    context's active one and opens a list of pending updates; the ``Cache.update`` wrapper appends to it (O(1),
-    nothing read but the new keys' shape, dtype and device); when the forward returns, or raises, the whole list
-    is observed. Observing every layer of a step back to back, rather than one at a time between the model's own
-    kernels, costs a fraction as much (the bookkeeping's code and data stay in the CPU caches: measured ~8 us per
-    layer instead of ~50 us on the small config here). Updates are observed in order, before any crop/reset.
-    Everything is local to the call (a context variable per thread), so threads sharing a model and nested calls
-    each observe their own updates. ``enabled = False`` switches it off without removing it (the overhead
-    benchmark).
+    At each call of the model, `call` makes the tracker active and opens a list of pending updates that the
+    ``Cache.update`` wrapper appends to (O(1)); when the forward returns or raises, the whole list is observed,
+    in order: back to back the bookkeeping stays in the CPU caches, which costs a fraction of observing between
+    kernels. State is per call (a context variable), so threads and nested calls stay apart. ``enabled = False``
+    switches it off without removing it. Measurements: docs/design/hf.md.
     """
 
     def __init__(self, tracker: HFTracker, model: PreTrainedModel) -> None:

@@ -1,19 +1,9 @@
 """Differences between transformers 5.x releases that kv-guardian has to know about.
 
-==========  =============================================================================================
-release     what changed for kv-guardian
-==========  =============================================================================================
-4.x         refused: the ``Cache``/``layers`` design starts in 5.0 (`check_transformers_version`)
-5.0–5.4     ``Cache.update(k, v, layer_idx, cache_kwargs=None)``; static layers keep no fill counter (the
-            update's ``cache_position`` tells it); ``StaticLayer.get_seq_length()`` scans the cache, so it is
-            never called on the hot path
-5.5         ``update(k, v, layer_idx, *args, **kwargs)``; static layers count tokens in
-            ``cumulative_length`` (a tensor); linear-attention layers appear
-5.21        ``QuantizedCache(backend="fp8")`` (``Fp8QuantizedLayer``, runs on CPU)
-5.23        ``DummyLayer`` for layers without KV
-5.24        ``past_key_values`` renamed ``cache`` (forward keeps the old name with a warning until 5.40,
-            generate until 6.0); outputs have ``.cache``, ``.past_key_values`` still works
-==========  =============================================================================================
+4.x is refused (the ``Cache``/``layers`` design starts in 5.0); ``Cache.update``'s signature changed in 5.5;
+static layers count their tokens from 5.5 on (before, the update's ``cache_position`` tells it); fp8 quantized
+caches arrive in 5.21, ``DummyLayer`` in 5.23, and ``past_key_values`` is renamed ``cache`` in 5.24. The table,
+release by release: docs/design/hf.md.
 """
 
 from __future__ import annotations
@@ -53,9 +43,16 @@ def transformers_version() -> tuple[int, ...]:
 
 
 def check_transformers_version(version: str | None = None) -> str:
-    """Return the transformers version, or raise `UsageError` (exit code 3) naming the minimum supported one."""
+    """Return the transformers version, or raise `UsageError` (exit code 3) naming the minimum supported one;
+    also when transformers is not installed (the core install: callers such as the pytest plugin's
+    ``kv_no_leak`` and ``Guard.audit_process`` take a `UsageError` as "no transformers to audit")."""
     if version is None:
-        import transformers
+        try:
+            import transformers
+        except ImportError:
+            raise UsageError("transformers is not installed; kv-guardian needs transformers >= "
+                             f"{'.'.join(map(str, MIN_TRANSFORMERS))} for this; fix: pip install 'kv-guardian[hf]'",
+                             exit_code=3) from None
 
         version = str(transformers.__version__)
     if version_tuple(version)[:2] < MIN_TRANSFORMERS:

@@ -1,35 +1,11 @@
 """Instrument transformers at class level: ``Cache.update`` (and crop/reset), ``PreTrainedModel.__call__`` and
 ``generate``. Nothing is ever stored on a model or cache instance.
 
-``Cache.update`` is wrapped once, process-wide, with a ``(k, v, layer_idx, *args, **kwargs)`` signature so it
-works with every 5.x release (5.0–5.4 pass ``cache_kwargs``; 5.5+ pass ``*args, **kwargs``). A ``Cache``
-subclass that overrides ``update`` (a custom cache kv-guardian does not know) is wrapped too, when the patch
-is installed or when the class is defined later. The wrapper calls the original first and only then looks at
-the layer, so the model's result is never changed; with no guard interested it costs a function call and a
-context-variable read.
-Inside an attached model's forward it only queues the update, and the model-call wrapper observes the queue
-when the forward returns (see `hf.attach.Attachment`); elsewhere (the process guard) each update is observed
-at once.
-
-Which tracker sees an update: the `HFTracker` (one per guard) whose attached model is running a forward, else
-the *process tracker* (set by ``kv-guardian run`` and the pytest plugin, which audit every cache of the
-process). Attached models are found by identity in a registry (`attached`), from the class-level wrappers of
-``PreTrainedModel.__call__`` (the forward) and of ``generate`` (each top-level call is an implicit request):
-so a model's ``__dict__`` and hook dictionaries hold nothing of kv-guardian, and `copy.deepcopy`, pickle and
-``torch.save`` see the model as if kv-guardian were not there (a copy is another object: not attached). The
-wrappers call the tracker directly (`HFTracker.on_update`, `on_updates`, `on_evict`); everything else goes
-through the tracker's `SourceHost`.
-
-Under ``torch.compile`` (dynamo tracing) every wrapper passes straight through to the original, so the
-compiled graph holds none of our code and ``fullgraph=True`` compiles as without us; what a compiled region
-updates is not observed step by step (a static cache's entries, created by the uncompiled prefill, stay
-tracked, and their filled tokens are read before each snapshot).
-
-Also wrapped: ``EncoderDecoderCache.__init__`` (so the self- and cross-attention sub-caches are attributed).
-And ``Cache`` gets a ``__deepcopy__`` (none of transformers' caches defines one; a subclass that does keeps its
-own): it copies exactly as `copy.deepcopy` does without it (the reduce protocol), then tells the tracker that
-knows the original, so a copy that is never updated - a snapshot kept "for later" - is still audited as the
-original request's KV (`HFTracker.note_copy`).
+``Cache.update`` is wrapped once, process-wide, with a signature every 5.x release accepts; the wrapper calls
+the original first, so the model's result never changes. An update goes to the tracker of the attached model
+running a forward (queued until it returns), else to the process tracker. Under ``torch.compile`` the wrappers
+pass straight through. ``Cache`` also gets a ``__deepcopy__`` so a kept copy is still audited. Which tracker
+sees what, and why: docs/design/hf.md.
 """
 
 from __future__ import annotations
@@ -92,9 +68,8 @@ class KeyInfo(NamedTuple):
         return len(self.shape)
 
 
-# The positional construction of KeyInfo and CacheUpdate, once per layer per step: tuple.__new__ takes 152 ns here
-# where CacheUpdate(...) takes 273 ns and by keyword 932 ns (python 3.11 on this machine); the order is the
-# field order.
+# The positional construction of KeyInfo and CacheUpdate, once per layer per step: tuple.__new__ is cheaper than
+# CacheUpdate(...), and far cheaper than by keyword (docs/design/hf.md); the order is the field order.
 _new_tuple = tuple.__new__
 
 _PROCESS: list[HFTracker | None] = [None]  # the process tracker (kv-guardian run, pytest plugin), or None

@@ -1,23 +1,9 @@
 """What each transformers cache layer stores, and how to observe it in O(1) per update.
 
-A layer class is classified once (by the names in its MRO, so every 5.x release and user subclasses of the
-known layers work) into a `LayerPlan`:
-
-==================  =======================================================================================
-kind                what is observed after ``Cache.update``
-==================  =======================================================================================
-dynamic             ``keys``/``values`` (DynamicLayer: a new ``torch.cat`` storage every step)
-sliding             the same; the window is a view, so the storage behind it is counted at full size
-static              ``keys``/``values`` preallocated to ``max_cache_len``; filled tokens from the layer's
-                    counters (5.5+) or the update's ``cache_position`` (5.0–5.4) - never a scan of the cache
-static_sliding      the same, capacity ``min(max_cache_len, sliding_window)``
-quantized           the original-precision residual ``keys``/``values`` every step, and the backend's
-                    quantized states (quanto ``QTensor``, hqq ``(tensor, meta)``) only when they change
-fp8                 ``_quantized_keys``/``_quantized_values`` (``(fp8 tensor, scale)``), a new storage per step
-hybrid              the attention ``keys``/``values``; the layer's conv/recurrent states are not KV
-linear, dummy       nothing, with the reason (no per-token KV)
-generic             every tensor attribute of an unknown layer class (audited, with a KVG107 warning)
-==================  =======================================================================================
+A layer class is classified once, by the names in its MRO (so every 5.x release and user subclasses work),
+into a `LayerPlan` of kind dynamic, sliding, static, static_sliding, quantized, fp8, hybrid, linear/dummy
+(no per-token KV) or generic (every tensor attribute, with a KVG107 warning). What each kind observes:
+docs/design/hf.md.
 """
 
 from __future__ import annotations

@@ -1,20 +1,8 @@
 """One small observer per cache-layer layout, and the table that picks it by layer kind (`hf.layers`).
 
-After each ``Cache.update`` the tracker calls the observer of the updated layer's kind, once per layer per step:
-each reads the few attributes its layout stores the KV in and hands the storages to the ledger, in O(1) (no
-scan of the cache). An observer returns a stored tensor that requires grad, if it saw one, for the KVG101
-evidence.
-
-==================  ===========================================================================================
-observer            layer kinds
-==================  ===========================================================================================
-`observe_kv`        dynamic, sliding, hybrid: ``keys``/``values``
-`observe_static`    static, static_sliding, hybrid_static: ``keys``/``values`` and the filled tokens
-`observe_fp8`       fp8: ``_quantized_keys``/``_quantized_values`` (``(fp8 tensor, scale)``)
-`observe_quantized` quantized: the residual ``keys``/``values``, and the quantized states when they change
-`observe_generic`   generic (an unknown layer class): every tensor attribute
-`observe_nothing`   linear, dummy: no per-token KV
-==================  ===========================================================================================
+After each ``Cache.update`` the tracker calls the updated layer's observer, once per layer per step: it reads
+the few attributes its layout keeps the KV in and hands the storages to the ledger in O(1), returning a stored
+tensor that requires grad (KVG101 evidence) if it saw one. The observer table: docs/design/hf.md.
 """
 
 from __future__ import annotations

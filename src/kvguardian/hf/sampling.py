@@ -1,26 +1,10 @@
 """Decode-step sampling: which forwards of a cache the transformers source observes layer by layer.
 
-Observing a layer costs microseconds of Python and torch attribute reads per update, and most of it is cache
-misses: a forward's matrix products evict the tracker's objects and code from the CPU caches, so the first
-update observed after a forward costs 30-50 us and each further layer 8-10 us (bench/overhead.py), where the
-same work in a warm loop costs 4. Inside a request, a cache's decode steps are alike - every layer grows by
-the same tokens - so after the first two forwards of a request in a cache (the prefill, whose shape and reuse
-are measured, and the first decode step, which times the first token) the tracker observes every
-``stride``-th forward of that cache and only counts the others.
-
-What the ledger knows stays true between two observed forwards, if up to ``stride - 1`` steps old: a layer's
-entry follows its slot (`Ledger.follow`): the storage observed last dies when the next step's ``torch.cat``
-replaces it, and that is not a release - the entry stays live with its last observed size and continues
-with whatever storage the slot holds at the next observation. Everything is observed exactly again, and the
-following stopped, before the request ends, before any snapshot (`HFTracker.sync`), on crop/reset, and when
-the cache dies (its entries released at its death). A storage the program keeps from an observed step is
-found as before (it is still alive at the next observation: a superseded entry); one it keeps from a skipped
-step is not seen, which is the price of sampling: ``Guard(decode_stride=1)`` observes every step.
-
-Only caches whose every layer has a known layout are sampled (not the generic path), only with grad mode off
-(what requires grad is evidence for KVG101 at every step), only inside a request with a known end (a
-``generate()`` call or ``guard.request``; not a manually driven cache), and only forwards that update that one
-cache (not an encoder-decoder's two).
+Observing a layer right after a forward is mostly CPU cache misses, and a request's decode steps are alike, so
+after a request's first two forwards only every ``stride``-th forward of a cache is observed (the others are
+counted). Between observations the ledger is up to ``stride - 1`` steps old; everything is observed exactly
+again at request end, snapshot, crop/reset and the cache's death. A storage kept from a skipped step is not
+seen: ``Guard(decode_stride=1)`` observes every step. Conditions and costs: docs/design/hf.md.
 """
 
 from __future__ import annotations

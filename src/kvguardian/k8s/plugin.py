@@ -1,18 +1,9 @@
 """``kv-guardian device-plugin``: a Kubernetes device plugin that hands each pod a KV-cache budget.
 
-It speaks the kubelet's device-plugin API v1beta1 over gRPC on a unix socket (`kvguardian.k8s.api`):
-registers with the kubelet (``Registration.Register`` on ``kubelet.sock``), then serves
-``GetDevicePluginOptions``, ``ListAndWatch`` (the chunks it advertises, streamed again when their health
-changes), ``GetPreferredAllocation`` (chunks of one GPU together), ``Allocate`` and ``PreStartContainer``.
-
-The extended resource is KV-cache memory in chunks (default 256 MiB each): ``kvguardian.dev/kv-cache-256mi``.
-A pod asking for 8 gets 2 GiB: on ``Allocate`` the plugin injects ``KVG_KV_BUDGET_MB=2048`` and the article's
-``NV_GPU_KV_CACHE_MB=2048`` into the container, which the in-process guard reads (`kvguardian.oom.budget`).
-Env vars can only be set by ``Allocate``: ``PreStartContainerResponse`` has no field for them (the article's
-"PreStart hook injects the budget" cannot work), so the plugin does not ask for PreStartContainer.
-
-What it cannot do: isolate GPU memory. It schedules and hands out budgets; enforcing one is the guard's job
-inside the process (or MIG's, in hardware). See ``docs/kv-budgets.md``.
+It speaks the kubelet's device-plugin API v1beta1 over gRPC (`kvguardian.k8s.api`) and advertises KV-cache
+memory in chunks (``kvguardian.dev/kv-cache-256mi``); ``Allocate`` injects the budget as ``KVG_KV_BUDGET_MB``
+(and ``NV_GPU_KV_CACHE_MB``), which `kvguardian.oom.budget` reads. It schedules budgets but cannot isolate GPU
+memory: see docs/kv-budgets.md and docs/design/k8s.md.
 """
 
 from __future__ import annotations

@@ -1,18 +1,11 @@
 """Where a sweep's client work runs: pattern mining and per-pattern statistics, in this process or in a forked
 child at a lower CPU priority.
 
-A sweep's throughput is set by how fast it turns a reply into the next request: the server waits for it,
-one request in flight per node. When that turnaround runs in a reniced thread on a busy host, the thread
-waits for a CPU before every request, and the sweep crawls (bench/redis_sweep.py measured 21k keys/s on a
-loaded 2-core host, 0.27x ``redis-cli --memkeys``, with server and client both mostly idle). So by default
-the requests go out from the caller's priority and only the mining and counting (~1-1.5 µs a key, nearly
-all of the client's CPU) run reniced, in a forked child (a thread would share the GIL with the requests:
-a reniced thread preempted while holding it would stall them). The batches travel through a pipe (key
-names pickled, the probe as one int64 buffer); a full pipe blocks the sender, so memory stays bounded
-and a slow child slows the sweep instead of queueing without end.
-
-`Counting` is the interface the sweep uses: ``add(keys, probe)`` per probed batch, ``finish()`` for what
-`kvguardian.keyspace.sweep.build_patterns` made of them.
+A sweep's throughput is set by how fast a reply becomes the next request, so a reniced requester crawls on a
+busy host. By default the requests go out at the caller's priority and only the mining and counting (nearly
+all of the client's CPU) run reniced in a forked child (a thread would share the GIL), fed through a pipe
+whose back-pressure keeps memory bounded. `Counting` is the interface the sweep uses. Measurements:
+docs/design/keyspace.md.
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """How much work one sweep call gives the server, and how the sweep's own client work yields the CPU.
 
-Redis runs one command at a time: while a probe script runs, every other client waits. A probe of ``b`` keys
-costs the server ``b`` × ~5-9 µs (TYPE, MEMORY USAGE, PTTL, OBJECT), so the batch sets the worst stall a
-concurrent request can meet. `BatchSizer` keeps that stall under a budget (``max_call_s``, default 0.5 ms):
-the probe script reports its own run time (two ``TIME`` calls, exact), and the next ``SCAN COUNT`` is the
-number of keys that fit the budget at the measured cost per key (the median of the last calls, halved at
-once when a call runs over, grown by at most 1.5x a step). Pipelining several small scripts in one write
-would not help: the server runs every command a client sent before serving the next client.
-
-`lower_priority` renices the calling thread (Linux nice values are per thread): a sweep's mining and
-statistics then take only CPU that the server and its other clients leave, on a host they share (the sweep
-renices the child process that mines, see `kvguardian.keyspace.counting`, so that its requests do not wait
-for a CPU).
+Redis runs one command at a time, so a probe batch sets the worst stall a concurrent request meets.
+`BatchSizer` keeps it under ``max_call_s``: the probe script times itself, and the next ``SCAN COUNT`` is what
+fits the budget at the measured cost per key. `lower_priority` renices the calling thread so mining takes only
+spare CPU. Why pipelining would not help: docs/design/keyspace.md.
 """
 
 from __future__ import annotations
@@ -28,7 +20,7 @@ class BatchSizer:
     """The next batch size from the measured server time per key.
 
     The cost per key is the median of the last few calls: a call that ran long because the server was
-    descheduled mid-script (a busy host: 10-50 ms for a 0.5 ms call) must not shrink the batch for the
+    descheduled mid-script (on a busy host, many times its usual length) must not shrink the batch for the
     many calls after it, as a running mean would; a real rise in cost shows in the median within a few
     calls. A call over budget still halves the batch at once."""
 

@@ -1,14 +1,9 @@
 """Pattern mining: key names → a bounded set of patterns such as ``session:{uuid}`` or ``user:{int}:profile``.
 
-The miner is a trie over tokens (see `tokens`). Variable tokens (uuid, timestamps, …) go to a placeholder
-child at once. Literal tokens (words, integers, hash tags) stay literal until one trie node has seen more
-than ``collapse_after`` distinct literals of one class; then those children are merged into one placeholder
-child (``{str}``, ``{int}``, ``{tag}``) — subtrees and pattern ids included — and later tokens of that class
-go there directly. The first word of a name (its namespace) collapses only past `NAMESPACES` distinct words.
-The number of patterns is capped: past ``max_patterns`` new keys go to the overflow pattern ``{other}``.
-
-Merging pattern ids is reported to the owner through ``on_merge(src, dst)`` so per-pattern statistics follow.
-The hot path (`pattern_id`) is a dictionary walk; `classify` runs only for tokens a node has not seen.
+A trie over tokens (`tokens`): variable tokens go to a placeholder child at once; literals collapse into
+``{str}``/``{int}``/``{tag}`` once a node has seen more than ``collapse_after`` of one class (a namespace only past
+`NAMESPACES`); past ``max_patterns`` keys go to ``{other}``. Merges are reported through ``on_merge(src, dst)``.
+The hot path (`pattern_id`) is a dictionary walk. Details: docs/design/keyspace.md.
 """
 
 from __future__ import annotations
@@ -196,15 +191,10 @@ class PatternMiner:
     def pattern_id_bytes(self, raw: bytes) -> int:
         """The pattern id of a key name as Redis returns it (bytes), through the shape caches.
 
-        Names with equal *masks* (every hex character → ``0``) split into the same tokens, so a cached
-        entry for the mask gives the pattern once its literal parts match (slice compares) and its
-        placeholder tokens classify the same (UUIDs need no check). Names with no ``- . { } + / =`` and no
-        run of 22 word characters split only at their delimiters, so for them a *coarse* mask (every letter
-        and digit → ``x``) works the same way, and names whose hex characters fall differently
-        (``job:{int}:{rand}``) still hit. Anything else takes the full path.
-        Each cache keeps two bounded generations (a name shape that keeps coming back survives the
-        turnover of one-off shapes) and is cleared on every merge.
-        """
+        Names with equal masks (hex characters → ``0``, or for simple names letters and digits → ``x``) split into the
+        same tokens, so a cached entry for the mask gives the pattern once its literal parts match; anything else takes
+        the full path. Each cache keeps two bounded generations and is cleared on every merge. Details:
+        docs/design/keyspace.md."""
         return self._pattern_id_masked(raw, raw.translate(_MASK))
 
     def _pattern_id_masked(self, raw: bytes, mask: bytes) -> int:

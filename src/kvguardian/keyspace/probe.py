@@ -1,14 +1,9 @@
 """Reading per-key facts without side effects: one read-only Lua call per batch, or a pipeline.
 
-Per key the probe returns the type code, ``MEMORY USAGE``, ``PTTL`` and ``OBJECT IDLETIME`` (or ``OBJECT FREQ``
-under an LFU policy). None of these reset a key's idle time, and none writes. The Lua path runs as
-``EVALSHA_RO`` with ``#!lua flags=no-writes,allow-cross-slot-keys`` (Redis ≥ 7.0; the server itself refuses
-any write from it) and takes the key names as arguments, so it also works on every master of a Cluster.
-When scripting is not available (Redis < 7.0, an ACL without ``+evalsha_ro``/``+eval_ro``, scripting
-disabled) the same four commands go out as one pipeline per batch.
-
-A `Lane` talks to one server and keeps one request in flight: the probe of batch *i* and the ``SCAN`` for
-batch *i+1* leave in one write, so the server works while the caller mines the previous batch.
+Per key: type, ``MEMORY USAGE``, ``PTTL`` and ``OBJECT IDLETIME`` (or ``FREQ``), none of which writes or resets
+idle time. The Lua path is ``EVALSHA_RO`` with ``no-writes`` (Redis ≥ 7.0, works on every Cluster master); without
+scripting the same commands go as a pipeline. A `Lane` keeps one request in flight per server, the probe of one
+batch and the ``SCAN`` of the next in one write. Details: docs/design/keyspace.md.
 """
 
 from __future__ import annotations

@@ -1,42 +1,9 @@
 """The result of a sweep and its JSON form (``kv-guardian redis scan --json``), which ``redis diff`` reads.
 
-Schema ``kv-guardian/redis-scan`` version 1 — stable: fields are only added, never renamed or removed.
-
-Top level:
-
-=====================  ===========================================================================
-``schema``             ``"kv-guardian/redis-scan"``
-``version``            ``1``
-``target``             the URL without its password
-``started``            Unix time the sweep started; ``finished``: when it stopped; ``duration_s``
-``created``            when this result was made (= ``finished``; what ``kv-guardian exporter`` exports as
-                       ``kvguardian_last_check_timestamp_seconds``, so a staleness alert can fire)
-``complete``           false when interrupted (Ctrl-C, SIGTERM), cut short by ``--sample``, the server was
-                       lost, or idle times could not be read (``"idle times unknown"``: an ACL without
-                       ``+object|idletime``)
-``incomplete_reason``  why not complete, or null
-``sample``             the ``--sample`` limit, or null
-``mode``               ``"lua"`` or ``"pipeline"``; ``mode_reason`` says why
-``server``             ``version``, ``cluster``, ``maxmemory_policy``, ``nodes``: [{``addr``, ``role``,
-                       ``dbsize``, ``uptime_s``, ``keys_scanned``}]
-``idle_metric``        ``"idletime"`` (seconds, ``idle_s`` fields) or ``"freq"`` (LFU counter, ``lfu_freq``)
-``cold_after``         seconds of idle (or the LFU counter ceiling) that make a no-TTL key cold
-``dbsize``             keys on the swept nodes at the start; ``keys_scanned``, ``keys_vanished``, ``bytes``
-``keys_per_s``         keys probed per second
-``redacted``           whether key-name literals are replaced by stable hashes
-``warnings``           list of strings
-``patterns``           list, largest ``bytes`` first: ``pattern``, ``placeholders``, ``overflow``, ``keys``,
-                       ``bytes``, ``bytes_p50``, ``bytes_max``, ``no_ttl_keys``, ``no_ttl_bytes``,
-                       ``cold_keys``, ``cold_bytes``, ``collection_keys``, ``collection_bytes``,
-                       ``ttl`` {none, lt_1m, lt_10m, lt_1h, lt_1d, lt_7d, lt_30d, ge_30d},
-                       ``idle_s`` or ``lfu_freq`` {p50, p90, max}, ``types`` {name: keys},
-                       ``top_keys`` [{key, bytes, type, ttl_ms, idle_s | lfu_freq}],
-                       ``example_key``, ``example_cold_key``, ``example_no_ttl_key``
-``findings``           kv-guardian findings (``kvguardian.findings.Finding.to_dict``)
-=====================  ===========================================================================
-
-Byte figures are ``MEMORY USAGE`` (which samples 5 elements of a collection); p50 values come from log
-histograms (±9 %). Key names are UTF-8 with ``\\xNN`` escapes for other bytes, cut at 200 characters.
+Schema ``kv-guardian/redis-scan`` version 1 — stable: fields are only added, never renamed or removed. Byte
+figures are ``MEMORY USAGE`` (5 elements sampled per collection), p50 values come from log histograms, and key
+names are UTF-8 with ``\\xNN`` escapes, cut at 200 characters. The field-by-field schema:
+docs/design/keyspace.md.
 """
 
 from __future__ import annotations

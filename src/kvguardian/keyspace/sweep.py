@@ -1,14 +1,9 @@
 """The sweep: SCAN every master, probe each batch read-only, mine patterns, accumulate per-pattern stats.
 
-`sweep` never sends KEYS, a write, or a command that resets idle time (see `probe`). It keeps one request in
-flight per node, so nodes of a Cluster work in parallel and each server probes the next batch while this
-process mines the last one. It ends in one of four ways, always with a `ScanResult`:
-
-- every cursor came back to 0: ``complete`` is true;
-- ``sample`` keys were probed: incomplete, reason ``"sample"``;
-- Ctrl-C (``KeyboardInterrupt``) or ``stop`` was set: incomplete, reason ``"interrupted"``;
-- a server went away or timed out: incomplete, reason ``"connection lost: …"`` (no retry: a restarted
-  server has new idle times and a reshuffled key space, so continuing would mix two different states).
+`sweep` never sends KEYS, a write, or a command that resets idle time (see `probe`), and keeps one request in
+flight per node. It always returns a `ScanResult`: complete when every cursor came back to 0, else incomplete
+with reason ``"sample"``, ``"interrupted"`` or ``"connection lost: …"`` (never retried: a restarted server is
+another state). Details: docs/design/keyspace.md.
 """
 
 from __future__ import annotations

@@ -1,21 +1,9 @@
 """Split Redis key names into tokens and classify the variable ones.
 
-A key name is a sequence of *delimiters* (``: / . | # , ; = @ _ -`` and space) and *tokens*. Composite values
-that contain delimiters (UUIDs, ISO dates and date-times, IPv4 addresses with an optional port, ``{hash tags}``,
-long base64 runs) are recognised before the split, so ``session:3f2a…-…`` is two tokens, not six.
-
-Token classes:
-
-- always variable (a placeholder at once): ``uuid``, ``ts_s``/``ts_ms``/``ts_us``/``ts_ns`` (digit runs of
-  10/13/16/19 digits inside 2001–2100), ``date`` (ISO dates and date-times, ``yyyymmdd[hh[mm[ss]]]``),
-  ``ip``, ``hex`` (≥ 8 hex digits, letters and digits), ``b64`` (≥ 21 characters of the base64 or base64url
-  alphabet, random by `_is_b64`: base64 values, nanoids), ``rand`` (the entropy fallback: ≥ 10 characters
-  alternating letters and digits, and ULIDs);
-- literal until a position has many distinct values (then ``{int}``, ``{str}``, ``{tag}``): ``int``, words,
-  hash tags.
-
-`classify` is called once per token the pattern trie has not seen; it is written for speed (string methods
-first, one regex only where needed).
+Composite values (UUIDs, dates, IPv4 addresses, ``{hash tags}``, long base64 runs) are recognised before the
+split at delimiters. Always-variable classes (``uuid``, timestamps, ``date``, ``ip``, ``hex``, ``b64``, ``rand``)
+become placeholders at once; ``int``, words and hash tags stay literal until a position has many values.
+`classify` is written for speed. The classes' exact rules: docs/design/keyspace.md.
 """
 
 from __future__ import annotations

@@ -1,19 +1,9 @@
 """The ledger: the one record of KV entries and their lifecycle events.
 
-=============  ==============================================================================================
-module         what it owns
-=============  ==============================================================================================
-`records`      `Record` (one KV entry), `RequestInfo`, `EntryState`, and the small types sources describe an
-               observation with (`EntrySite`, `Update`, `EntryView`)
-`table`        the index of live entries and every state change (init, append, hit, owner ended, release)
-`tensors`      the per-step tensor path: a slot's entry continues with the next storage
-`events`       `Event` and the one bounded event buffer
-`releases`     the weak reference on each storage and the queue its callback fills
-`totals`       totals kept as entries change (`LedgerTotals`, for scrapes)
-`snapshot`     `LedgerSnapshot`, the immutable copy detectors and sinks read
-`timeline`     the bounded KV timeline (bytes by state over time, request lanes) and its report JSON
-`ledger`       the `Ledger` facade, its lock, and the public methods sources and readers call
-=============  ==============================================================================================
+Modules: `records` (an entry and a request), `table` (the live index and every state change), `tensors` (the
+per-step tensor path), `events` (the bounded buffer), `releases` (storage deaths), `totals` (for scrapes),
+`snapshot` (what detectors read), `timeline` (bytes by state over time) and `ledger` (the `Ledger` facade).
+What each owns: docs/design/ledger.md.
 """
 
 from kvguardian.ledger.events import EVENT_KINDS, Event

@@ -69,9 +69,9 @@ class EventBuffer:
         device: str | None = None
         if kind == "init":
             shape, dtype, device = tuple(rec.shape), rec.dtype, rec.device
-        # The one positional construction of an Event: tuple.__new__ takes 256 ns here where Event(**fields)
-        # takes 632 ns (python 3.11 on this machine), once per entry created, owner change and release. The
-        # order is Event's field order.
+        # The one positional construction of an Event: tuple.__new__ is cheaper than Event(**fields)
+        # (docs/design/ledger.md), and it runs once per entry created, owner change and release. The order is
+        # Event's field order.
         buffer.append(_new_tuple(Event, (
             ts, kind, rec.entry_id, rec.request_id, rec.tenant, rec.layer, rec.storage_bytes, detail,
             "entry", rec.cache, shape, dtype, device, None, None, None,

@@ -54,7 +54,7 @@ class CacheEventFields(TypedDict, total=False):
 
 def site_of(fields: EntryFields | BlockFields) -> tuple[EntrySite, Update]:
     """The `EntrySite` and `Update` that ``fields`` describe."""
-    # EntrySite(kind, layer, source, slot, role, cache): positional, 0.4 us cheaper than by keyword per call
+    # EntrySite(kind, layer, source, slot, role, cache): positional, cheaper than by keyword on every call
     site = EntrySite(fields["kind"], fields.get("layer"), fields["source"], fields.get("slot"), fields.get("role"),
                      fields.get("cache"))
     filled, capacity = fields.get("filled_tokens"), fields.get("capacity_tokens")

@@ -1,14 +1,9 @@
 """The `Ledger`: the one record of KV entries and their lifecycle events, behind one lock.
 
-A *KV entry* is one unit of KV memory kv-guardian knows about: the storage behind a layer's keys or values
-(HF caches, custom models), a block of the paged pool, or anything a source reports with `add_entry`. Tensor
-entries are keyed by their storage's data pointer, so views of one storage are one entry and its bytes are
-counted once. The ledger never holds a strong reference to a tensor or storage (`kvguardian.ledger.releases`).
-
-Only sources write to the ledger; detectors read `snapshot()`; sinks read snapshots, `totals()` and events.
-The parts: `records` (what an entry and a request are), `table` (the index and every state change),
-`tensors` (the per-step tensor path), `events` (the bounded buffer), `releases` (storage deaths),
-`totals` and `snapshot` (what readers get).
+A KV entry is one unit of KV memory: a layer's K or V storage, a pool block, or anything a source adds. Tensor
+entries are keyed by their storage's data pointer (views count once), and the ledger never holds a strong
+reference to a tensor (`releases`). Sources write; detectors read `snapshot()`; sinks read snapshots, `totals()`
+and events. Details: docs/design/ledger.md.
 """
 
 from __future__ import annotations

@@ -119,8 +119,8 @@ class Record:
 
     def copy(self) -> Record:
         """A detached copy for a snapshot: a plain-tuple shape, no weak reference."""
-        # The one positional construction of a Record, in field order: 1.6 us a record here where the same by
-        # keyword takes 2.9 us (python 3.11 on this machine), and a snapshot copies every record.
+        # The one positional construction of a Record, in field order: cheaper than by keyword
+        # (docs/design/ledger.md), and a snapshot copies every record.
         return Record(
             self.entry_id, self.key, self.kind, self.layer, self.request_id, self.tenant, self.generation,
             self.source, tuple(self.shape), self.dtype, self.device, self.logical_bytes, self.storage_bytes,

@@ -1,13 +1,9 @@
 """Storage release tracking: the weak reference on each tracked storage, and the queue its callback fills.
 
-The ledger never holds a strong reference to a tensor or storage. It keeps a weak reference with a callback on
-``tensor.untyped_storage()``: the callback runs at the exact moment the storage is deallocated (tensor weakrefs
-would not: views and ``detach()`` share the storage). The callback does one thing: it queues the weak reference
-itself (which carries its entry id) with the time of death. ``weakref.finalize`` would have the same timing at
-twenty times the cost, and the decode loop pays it for every new storage. The ledger applies queued releases at
-its next operation, under its lock - within the same cache update while decoding - so a release that fires
-inside another ledger call (a GC pass during an allocation) cannot corrupt an iteration; an entry's release
-time is still the moment its storage died.
+A weak reference with a callback on ``tensor.untyped_storage()`` fires when the storage dies (tensor weakrefs
+would not: views share it); the callback only queues itself with the time, far cheaper than
+``weakref.finalize`` on the decode path. Queued releases are applied under the ledger's lock at its next
+operation, so a release inside another ledger call cannot corrupt an iteration. Details: docs/design/ledger.md.
 """
 
 from __future__ import annotations

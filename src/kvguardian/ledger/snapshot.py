@@ -40,7 +40,7 @@ class LedgerSnapshot:
         return sum(r.storage_bytes for r in self.records)
 
     def residency_ratio(self) -> float:
-        """KV bytes whose owner has ended / all KV bytes (DESIGN.md). 0.0 when nothing is tracked."""
+        """KV bytes whose owner has ended / all KV bytes (docs/design/ledger.md). 0.0 when nothing is tracked."""
         total = self.total_bytes()
         if total == 0:
             return 0.0
@@ -48,7 +48,7 @@ class LedgerSnapshot:
         return ended / total
 
     def fragmentation_ratio(self) -> float:
-        """KV bytes allocated but holding no token / KV bytes allocated (DESIGN.md)."""
+        """KV bytes allocated but holding no token / KV bytes allocated (docs/design/ledger.md)."""
         total = self.total_bytes()
         if total == 0:
             return 0.0

@@ -1,21 +1,10 @@
 """The ledger's bounded KV timeline: bytes by state over time, sampled at request ends and on a fixed interval,
-and each request's span - in buffers whose size never grows, so a week-long server keeps a week at coarser
-resolution instead of a growing list.
+and each request's span - in buffers whose size never grows.
 
-- **Samples** ``(t, live, retained, orphaned, released so far)``, at most ``capacity``. When the buffer is full,
-  neighbouring pairs are merged - the sample with more bytes alive is kept, so a peak is never lost - and the
-  *stride* doubles: from then on a sample stands for twice the interval, request ends closer together than a
-  quarter of it fold into the last sample (again keeping the peak), and the interval samples come half as often.
-  Until the first merge every request end is a sample of its own.
-- **Lanes**: each request's start, end, the bytes it owned when it ended, and when the last of its KV was freed;
-  at most ``lanes`` (the oldest ended lane is forgotten first and counted).
-
-The caller (the ledger, under its lock) feeds it the running totals it already keeps (O(1)); `Timeline.tick`
-is one float comparison when no sample is due. The ledger has no thread of its own: the first ledger call after
-an interval sample falls due takes it (a forward's end, a decode step's releases, a request's start, a pool's
-free, a scrape's totals, a check's snapshot). Bytes by state change only inside ledger calls, so a sample taken
-late still holds the value its whole interval had, and an idle stretch is one step on the chart.
-`timeline_json` is the report's ``summary["timeline"]`` (schema: `kvguardian.report.history`).
+When the sample buffer is full, neighbouring samples merge (peaks kept) and the stride doubles, so a week-long
+server keeps a week at coarser resolution; request lanes are bounded too. The ledger feeds it totals it already
+keeps (O(1)) and has no thread: the next ledger call takes a due sample. `timeline_json` is the report's
+``summary["timeline"]``. Details: docs/design/ledger.md.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """What the guard does under pressure, in order: evict, then (when configured) preempt; shed as a last resort.
 
-- `PoolPrefixEviction`: unreferenced prefix-cache blocks of a paged pool, least recently used first
-  (`PagedKVPool.evict_cached`), under the lock the pool's engine holds while it schedules;
-- `RetainedEviction`: caches registered with ``guard.retain(obj, reason=..., evict=callable)``, oldest
-  registration first, each asked for the bytes still wanted;
-- `CallbackAction`: preemption (``preempt(n)``: requests release their blocks and are recomputed later, as
-  vLLM preempts; none is dropped) and shedding (``shed(n)``: the newest requests end with a clear error) are
-  callbacks into the engine, which carries them out at its next step.
-
-`release_memory` hands freed heap pages back to the kernel (``malloc_trim``): without it a freed cache can
-stay resident and the cgroup counter would not move.
+`PoolPrefixEviction` evicts a paged pool's unreferenced prefix blocks (LRU, under the engine's lock);
+`RetainedEviction` asks caches registered with ``guard.retain(..., evict=...)``, oldest first; `CallbackAction`
+carries preemption and shedding into the engine at its next step. `release_memory` hands freed heap pages back
+to the kernel (``malloc_trim``), without which the cgroup counter would not move. Details: docs/design/oom.md.
 """
 
 from __future__ import annotations

@@ -4,14 +4,9 @@
     install(app, oom)                 # FastAPI / Starlette: middleware + the Overloaded -> 503 handler
     # any other ASGI app:  app = OOMMiddleware(app, oom)
 
-- ``GET /ready``: 200 while the guard admits, 503 while it drains (the readiness probe);
-- ``POST|GET /drain?deadline=S``: preStop. Stops admitting for good and waits until no request is in flight
-  or ``S`` seconds pass (default ``drain_deadline``); 200 ``{"drained": true}``, or 504 at the deadline;
-- ``GET /oom``: the guard's status as JSON;
-- every other request is admitted through `OOMGuard.admit`: while draining it gets ``503`` with a
-  ``Retry-After`` header and a JSON error, without reaching the app; admitted ones count as in flight
-  until their response is complete. A handler that raises `Overloaded` (a shed request, or ``admit(nbytes)``
-  refusing a large one) gets the same 503 through `install`'s exception handler.
+``/ready`` is the readiness probe, ``/drain`` the preStop (stop admitting, wait for in-flight requests),
+``/oom`` the status. Every other request goes through `OOMGuard.admit`: 503 + ``Retry-After`` while draining,
+as for a handler raising `Overloaded`. The endpoints in detail: docs/design/oom.md.
 """
 
 from __future__ import annotations

@@ -1,21 +1,13 @@
 """The pre-OOM guard: sample memory signals, evict at the first watermark, drain at the second, never OOM.
 
     oom = OOMGuard([cgroup_signal_for_pid()], interval=0.05)
-    oom.watch_guard(guard)                  # ledger events, guard.retain(..., evict=...) callbacks, KV budget
-    oom.watch_pool(pool, lock=engine.lock)  # pool occupancy; its allocate samples; its prefix cache is evicted
+    oom.watch_guard(guard)                  # the ledger, guard.retain(..., evict=...) callbacks, KV budget
+    oom.watch_pool(pool, lock=engine.lock)  # pool occupancy; its prefix cache is evicted first
     oom.start()                             # a daemon thread samples every interval
-    oom.admit()                             # raises Overloaded (-> 503 + Retry-After) while draining
 
-Signals are sampled at a fixed interval by a thread and on every allocation path that can grow memory (the
-pool's allocate, an HF cache's first update of a request, `admit` with the bytes a request is about to
-take): an allocation wakes the thread for a sample at once when the last one is older than
-``allocate_gap``, so the allocating thread itself only reads a clock (without a running thread, it samples
-inline). Each sample takes the
-highest ratio over the signals it could read (`kvguardian.oom.policy`), then acts (`kvguardian.oom.actions`):
-an eviction pass re-reads the signals after each step and stops as soon as the pressure is below its target.
-Every action is a ledger event (kinds "evict" and "pressure", scope "cache", cache "oom-guard:<action>"), a
-metric (`kvguardian.oom.metrics`) and a log line. Nothing here raises into the program it guards: a signal
-that fails is reported as down and the others are kept; an error in the guard itself is counted and logged.
+Allocation paths wake the sampling thread; each sample acts on the highest ratio (`kvguardian.oom.policy`,
+`kvguardian.oom.actions`). Every action is a ledger event, a metric and a log line; nothing raises into the
+guarded program. Details: docs/design/oom.md.
 """
 
 from __future__ import annotations
@@ -309,15 +301,13 @@ class OOMGuard:
     def admit(self, nbytes: int = 0, *, signal: str = "cgroup") -> Reservation:
         """Admit a new request, or raise `Overloaded`.
 
-        ``nbytes`` is memory the request is about to take in ``signal``: it is refused when the signal's
-        last reading, plus what other admitted requests reserved and have not allocated yet, plus ``nbytes``
-        would cross the shed watermark, the last line before the kernel's OOM killer (concurrent admissions
-        cannot all see the same headroom). Crossing the drain watermark is left to the measured pressure. Call
-        ``allocated()`` on the returned `Reservation` once the memory is taken (the next admission then reads
-        the signals afresh) and ``close()`` when the request ends; it is a context manager too.
+        ``nbytes``, memory the request is about to take in ``signal``, is refused when the signal's last reading plus
+        what admitted requests reserved plus ``nbytes`` would cross the shed watermark. Call ``allocated()`` on the
+        returned `Reservation` once the memory is taken and ``close()`` when the request ends (it is also a context
+        manager). Why reservations: docs/design/oom.md.
 
         Raises:
-            Overloaded: shutting down, draining, or the request would cross the drain watermark.
+            Overloaded: shutting down, draining, or the request would cross the shed watermark.
         """
         if self.shutdown:
             self._reject("shutdown", "the server is draining for shutdown")

@@ -1,16 +1,9 @@
 """A bounded prefix cache for Hugging Face caches that gives memory back under pressure.
 
-    prefixes = BoundedPrefixCache(max_entries=32, max_bytes=2 << 30, guard=guard)   # or oom=oom_guard
-    cache = prefixes.fork(system_prompt)          # a private copy to generate from, or None
-    if cache is None:
-        cache = encode(system_prompt)
-        prefixes.put(system_prompt, cache)        # stores its own copy
-        cache = prefixes.fork(system_prompt)
-
-It is an LRU bounded by entries and bytes (storage bytes of the tensors each cache reaches, views counted
-once), registered with ``guard.retain(self, reason=..., evict=self.evict)``: declared retention, so the
-leak detectors judge it bounded, and the first retained cache the pre-OOM guard evicts. `put` is an
-allocation path: it asks the guard to sample first. Keys are never logged.
+`BoundedPrefixCache` is an LRU bounded by entries and storage bytes, registered with
+``guard.retain(self, reason=..., evict=self.evict)``: declared retention (judged bounded) and the first cache
+the pre-OOM guard evicts. `fork` hands out private copies; `put` is an allocation path and asks the guard to
+sample first. Keys are never logged. Example: docs/design/oom.md.
 """
 
 from __future__ import annotations

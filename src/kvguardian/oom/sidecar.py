@@ -1,24 +1,10 @@
 """``kv-guardian oom-guard``: the pre-OOM guard for a server we cannot hook (vLLM, SGLang, any process).
 
-It watches the target's memory cgroup (by PID, by cgroup directory, or by Kubernetes pod UID) and,
-optionally, its GPUs (NVML) and its metrics page, and serves:
-
-- ``GET /ready``: 200, or 503 once the pressure crosses the drain watermark (until it falls below the
-  release point) or after ``/drain``: the readiness probe, so Kubernetes stops sending new requests;
-- ``GET|POST /drain?deadline=S``: preStop. Readiness goes false for good; the answer comes when the server
-  reports no running request (``vllm:num_requests_running``, ``sglang:num_running_reqs``, or kv-guardian's
-  own ``kvguardian_oom_in_flight_requests`` / ``kvguardian_requests_active``) or after ``S`` seconds: 200
-  ``{"drained": true}``, 504 at the deadline. Without ``--metrics`` it waits ``--settle`` seconds (time for
-  the endpoint removal to reach the load balancers) and says it could not see the server;
-- ``GET /metrics``: the guard's Prometheus metrics; ``GET /status``: its state as JSON.
-
-It is served by kv-guardian's bounded server (`kvguardian.exporters.http.MetricsHTTPServer`: bounded
-connections, header and idle timeouts, 404 elsewhere, HEAD), with TLS and basic auth from ``--web-config``:
-``/drain`` stops the server behind it, so expose the sidecar beyond the pod only with credentials.
-
-What it cannot do, plainly: it cannot evict anything inside vLLM or SGLang (their KV lives in their own
-preallocated pool, and their prefix caches are theirs), nor reject a request itself (it is not in the
-request path). It prevents admission (readiness) and drains before the kernel's OOM killer would act.
+It watches the target's memory cgroup (by PID, directory or pod UID), optionally its GPUs and metrics page,
+and serves ``/ready`` (the readiness probe), ``/drain`` (preStop: waits until the server runs no request),
+``/metrics`` and ``/status`` on `kvguardian.exporters.http.MetricsHTTPServer`. It cannot evict inside vLLM or
+SGLang nor reject a request: it stops admission and drains before the OOM killer would act. Endpoints and
+limits: docs/design/oom.md.
 """
 
 from __future__ import annotations

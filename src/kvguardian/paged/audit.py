@@ -1,17 +1,9 @@
 """The full audit of a paged pool, vectorised with numpy: `PagedKVPool.check_invariants()` calls `audit`.
 
-Invariants, each recomputed from an independent record:
-
-1. conservation (SGLang's checker in spirit): free + cached-unreferenced (counted in the free queue) +
-   referenced (counted from the ref counts) == total, with no block queued twice (KVG206);
-2. no block both free and referenced, and no unreferenced block missing from the free queue (KVG206);
-3. ref count == references from live block tables, counted from the tables (KVG203; below zero: KVG201);
-4. no table closed while holding blocks (lost free, KVG204);
-5. every table listing a block is of the namespace the block's contents were written in, so no block is in
-   the tables of two tenants without a shared namespace (KVG205);
-6. the prefix index and the per-block cached flags agree (KVG206).
-
-One finding per violated invariant, with counts and the first blocks and requests as evidence.
+Each invariant is recomputed from an independent record: conservation of free, cached and referenced blocks
+(KVG206), ref counts against live tables (KVG203/KVG201), no table closed holding blocks (KVG204), no block in
+the tables of two namespaces (KVG205), and the prefix index against the cached flags (KVG206). One finding per
+violated invariant. The list: docs/design/paged.md.
 """
 
 from __future__ import annotations

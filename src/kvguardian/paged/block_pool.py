@@ -1,20 +1,10 @@
 """The block allocator: per-block ref counts, the LRU free queue and the prefix-cache index.
 
-It knows blocks, not requests: `PagedKVPool` binds blocks to (request, tenant) tables on top of it.
-
-A block is in exactly one of three states, and the pool keeps them apart:
-
-- **free**: ref count 0, no prefix hash, in the free queue (front: reused first);
-- **cached**: ref count 0, registered in the prefix index, in the free queue (back: evicted last, LRU);
-- **referenced**: ref count > 0 (by one or more block tables), not in the free queue; may also be cached.
-
-Allocation pops the queue's front and evicts the prefix hash of any cached block it pops.
-
-Block ids are Python ints and ref counts a Python list: the operations a scheduler makes most often take
-one block (decode allocates one block per request every ``block_size`` tokens) or a few dozen (a finished
-request frees its table), where a tight Python loop over a list costs 40-60 ns a block and numpy's dispatch
-alone costs 300-600 ns a call. Whole-pool readers (audit, metrics) get numpy snapshots (`ref`, `cached`).
-bench/pool.py measures all of it against vLLM's own ``BlockPool`` at batch sizes 1 to 1,024.
+It knows blocks, not requests (`PagedKVPool` binds them to tables). A block is free, cached (unreferenced but
+in the prefix index, evicted last) or referenced; allocation pops the queue's front and evicts any prefix hash
+it pops. Ids are Python ints and ref counts a Python list, since the common operations touch one block or a
+few dozen, where numpy's per-call dispatch costs more than a Python loop; whole-pool readers get numpy
+snapshots. Measurements (bench/pool.py): docs/design/paged.md.
 """
 
 from __future__ import annotations
@@ -71,10 +61,9 @@ class BlockPool:
         self.queue = FreeQueue(num_blocks)
         # one int object per block id, allocated in id order: ids coming back as numpy arrays (PagedKVPool's
         # tables) are queued as these objects, not as the fresh ints ``tolist()`` makes. Fresh ints end up
-        # scattered over the heap as a server runs, and every later use of a queued id reads its object. On a
-        # pool after 10 x num_blocks of churn against one after 1 x, allocate/free at n = 1, 16, 1024 were
-        # 1.5-2.6x slower with fresh ints and 1.1-1.4x with these (the rest: the order ids come out in, see
-        # bench/pool.py's aged_vs_fresh).
+        # scattered over the heap as a server runs, and every later use of a queued id reads its object: an aged
+        # pool allocates and frees measurably slower with fresh ints than with these (docs/design/paged.md;
+        # the rest of the gap is the order ids come out in, see bench/pool.py's aged_vs_fresh).
         self._ids = self.queue.front[::-1]
         self._id_objects = np.array(self._ids, dtype=object)
         # no stream given: events off, as vLLM's BlockPool defaults to (PagedKVPool passes its own stream)
@@ -336,7 +325,7 @@ class BlockPool:
             self.evictions += n
             # every queued block is now alike (no hash to keep in LRU order): queue them in id order, so the
             # allocations that follow walk the pool's lists in order, as on a new pool, rather than in the
-            # scattered order hours of LRU churn left (1.1-1.4x slower per block, bench/pool.py aged_vs_fresh)
+            # scattered order hours of LRU churn left (slower per block: bench/pool.py aged_vs_fresh)
             q = self.queue
             q.reorder(self._id_objects[np.sort(q.live_ids())].tolist())
         self.events.emit("cleared", (), ())

@@ -1,22 +1,10 @@
 """Incremental checks of the paged pool (``PagedKVPool(debug=True)``): each fault is caught at the operation
 that causes it, as a KVG2xx finding naming the request, the block(s) and the operation.
 
-| fault | caught at | id |
-|---|---|---|
-| double free: a request drops a reference it does not hold, or one already dropped | the release | KVG201 |
-| use-after-free write: a write into a block the writer does not own exclusively | the write | KVG202 |
-| ref-count drift: a count differs from the references live tables hold | any operation | KVG203 |
-| lost free: a table is closed while it still holds blocks | the close | KVG204 |
-| cross-tenant share: a block of one namespace enters a table of another | the share / hit / fork | KVG205 |
-| lost or doubled block: an unreferenced block outside the free queue, or a referenced one in it | any op | KVG206 |
-| residue read: attention reads a slot its block's owner never wrote since allocation | the read | KVG211 |
-
-The checker keeps its own count of references from open tables (``table_refs``), told by the pool where tables
-change (`on_table_add` / `on_table_remove`, the `PoolObserver` interface) and independent of the allocator's
-ref counts, and its own record of which blocks are in the free queue (``queued``, told by the queue itself):
-after every operation they must agree with the allocator on every block the operation touched. It only
-observes: with ``raise_on_fault=False`` the faulty operation proceeds unchanged, so a buggy scheduler behaves
-the same with and without the checks.
+Double frees (KVG201), use-after-free writes (KVG202), ref-count drift (KVG203), lost frees (KVG204),
+cross-tenant shares (KVG205), lost or doubled blocks (KVG206) and residue reads (KVG211). The checker keeps its
+own table references and free-queue record, independent of the allocator's, and only observes: a buggy
+scheduler behaves the same with and without it. The fault table: docs/design/paged.md.
 """
 
 from __future__ import annotations

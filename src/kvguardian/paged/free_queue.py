@@ -1,30 +1,10 @@
 """The free list of the block pool: an LRU queue of block ids (vLLM's free-block queue) in two parts.
 
-Blocks are popped from the front (least recently freed first) and pushed at the front (uncached blocks,
-reused first) or at the back (cached blocks, kept for a later prefix hit as long as possible). A cached
-block that gets a prefix hit leaves the queue from the middle.
-
-Nothing pushed at the front ever lands behind something pushed at the back, so the queue is always
-``[everything pushed at the front, newest first][the initial blocks, then everything pushed at the back,
-oldest first]``, and it is kept as exactly those two parts:
-
-- ``front``: a Python list used as a stack (its end is the queue's front);
-- the back: a Python list read from ``head`` on, oldest first, and ``at_back[block]``, True while the block's
-  live entry is in it. A block leaving from the middle (a prefix hit) is not searched for: its flag is
-  cleared and its entry becomes dead, counted in ``stale[block]``; pops skip a block's dead entries, which
-  always precede its live one (entries are appended in time order), so no entry records a position.
-
-Pushing a block at the back therefore writes one flag (a pointer to ``True``), where a recorded position
-cost an int object allocated per push and the old one freed (bench/pool.py's ``free_cached``). Garbage is
-dropped in two ways, each amortised O(1) per operation: the popped prefix, once it is half the list, by one
-``del back[:head]`` (a memmove in C; nothing to rewrite); dead entries, once they are half the live part, by
-rebuilding the list without them.
-
-Block ids are Python ints and every operation is list slicing plus one small Python loop: a batch of one
-block costs a few hundred nanoseconds, not numpy's microseconds of per-call dispatch (bench/pool.py).
-
-Removing a block from the front part (a share of a free, uncached block; an over-free of a queued block) is
-a linear search in C: both are rare, caller-error paths.
+Blocks pop from the front; uncached blocks are pushed at the front, cached ones at the back. Since nothing
+pushed at the front lands behind the back part, the queue is a stack (``front``) plus an append-only back list
+whose entries are flagged dead when a block leaves from the middle (a prefix hit), so no position is recorded.
+Garbage is dropped in amortised O(1). Everything is Python lists, cheaper than numpy for small batches. The
+layout and its costs: docs/design/paged.md.
 """
 
 from __future__ import annotations

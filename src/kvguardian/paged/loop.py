@@ -3,24 +3,12 @@ thread steps the engine.
 
     loop = EngineLoop(engine).start()
     seq = loop.submit(Request("r-1", "acme", prompt, 16)).result()         # wait for the whole answer
-    loop.submit(request, on_token)                                          # or stream it, token by token
     loop.abort("r-1")                                                       # the client went away
-    loop.close()
 
-`submit` returns a `concurrent.futures.Future` that resolves to the request's `Sequence` when it ends:
-finished, or shed by the pre-OOM guard (``seq.error`` set; the server answers 503 + Retry-After). It is
-cancelled when the request is aborted, and fails when the engine fails the request or the loop closes. An
-optional ``callback(token, finished, stopped)`` gets each new token as the engine makes it, and once,
-``finished`` true, the end: the last token, or ``token`` None and a `Stopped` saying why it ended early.
-Callbacks run on the engine thread: they must only hand the token over (e.g. with
-``loop.call_soon_threadsafe``); one that raises is logged at debug level and never stops the engine.
-
-The thread moves arrivals into the engine between steps, drops aborted requests (their blocks go back at
-once), then steps. The pre-OOM guard's preemption and shedding (`Engine.request_preempt`,
-`Engine.request_shed`, wired by `kvguardian.oom.engine.guard_engine`) are carried out inside the step. A step
-that raises an `Exception` fails the requests in flight (a bug, or a request the pool cannot hold) and the
-loop serves on; anything else stops the loop (`error`), failing what was in flight and what comes after.
-The pool is only touched by this thread, or by others under `lock` (metrics scrapes, the guard's evictions).
+`submit` returns a Future of the request's `Sequence` (an optional callback streams tokens, on the engine
+thread). Between steps the thread admits arrivals and drops aborted requests; a step that raises fails the
+requests in flight and the loop serves on. Others touch the pool only under `lock`. Details:
+docs/design/paged.md.
 """
 
 from __future__ import annotations

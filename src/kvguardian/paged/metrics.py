@@ -1,18 +1,9 @@
 """Metrics of a paged pool: blocks by state, residency and fragmentation ratios, prefix hit rate, evictions.
 
-The two ratios follow DESIGN.md, read for a preallocated pool:
-
-- **residency ratio** = KV bytes whose owner has ended / all KV bytes. All KV bytes are the pool's
-  preallocated blocks. Bytes whose owner has ended are the cached, unreferenced blocks (kept by the prefix
-  cache after their requests finished: declared, bounded retention) plus referenced blocks that no live
-  table lists (a finished request's lost free, or drift). Between bursts a healthy pool sits at its
-  prefix-cache share; a leak drives the ratio toward 1. ``residency_leaked_ratio`` is the undeclared part.
-- **fragmentation ratio** = KV bytes allocated but holding no token / KV bytes allocated. Allocated blocks
-  are the referenced and the cached ones; the bytes holding no token are the empty slots of partially
-  filled blocks (cached blocks are always full). Free blocks are spare capacity, not allocated.
-
-Prefix queries and hits count prompt tokens, as vLLM's ``prefix_cache_queries_total`` /
-``prefix_cache_hits_total`` do.
+The residency ratio (KV bytes whose owner has ended / all KV bytes) and the fragmentation ratio (bytes
+allocated but holding no token / bytes allocated) are the ledger's (docs/design/ledger.md), read for a
+preallocated pool. Prefix queries and hits count prompt tokens, as vLLM's counters do. How each term maps to
+blocks: docs/design/paged.md.
 """
 
 from __future__ import annotations

@@ -2,19 +2,12 @@
 
     pool = PagedKVPool(num_blocks=256, block_size=16, kv=KVSpec(num_layers=2, kv_heads=2, head_dim=16))
     pool.open("r-1", tenant="acme")
-    hit = pool.match_prefix("r-1", prompt)              # reuse cached blocks of the same namespace
-    slots = pool.append("r-1", prompt[hit:])            # slots = block * block_size + offset
-    pool.write("r-1", layer, slots_tensor, k, v)        # a write is checked against the table (debug)
-    k_ctx, v_ctx = pool.gather(layer, block_ids, n)     # paged attention reads by block table
-    pool.free("r-1")                                     # release every block and close the table
+    slots = pool.append("r-1", prompt)                  # slots = block * block_size + offset
+    pool.free("r-1")
 
-The high-level operations (`open`, `match_prefix`, `append`, `fork`, `free`, `preempt`, `close`) keep tables
-and ref counts in step by construction. The raw operations (`allocate_blocks`, `share_blocks`,
-`release_blocks`) take block ids from the caller, as a scheduler that keeps its own tables would; they trust
-the caller like vLLM's ``BlockPool.free_blocks`` does. With ``debug=True`` every operation is checked where
-it happens (`kvguardian.paged.debug`): a double free, a write into a block the writer does not own, ref-count
-drift, a lost free or a cross-tenant share becomes a KVG2xx finding naming the request, the block and the
-operation. `check_invariants` audits the whole pool at once (`kvguardian.paged.audit`).
+High-level operations keep tables and ref counts in step; the raw ones (`allocate_blocks`, `share_blocks`,
+`release_blocks`) trust the caller, as vLLM's ``BlockPool`` does. ``debug=True`` checks every operation
+(`kvguardian.paged.debug`). Details: docs/design/paged.md.
 """
 
 from __future__ import annotations
@@ -59,14 +52,11 @@ class PagedKVPool(RawBlockOps):
     Args:
         num_blocks: blocks in the pool.
         block_size: token slots per block.
-        kv: K/V tensor layout; None keeps only the bookkeeping (audits, benchmarks) and never imports torch.
+        kv: K/V tensor layout; None keeps only the bookkeeping and never imports torch.
         prefix_caching: register full blocks under chained, salted hashes and reuse them.
         debug: check every operation incrementally (findings in `faults`).
-        on_fault: ``"record"`` keeps the finding and lets the operation proceed (an observer), ``"raise"``
-            raises `PoolFault` at the faulty operation (tests).
-        scrub: zero a block's K/V when it passes to another tenant (``"on-tenant-change"``), on every reuse
-            (``"always"``) or never (``"never"``); see `kvguardian.paged.remanence`. With ``debug=True`` a
-            read of a slot its owner never wrote is a KVG211 finding.
+        on_fault: ``"record"`` (observe and proceed) or ``"raise"`` (`PoolFault` at the faulty operation).
+        scrub: ``"on-tenant-change"``, ``"always"`` or ``"never"`` (`kvguardian.paged.remanence`).
     """
 
     def __init__(

@@ -1,19 +1,10 @@
 """Tenant-salted prefix hashes and the pool's lifecycle event stream.
 
-A full block's hash is chained: ``hash(parent hash, token ids, extra keys)``, and the chain starts at a root
-derived from the table's *namespace*: ``tenant:<name>`` by default, ``shared:<name>`` when a tenant opts into a
-shared namespace. Equal prefixes therefore share blocks within a namespace and never across namespaces: the
-salt is part of every hash, not a filter applied afterwards. vLLM puts a ``cache_salt`` into the first block's
-extra keys and its docs say the salt "is not an isolation boundary"; here the namespace is the isolation
-boundary, and the pool's checks (KVG205) verify it held.
-
-Hashes are SHA-256 digests truncated to 128 bits (SHA-256 is also vLLM's default; hashlib's SHA-256 costs ~0.43 us
-a block here against ~0.66 us for a 16-byte BLAKE2b, whose parameter block is set up on every call), so a
-collision between tenants is not a practical way to share a block
-(vLLM's default 64-bit hashes are).
-
-Events describe prefix-cache membership the way vLLM's KV events do (``stored`` / ``removed`` / ``cleared``),
-plus ``hit`` when a request reuses a cached block. They carry ids, hashes and counts, never token ids or K/V.
+A full block's hash is chained from a root derived from the table's namespace (``tenant:<name>``, or
+``shared:<name>``), so equal prefixes share blocks within a namespace and never across: the salt is part of
+every hash, and KVG205 verifies it held. Hashes are SHA-256 truncated to 128 bits, so a collision is no
+practical way to share a block. Events (``stored``/``removed``/``cleared``/``hit``) carry ids, hashes and counts,
+never tokens or K/V. Why SHA-256: docs/design/paged.md.
 """
 
 from __future__ import annotations
@@ -94,7 +85,7 @@ _PACK = {n: _packer(n) for n in range(16, 16 * 65, 16)}  # prompt lengths of who
 
 def _token_bytes(token_ids: Sequence[int], n: int) -> bytes:
     """The first ``n`` token ids as little-endian int64 bytes, converted once for a whole chain (a compiled
-    `struct.Struct`: ~10 ns a token here, against ~28 for ``array("q", ...)``)."""
+    `struct.Struct`, cheaper than ``array("q", ...)``: docs/design/paged.md)."""
     pack = _PACK.get(n) or _packer(n)
     return pack(*token_ids[:n])
 
@@ -185,7 +176,7 @@ class EventStream:
     `KVEvent`, with its hex digests, is built by `take`. A tuple of atomic values is untracked by Python's
     garbage collector after its first collection, so a full buffer does not make every later collection walk
     8,192 events and their lists: with a dataclass (or a dict of fields) per event, an allocation that
-    evicts one block cost ~2.5 us, most of it in collections; with the tuple, ~0.5 us.
+    evicts one block cost several times as much, most of it in collections (docs/design/paged.md).
     """
 
     def __init__(self, capacity: int = 8192, clock: Callable[[], float] = time.monotonic, *,

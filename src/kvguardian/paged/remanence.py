@@ -1,20 +1,9 @@
 """KV remanence: a freed block still holds its previous owner's K/V until someone overwrites it.
 
-A correct engine never reads a slot before writing it, so the old K/V is harmless there; a kernel that reads
-past a sequence's length (a mask bug, a stale length, a whole-block read) attends to another request's -
-possibly another tenant's - keys and values. Two defences, both opt-in on `PagedKVPool`:
-
-- **scrubbing** (``scrub=``): ``"on-tenant-change"`` zeroes a block's K/V (every layer) when it is allocated to
-  a table of a different tenant than the one that last held it; ``"always"`` zeroes every reused block;
-  ``"never"`` (the default) zeroes nothing. Scrubbing happens at allocation, not at free, so prefix-cached
-  blocks keep their content for hits of their own namespace.
-- **the residue check** (``debug=True``): every slot records whether its block's current owner wrote it
-  (per layer) since the block was allocated; a read through `PagedKVPool.gather` of a slot not written is a
-  KVG211 finding naming the request, the block, the slot and the layer. It is reported with and without
-  scrubbing: scrubbed residue is zeros, still a wrong read.
-
-Measured cost: ``bench/scrub.py`` (ns per block zeroed, and the mini engine's throughput with
-``on-tenant-change`` against ``never``, interleaved in one run).
+A kernel that reads past a sequence's length then attends to another request's (or tenant's) K/V. Two opt-in
+defences on `PagedKVPool`: ``scrub=`` zeroes reused blocks at allocation (on a tenant change, or always), and
+``debug=True`` reports a read of a slot its owner never wrote as KVG211, scrubbed or not. Cost: ``bench/scrub.py``.
+Details: docs/design/paged.md.
 """
 
 from __future__ import annotations

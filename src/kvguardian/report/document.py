@@ -1,23 +1,9 @@
 """Reading a report file: which kind it is, whether this kv-guardian can read it, and what the page shows.
 
-Every report kv-guardian writes is accepted:
-
-================  ==========================================================================================
-kind              written by
-================  ==========================================================================================
-``guard``         `Guard.check().to_json()` (a `kvguardian.findings.Report` with the ledger summary)
-``run``           ``kv-guardian run --report FILE`` (a Report whose summary has the program and its processes)
-``pytest``        the pytest plugin's ``--kv-report FILE``: JSON lines, one Report per checked test
-``watch``         ``kv-guardian watch vllm|sglang --json``
-``repro``         ``kv-guardian repro NAME --json``
-``redis-scan``    ``kv-guardian redis scan URL --json`` (schema ``kv-guardian/redis-scan``)
-``redis-diff``    ``kv-guardian redis diff OLD NEW --json``
-``report``        any other kv-guardian Report (schema 1)
-================  ==========================================================================================
-
-A file of another schema or version, a truncated or damaged file and a file that is not a kv-guardian report
-are refused with one `UsageError` line naming the file, the problem and the fix. A JSON-lines file whose last
-line was cut (an interrupted test session) keeps every complete line and says which line was skipped.
+Every report kv-guardian writes is accepted: guard, run, pytest (JSON lines), watch, repro, redis-scan,
+redis-diff and any other schema-1 Report. Another schema or version, a damaged file or a foreign one is refused
+with one `UsageError` line; a JSON-lines file with a cut last line keeps its complete lines. Which command
+writes each kind: docs/design/report.md.
 """
 
 from __future__ import annotations

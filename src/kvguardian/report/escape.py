@@ -1,15 +1,9 @@
 """Data from outside (key names, label values, server replies, paths, exception texts) made safe to show.
 
-Nothing kv-guardian prints is ever parsed as markup (reporters build rich ``Text`` objects), and no
-character that moves the cursor, rewrites the screen or reorders text reaches a terminal raw:
-
-- `visible` writes C0/C1 control characters, DEL, line/paragraph separators, bidi overrides and isolates,
-  zero-width spaces and the BOM as escapes (``\\x1b``, ``\\n``, ``\\u202e``), so a key named
-  ``"a\\nkv-guardian: all clear"`` shows as one line with a visible ``\\n``;
-- `dumps` is `json.dumps` with the same characters written as ``\\uXXXX`` (still valid JSON, still UTF-8
-  for everything else) and non-finite floats written as ``null`` (``NaN`` is not JSON).
-
-Both also mask every credential kv-guardian has seen (`kvguardian.report.secrets`).
+Nothing kv-guardian prints is parsed as markup, and no character that moves the cursor, rewrites the screen or
+reorders text reaches a terminal raw: `visible` writes control, bidi and zero-width characters as escapes,
+`dumps` is `json.dumps` with the same characters as ``\\uXXXX`` and non-finite floats as ``null``. Both mask every
+credential seen (`kvguardian.report.secrets`). Details: docs/design/report.md.
 """
 
 from __future__ import annotations

@@ -1,27 +1,9 @@
 """The KV history in a report (``summary["timeline"]``): its schema, and the one reader of it that the HTML
 report, the PyTorch memory-snapshot export and the trace export share.
 
-Schema version 1 (fields are only added, never renamed or removed; times are seconds since ``origin``):
-
-====================  =====================================================================================
-``version``           ``1``
-``origin``            ``time.monotonic()`` at t = 0 (the ledger's creation); ``origin_unix``: the same, Unix time
-``now``               t when the report was made
-``interval_s``        the fixed sampling interval; ``capacity``: samples the buffer keeps; ``stride``: sampling
-                      intervals one kept sample stands for after decimation
-``columns``           ``["t", "live", "retained", "orphaned", "released"]``: KV bytes by state, and bytes
-                      released so far (cumulative)
-``samples``           rows in ``columns`` order, oldest first (at request ends and every ``interval_s``)
-``requests``          ``[{id, tenant, start, end, released, bytes, after_end: {layer: bytes}, state}]``: each
-                      request's KV from start to release; ``bytes`` what it owned when it ended (or now);
-                      ``after_end`` what is still alive after it ended, by layer; ``state`` one of ``active``,
-                      ``released``, ``retained``, ``orphaned``
-``requests_seen``     requests ever started; ``requests_dropped``: ended requests no longer listed (bounded)
-``events``            the buffered lifecycle events ``[{t, kind, entry, request, tenant, layer, bytes, detail,
-                      scope, cache}]``; ``events_seen``, ``events_dropped``
-``entries``           the KV entries alive at the report ``[{entry, request, tenant, layer, kind, bytes, state,
-                      created}]`` (bounded; ``entries_total`` counts all of them)
-====================  =====================================================================================
+Schema version 1: fields are only added, never renamed or removed; times are seconds since ``origin``. It holds
+the sampled bytes by state, each request's span, the buffered lifecycle events and the entries alive at the
+report, all bounded. The field-by-field schema: docs/design/report.md.
 """
 
 from __future__ import annotations

@@ -4,15 +4,9 @@ own viewer shows our KV history::
     kv-guardian report run.json --memory-snapshot kv.pickle
     python -m torch.cuda._memory_viz trace_plot kv.pickle -o kv.html    # the active-memory timeline
 
-Each KV entry of the history is one allocation: ``alloc`` when it was created, ``free_requested`` and
-``free_completed`` when its storage was freed (``device_traces[0]``, oldest first, ``time_us`` from the
-history's clock). Entries still alive when the report was made are the ``segments`` (one segment per entry, one
-``active_allocated`` block), so the viewer draws them to the end. Frames name what PyTorch cannot know: the
-entry's kind and layer, its request and tenant, and for KV that outlived its request the holder chain that
-keeps it (root last, as a stack's outermost frame is). Addresses are synthetic: one range per entry.
-
-The file is a pickle (protocol 4) of plain dicts, lists, ints, floats and strings only - the subset the viewer's
-JavaScript unpickler reads. Nothing in it is KV data or prompt text.
+Each KV entry is one allocation with synthetic addresses; frames name its kind, layer, request and, for KV
+that outlived its request, the holder chain. The file is a pickle of plain types only, with no KV data or
+prompt text. The mapping: docs/design/report.md.
 """
 
 from __future__ import annotations

@@ -1,19 +1,9 @@
 """The one reporter interface: every command's output goes through a `Reporter`.
 
-A command (or a renderer such as ``keyspace.render.print_scan``) describes its output as a sequence of
-blocks — a heading, lines of text, tables, findings, and the machine-readable result — and the reporter
-chosen by the user turns them into a format:
-
-==============  ==================================================================================
-``console``     `kvguardian.report.console.ConsoleReporter`: rich tables and lines on a terminal
-``json``        `kvguardian.report.json.JsonReporter`: only the result document, as JSON
-``html``        `kvguardian.report.html.reporter.HtmlReporter`: one self-contained HTML page of the result
-==============  ==================================================================================
-
-Every argument is data, never markup: reporters escape what they show (`kvguardian.report.escape`), so a key
-named ``[/oops]`` or ``"\\x1b[2J"`` prints as itself. To add a format (HTML, say), write a class with these
-methods that takes ``(stream)`` and add one line to `FORMATS`. `reporting(..., html=FILE)` sends a command's
-output to its format and, as well, to an HTML file (``--html FILE``).
+A command describes its output as blocks (heading, text, tables, findings, the machine-readable result) and
+the chosen reporter renders them: `FORMATS` holds ``console``, ``json`` and ``html``; `reporting(..., html=FILE)`
+also writes the HTML page. Every argument is data, never markup (`kvguardian.report.escape`). How to add a
+format: docs/design/report.md.
 """
 
 from __future__ import annotations

@@ -3,12 +3,8 @@ speedscope open)::
 
     kv-guardian report run.json --trace kv-trace.json      # then open it in ui.perfetto.dev (offline copy works)
 
-One process per audit. Each request is a complete event (``ph: "X"``) on a lane (a thread); requests are packed
-onto as few lanes as never overlap. What outlived a request - KV alive after its end, until freed or to the end of
-the record - is an async span (``ph: "b"``/``"e"``, category ``kv-after-end``) named after the request. Counter tracks
-(``ph: "C"``) give KV bytes by state and the bytes released so far at every sample; lifecycle events (init, hit,
-evict, release) are instant events, and each finding is a global instant at the end. Times are microseconds
-since the audit's start.
+Requests are complete events packed onto lanes, KV alive after its request's end an async span, bytes by
+state counter tracks, lifecycle events and findings instants. The event mapping: docs/design/report.md.
 """
 
 from __future__ import annotations

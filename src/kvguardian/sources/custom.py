@@ -1,18 +1,9 @@
 """Custom torch models: audit KV buffers preallocated on a model's modules (gpt-fast, torchtune style).
 
-gpt-fast keeps, on each attention module, a ``KVCache`` module with ``k_cache``/``v_cache`` buffers of shape
-``[B, H_kv, max_seq_len, D]`` that every request overwrites in place. `ModuleTracker` finds those buffers once
-by walking ``model.modules()``, then after every forward of the model observes each of them (O(layers), the
-same storages every step: dictionary hits in the ledger). The buffers the model holds are declared retained
-(they are the model's, bounded by construction); buffers the model no longer holds - an old cache after a
-re-setup that something else still references - become orphaned like any other KV.
-
-    guard = kvg.Guard()
-    guard.track_module(model, positions="input_pos")   # filled tokens from forward(..., input_pos)
-    with guard.request("r-1"):
-        generate(model, prompt, max_new_tokens=32)
-
-For a model that allocates new tensors per step instead, call ``guard.track(k, v, layer=i)`` after each write.
+`ModuleTracker` finds the ``k_cache``/``v_cache`` buffers once by walking ``model.modules()`` and observes them
+after every forward (O(layers)). Buffers the model holds are declared retained; ones it no longer holds but
+something else does become orphaned. ``guard.track_module(model, positions="input_pos")`` enables it; a model
+that allocates per step calls ``guard.track(k, v, layer=i)``. Example: docs/design/sources.md.
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """Memory probes for the sweep: the C allocator's in-use bytes (glibc) and CUDA's allocator and driver.
 
-The ledger answers "is any K/V storage the callable received still alive?" exactly. These probes answer
-the wider question "did the call leave memory allocated?", which also covers workspaces the callable
-allocated itself and never freed:
-
-* **glibc malloc** (`mallinfo2`): bytes in use by the process's C allocator (``uordblks + hblkhd``, i.e.
-  small chunks plus mmapped chunks). PyTorch's CPU tensors are allocated through it. Python's own small
-  objects live in arenas mmapped outside it, so the number barely moves when Python allocates objects.
-  Not available with musl, macOS, or a replaced allocator (jemalloc, tcmalloc): then the probe says so.
-* **CUDA** (only when a CUDA device is used): ``torch.cuda.memory_allocated`` (tensors alive in PyTorch's
-  caching allocator: the one that shows a leak), ``memory_reserved`` (cached by the allocator: grows and
-  plateaus, not a leak by itself) and the driver's used bytes from ``cudaMemGetInfo`` (everything on the
-  device, including allocations made outside PyTorch, e.g. ``cudaMallocAsync`` in an extension).
+The ledger proves whether a K/V storage outlived a call; these probes answer whether the call left memory
+allocated at all (its own workspaces included): glibc's ``mallinfo2`` (where PyTorch's CPU tensors live; not
+available with musl, macOS or a replaced allocator) and, on CUDA, ``memory_allocated``, ``memory_reserved`` and
+the driver's used bytes. What each number shows: docs/design/sweep.md.
 """
 
 from __future__ import annotations

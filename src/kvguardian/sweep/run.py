@@ -1,21 +1,9 @@
 """The sweep: call an attention target at every length and check that memory returns to its baseline.
 
-Per target and length: one warm-up call (lazy initialisation, per-shape caches), a baseline reading, then
-``repeats`` calls, each on fresh q/k/v inside a guard request. After each call every reference the sweep
-holds is dropped, and three things are read:
-
-1. **the ledger**: are any of the storages the callable received (q, k, v) or returned still alive? Only the
-   callable can be holding them, so this is proof, and `Guard.check` names the holder chain (KVG102);
-2. **the C allocator** (glibc ``mallinfo2``): in-use bytes against the baseline;
-3. **CUDA** (on a GPU): PyTorch's allocated bytes against the baseline; reserved and driver bytes reported.
-
-A row is a LEAK when a storage outlived the call, or when allocated memory grew by more than the tolerance
-after every repeat (each repeat at least half a tolerance above the one before). Memory that rose once and
-stayed flat is reported as ``one-time`` (a cache filling), not as a leak. Before a verdict of LEAK the sweep
-collects the garbage the calls created (generation 0: automatic collection is off during a length's
-measurement) and reads again, so garbage waiting for the cycle collector is not a leak.
-The warm-up call's last 128 query rows (where a partial block lives) are checked against a float64 reference
-(before the baseline: BLAS keeps buffers of its own after a float64 product, which is not the callable's).
+Per target and length: a warm-up call (its last rows checked against float64), a baseline, then ``repeats``
+calls on fresh inputs, reading the ledger (a storage alive is proof, with its holder chain), the C allocator
+and CUDA. A row is a LEAK when a storage outlived the call or memory grew after every repeat; memory that rose
+once is ``one-time``. Garbage is collected before a LEAK verdict. Details: docs/design/sweep.md.
 """
 
 from __future__ import annotations

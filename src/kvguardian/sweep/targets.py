@@ -1,28 +1,9 @@
 """Attention callables the sweep can run, and how it calls each one.
 
-A *target* is any attention function plus a *layout* that says how to call it:
-
-==========  =====================================================================  ==========================
-layout      call                                                                   fits
-==========  =====================================================================  ==========================
-``bhsd``    ``fn(q, k, v, is_causal=True)``, tensors ``[batch, heads, seq, dim]``    PyTorch SDPA and any
-                                                                                   function with its signature
-``bshd``    ``fn(q, k, v, causal=True)``, tensors ``[batch, seq, heads, dim]``       ``flash_attn_func``
-``varlen``  ``fn(q, k, v, cu_seqlens, cu_seqlens, seq, seq, causal=True)``,          ``flash_attn_varlen_func``
-            tensors ``[batch*seq, heads, dim]``, ``cu_seqlens`` int32 offsets
-==========  =====================================================================  ==========================
-
-Specs (``--attn``, repeatable):
-
-* ``sdpa`` — PyTorch's ``scaled_dot_product_attention`` once per backend available on the device
-  (CPU: math and flash; CUDA: also efficient and cuDNN), each pinned with ``torch.nn.attention.sdpa_kernel``;
-  ``sdpa-math``, ``sdpa-flash``, ``sdpa-efficient``, ``sdpa-cudnn`` for one;
-* ``paged`` — attention through the paged KV pool when ``kvguardian.paged`` is installed: its own
-  ``sweep_attention`` (``bhsd`` signature) if it defines one, else `kvguardian.sweep.paged.paged_attention`;
-* ``flash-attn`` — ``flash_attn:flash_attn_varlen_func`` with the ``varlen`` layout (needs a CUDA GPU and
-  the ``flash-attn`` package);
-* ``module:function`` — any importable callable (``pkg.mod:Class.method`` works too), called per
-  ``--layout``.
+A target is an attention function plus a layout (``bhsd``: SDPA's signature, ``bshd``: ``flash_attn_func``,
+``varlen``: ``flash_attn_varlen_func``). Specs (``--attn``): ``sdpa`` (every backend of the device, or
+``sdpa-math``...), ``paged``, ``flash-attn`` (CUDA) and ``module:function``. The layouts and specs in detail:
+docs/design/sweep.md.
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
 """The ownership check, written in Triton itself so it runs the same in interpret mode and on a GPU.
 
-For every element an access touches (and its mask lets through), the byte offset from the KV cache's base
-gives the physical block (``offset // block_bytes``) and the slot in it (``offset % block_bytes //
-slot_bytes % block_size``). The block must be listed in the current sequence's row of the ownership block
-table (its first ``ceil(len / block_size)`` entries); for loads the token position (logical block index ×
-block_size + slot) must also be below the sequence's length. Violations are counted into a small int64
-buffer, and the first one is described there, including the block's owner (the sequence whose row lists
-it, or -1). No ``device_assert``: it does not fire in interpret mode and aborts the context on a GPU.
-
-Buffer layout (int64): [0] violations, [1] a first violation was recorded, [2] program id, [3] sequence,
-[4] block, [5] slot in the block, [6] owner of the block, [7] site, [8] token position (or -1),
-[16 + site] violations at each site.
+For every element an access touches, the offset from the KV cache's base gives the block and slot, which must
+be in the current sequence's row of the ownership table (and, for loads, below its length). Violations are
+counted into a small int64 buffer that also describes the first one; no ``device_assert`` (it does not fire
+in interpret mode and aborts the context on a GPU). The buffer layout: docs/design/triton.md.
 """
 
 from __future__ import annotations

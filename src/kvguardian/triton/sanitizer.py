@@ -5,13 +5,8 @@
     checked[grid](q, k_cache, v_cache, block_table, seq_lens, out, ...)    # same arguments as the kernel
     checked.findings()      # KVG210 (read outside ownership) / KVG202 (write outside ownership)
 
-``kv_caches`` names the kernel's KV-cache pointer parameters. ``block_table`` and ``seq_lens`` name the kernel
-parameters that carry them - or are tensors: the allocator's view of ownership, checked against whatever
-table the kernel was given (a stale or corrupted table is then caught). ``block_size`` is an int or the name
-of a parameter. ``sequence`` is the expression, in the kernel, of the sequence the program works on.
-
-The rewrite happens once, before compilation (`kvguardian.triton.rewrite`); each launch adds a small
-violation buffer and the ownership tables as trailing arguments and reads the buffer back afterwards.
+The kernel is rewritten once before compilation (`kvguardian.triton.rewrite`); each launch adds a violation
+buffer and the ownership tables as trailing arguments. The options: docs/design/triton.md.
 """
 
 from __future__ import annotations

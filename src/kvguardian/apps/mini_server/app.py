@@ -4,16 +4,9 @@ Server-Sent Events, as OpenAI and vLLM stream), ``/v1/models``, ``/health``, ``/
     app = create_app(MiniConfig(cache_mode="per-tenant", api_keys=("acme=sk-a", "globex=sk-b")))
     uvicorn.run(app, host="127.0.0.1", port=8000)        # or: kv-guardian serve-mini
 
-The model is a tiny random-weight Llama run by `PagedLlama` with a byte-level tokenizer (token = byte + 3),
-so every prompt token costs a real prefill: a prefix-cache hit is measurably faster, as on a real server.
-``app.state.mini`` is the `MiniServer` (engine loop, pool, config) for middlewares that wrap the app.
-
-With the pre-OOM guard (``create_app(config, oom=OOMGuard.for_process(guard))``, or ``kv-guardian serve-mini
---oom``) the engine is wired to it (`kvguardian.oom.engine.guard_engine`: the pool's occupancy is a signal,
-its prefix cache is evicted first, shed requests end early) and the app gets `kvguardian.oom.asgi.install`'s
-``/ready``, ``/drain`` and ``/oom``: while draining, a new request gets 503 + ``Retry-After``; a request shed
-before its first token gets the same 503 (streamed or not), one shed mid-stream an SSE error event of type
-``overloaded``.
+The model is a tiny random-weight Llama, so every prompt token costs a real prefill and a prefix-cache hit is
+measurably faster. With the pre-OOM guard it also serves ``/ready``, ``/drain`` and ``/oom``.
+Design notes: docs/design/apps.md.
 """
 
 from __future__ import annotations
@@ -224,16 +217,12 @@ def _error(status: int, message: str, kind: str, param: str | None = None) -> An
 # ---------------------------------------------------------------------------------------------- the app
 def create_app(config: MiniConfig | None = None, *, web: WebConfig | None = None, guard: Guard | None = None,
                oom: OOMGuard | None = None, oom_preempt: bool = False) -> Any:
-    """The FastAPI app of a new `MiniServer` (its engine thread starts with the app's lifespan, or at the first
-    request when run without one). With ``web`` basic auth, every path outside ``/v1`` needs it; ``/v1`` needs
-    an API key (or, with no keys configured, the basic-auth user, who is then the tenant). With a
-    `kvguardian.Guard`, the pool's cached blocks are fed into its ledger after every engine step and
-    ``/metrics`` exports the ledger too.
+    """The FastAPI app of a new `MiniServer`; its engine thread starts with the app's lifespan (or the first request).
 
-    With ``oom`` (a `kvguardian.oom.OOMGuard`, e.g. ``OOMGuard.for_process(guard)``, which also watches the
-    guard's ledger against a KV budget), the engine and the app are wired to it (see the module's docstring);
-    ``oom_preempt`` adds preempting the newest running request as the last eviction step. ``/metrics`` and
-    ``/health`` are answered while it drains; ``/ready`` and ``/drain`` need basic auth when ``web`` has users."""
+    ``web`` adds basic auth outside ``/v1`` (``/v1`` takes API keys); a `kvguardian.Guard` gets the pool's cached
+    blocks after every engine step and is exported on ``/metrics``; ``oom`` (a `kvguardian.oom.OOMGuard`) wires
+    the engine and the app to the pre-OOM guard, ``oom_preempt`` adding preemption as its last eviction step.
+    Details: docs/design/apps.md."""
     from kvguardian.exporters.server import mount_metrics
 
     server = MiniServer(config or MiniConfig(), web, guard, oom, oom_preempt=oom_preempt)

@@ -1,21 +1,9 @@
 """Who a request belongs to, and which prefix-cache namespace it may share blocks in.
 
-API keys map to tenants (``Authorization: Bearer KEY``). Keys are kept only as SHA-256 digests, compared
-through a dict of digests, and never logged or shown: a key's tenant name is what every output uses.
-
-Cache modes, by how far a cached prefix block travels:
-
-| mode | blocks shared between | namespace of a request |
-|---|---|---|
-| ``off`` | nobody (no prefix cache) | - |
-| ``global`` | every request | one shared namespace |
-| ``per-salt`` | requests with the same ``cache_salt`` (none: one shared namespace), as vLLM does | the salt |
-| ``per-tenant`` | requests of one tenant (and one ``cache_salt``, when given): the default | tenant (+ salt) |
-
-vLLM's docs say ``cache_salt`` "is not an isolation boundary": under ``per-salt`` two tenants that send the same
-salt share, and a request without a salt shares with every other salt-less request. ``per-tenant`` derives the
-boundary from the API key, so a client cannot opt out of it. Salts are hashed before they name a namespace,
-so a salt never appears in events, metrics or findings.
+API keys map to tenants (``Authorization: Bearer KEY``); keys are kept only as SHA-256 digests and never shown.
+Cache modes ``off``, ``global``, ``per-salt`` (vLLM's ``cache_salt``, which "is not an isolation boundary") and
+``per-tenant`` (the default: the boundary comes from the API key, so a client cannot opt out). Salts are
+hashed before they name a namespace. The mode table and its rationale: docs/design/apps.md.
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
 """§2.2 — dynamic batching hands one request's KV blocks to another: cross-request KV pollution.
 
-A mini continuous-batching engine (paged attention over a `PagedKVPool`, a tiny random-weight Llama's own
-weights) serves a mixed workload: two tenants, each with its own system prompt (both start with the same
-template preamble), user turns of varied length, varied output lengths. It runs
-
-- with the article's kind of scheduler, whose block tables belong to batch slots instead of requests, in two
-  flavours: ``stale-free`` (frees a block while another request still uses it) and ``share-no-cow`` (shares a
-  partially matching block across requests and tenants and writes into it);
-- with strict ownership (`OwnershipScheduler`, one table per (request, tenant), no sharing);
-- with strict ownership plus the tenant-salted prefix cache (sharing within a tenant, copy-on-write).
-
-Every request's greedy tokens are compared with Hugging Face ``generate()`` on the same model (the oracle).
-The pool's debug checks name the first bad operation and the first bad write. Throughput and latency of
-isolation vs sharing are measured on a larger model (prefill compute matters there) beside the article's
-table, which compares vLLM with and without its per-request allocation patch.
+A mini continuous-batching engine over a `PagedKVPool` serves two tenants with the article's slot-bound
+scheduler (``stale-free`` and ``share-no-cow`` bugs), with strict ownership, and with strict ownership plus the
+tenant-salted prefix cache. Every request's tokens are compared with Hugging Face ``generate()``; the pool's
+debug checks name the first bad operation. Isolation vs sharing throughput is measured beside the article's
+table. Details: docs/design/repro.md.
 """
 
 from __future__ import annotations

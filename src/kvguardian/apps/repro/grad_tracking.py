@@ -36,7 +36,7 @@ PROMPT_LEN = 16
 
 #: The article's table (§2.1): context length -> (peak GPU memory GiB, "cache objects").
 ARTICLE_TABLE = ((1024, 2.1, 16_384), (8192, 18.7, 131_072))
-#: Research on this machine (REFERENCE.md): saved MiB at 128/256/512 steps, hidden 256, 4 layers.
+#: Earlier research on a 2-core machine (docs/design/repro.md): saved MiB at 128/256/512 steps, hidden 256, 4 layers.
 RESEARCH_MIB = ((128, 41.0), (256, 122.7), (512, 429.9))
 
 MIB = 2**20

@@ -1,18 +1,9 @@
 """§2.5 — hot reload leaves the old model generation's KV alive.
 
-A real FastAPI + uvicorn server (`kvguardian.apps.repro.reload_server`) on a loopback port, driven over HTTP:
-traffic, then ``/reload`` (new random weights: a new model generation), traffic, and so on. After each reload
-the driver reads the KV storage bytes alive (``GET /kv``); at the end it asks the guard (``GET /check``).
-
-* buggy: a ``functools.lru_cache`` on the prefix-encoding method keeps every old service, its model and its
-  prefix KV alive: KV bytes grow linearly with reloads, and the guard reports KVG105 stale-generation with
-  the holder chain from the class attribute to the KV.
-* fixed: the prefix store lives on the service instance and dies with it: KV bytes stay flat, no finding.
-
-The article's version uses Ray's ``ray.get_runtime_context().get_kv()``; no such API exists in Ray (its
-``RuntimeContext`` has ids, resources, namespace and runtime-env getters, no KV accessor), so that part of
-the article cannot be reproduced as written. The same check applies to a Ray Serve replica without any Ray
-dependency in kv-guardian: see the README ("Hot reload").
+A real FastAPI + uvicorn server (`kvguardian.apps.repro.reload_server`) is driven over HTTP through traffic
+and ``/reload``s. Buggy: an ``lru_cache`` on a method keeps every old service and its prefix KV alive (KV grows
+with reloads; the guard reports KVG105 with the holder chain). Fixed: the prefix store dies with its service.
+The article's Ray KV API does not exist; why, and the Ray Serve equivalent: docs/design/repro.md.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ class TinySpec:
 
 
 TINY = TinySpec()
-#: The configuration the research on this machine used for the §2.1 numbers.
+#: The configuration of the earlier §2.1 research (`grad_tracking.RESEARCH_MIB`, docs/design/repro.md).
 GRAD_SPEC = TinySpec(hidden=256, layers=4, heads=4, kv_heads=2, intermediate=512)
 #: The "small" benchmark configuration (8 layers, hidden 512).
 SMALL = TinySpec(hidden=512, layers=8, heads=8, kv_heads=4, intermediate=1024, vocab=512)

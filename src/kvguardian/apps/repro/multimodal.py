@@ -1,24 +1,10 @@
 """§2.4 — visual-token KV kept on one rank while the other frees it (multimodal, 2 ranks).
 
-A tiny LLaVA (transformers' classes, random weights) serves image+text sequences on **2 ranks**
-(``torch.distributed``, gloo, 2 CPU processes on loopback). Rank 0 owns the vision tower: it encodes each
-image and broadcasts the visual tokens; both ranks prefill the visual prefix and decode the text (replicas:
-the tiny model is not worth sharding, and the KV lifecycle being reproduced is per rank either way).
-
-* **buggy**: rank 0 also keeps each image's visual-token KV in an image reuse cache keyed by the image, which
-  the sequence-end path never releases; rank 1 has no such cache and frees the KV with the sequence.
-  After N sequences, rank 0 holds N images' visual KV and rank 1 holds none (the article's "Rank 0 holds
-  128, Rank 1 holds 0").
-* **broadcast** (the article's first fix, "full broadcast per layer"): rank 0 alone computes the visual KV and
-  broadcasts each layer's K and V; the KV lives only in each rank's sequence cache and dies with it.
-* **refcount** (the article's second fix, "ref count + all-reduce per sequence"): every rank counts the live
-  sequences that use an image's KV; at sequence end the ranks all-reduce the count (one int64) and every
-  rank releases the image's KV, reuse cache included, when the global count is zero.
-
-The cross-rank check (`kvguardian.ranks.check_ranks`) gathers every rank's per-sequence ledger summary and
-reports each divergence as KVG106, naming the sequence, the ranks and the bytes. Each rank's own
-``guard.check()`` adds KVG102 with the holder chain on the rank that holds. Communication bytes and latency
-per sequence are measured for each variant. The ranks themselves are in `kvguardian.apps.repro.rank_server`.
+A tiny LLaVA serves image+text sequences on 2 gloo ranks (CPU processes on loopback), rank 0 owning the
+vision tower. **buggy**: rank 0 keeps each image's visual KV in a reuse cache nothing releases; **broadcast**
+and **refcount**: the article's two fixes. `kvguardian.ranks.check_ranks` reports the divergence as KVG106,
+each rank's ``guard.check()`` adds KVG102; bytes and latency per sequence are measured for each variant.
+Details: docs/design/repro.md.
 """
 
 from __future__ import annotations

@@ -1,21 +1,9 @@
 """§2.3 — does attention leak memory at sequence lengths that are not a power of two?
 
-The article claims FlashAttention-2 leaks ≈151 MB per call at length 1023 (and none at 1024) because the
-number of 64-row blocks is computed with floor division (1023 // 64 = 15 instead of 16), so the last block's
-memory is never freed. Here `kv-guardian sweep` runs PyTorch's SDPA (every backend this machine has) at
-every length around every power of two and checks, after each call, that no storage the call received or
-returned is alive (ledger), that the C allocator is back at its baseline, and that the last rows are right.
-
-Two controls prove the sweep can fail and what the fix looks like: an attention written here that stages
-one K/V workspace per 64-row block and releases ``length // 64`` of them (the article's mechanism: the
-partial block's workspace stays referenced from a module-level list), and the same code releasing
-``ceil(length / 64)`` (the fix). The first must be caught at exactly the lengths that are not multiples of 64,
-with a holder chain; the second must pass everywhere.
-
-FlashAttention-2's own source launches ``(seqlen_q + kBlockM - 1) / kBlockM`` row blocks (a ceiling, in
-``flash_fwd_launch_template.h``) and masks the partial block (``Is_even_MN``); its kernels allocate nothing
-(outputs come from PyTorch's allocator). A kernel that really skipped the last block would compute wrong rows,
-not leak. On a GPU, run ``kv-guardian sweep --device cuda --attn sdpa --attn flash-attn`` to measure it.
+The article claims FlashAttention-2 leaks ≈151 MB per call at length 1023 through a floor division. Here
+`kv-guardian sweep` runs PyTorch's SDPA around every power of two and checks storages (ledger), the C allocator
+and the last rows; a control that frees ``length // 64`` workspaces must be caught, its ``ceil`` fix must pass.
+Why FlashAttention-2's source does not have the bug: docs/design/repro.md.
 """
 
 from __future__ import annotations

@@ -1,19 +1,9 @@
 """A small LLM server with hot reload (FastAPI + uvicorn), in a buggy and a fixed variant (article §2.5).
 
-Endpoints (JSON):
-
-* ``POST /generate`` ``{"system": str, "prompt": str, "max_new_tokens": int}`` → greedy tokens. The system
-  prompt's KV is computed once and reused (prefix caching); the prompt text is never logged or returned.
-* ``POST /reload`` ``{"seed": int}`` → swaps in new random weights: a new model generation
-  (``guard.new_generation()``).
-* ``GET /kv?settle=true`` → KV storage bytes alive now, per model generation, and how many models are alive
-  (``settle=false`` skips the ``gc.collect()``: what reference counting alone has freed).
-* ``GET /check`` → the guard's report (findings with holder chains), as JSON.
-
-The **buggy** service caches prefixes with ``functools.lru_cache`` on a method, something real servers do
-(and linters warn about: flake8-bugbear B019): the cache is a class attribute, its keys hold ``self``, so after
-a reload the old service, its model and its prefix KV stay alive for good. The **fixed** service keeps a
-bounded prefix store on the instance, which dies with it at reload.
+Endpoints: ``POST /generate`` (greedy tokens; the system prompt's KV is reused), ``POST /reload`` (new random
+weights: a new model generation), ``GET /kv`` (KV bytes alive per generation) and ``GET /check`` (the guard's
+report). The buggy service memoises prefixes with ``functools.lru_cache`` on a method (flake8-bugbear B019), so
+old services stay alive; the fixed one keeps a bounded store on the instance. Details: docs/design/repro.md.
 """
 
 # No `from __future__ import annotations` here: FastAPI reads the endpoints' annotations at runtime, and the

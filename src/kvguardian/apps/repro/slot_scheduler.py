@@ -1,18 +1,9 @@
 """The article's §2.2 scheduler: block tables kept per batch slot, not bound to the request.
 
-It drives the same `PagedKVPool` through its raw operations (``allocate_blocks``, ``share_blocks``,
-``release_blocks``), as a scheduler that keeps its own tables does, and carries two bugs of the family
-vLLM and SGLang have shipped (REFERENCE.md: over-free, preemption double free, KV corruption across requests):
-
-- ``stale-free``: when requests finish, the batch is condensed first (the last slot moves into each hole,
-  like an input batch that stays dense) and the blocks are freed afterwards by slot number. A slot that was
-  refilled by the move frees the *moved* request's blocks while it is still running; the finished request's
-  own blocks are never freed. The freed blocks go to new requests, which overwrite them.
-- ``share-no-cow``: a new request reuses the blocks of the running request with the longest common token
-  prefix (of any tenant), including the partially matching last block, and writes its own tokens into that
-  block without copying it first.
-
-The pool's debug checks observe every operation and name the first bad one; the run itself is unchanged.
+It drives a `PagedKVPool` through its raw operations, as a scheduler with its own tables does, and carries two
+bugs of the family vLLM and SGLang have shipped (over-free, preemption double free, cross-request corruption):
+``stale-free`` (frees by slot number after condensing the batch) and ``share-no-cow`` (writes into a shared,
+partially matching block). The pool's debug checks name the first bad operation. Details: docs/design/repro.md.
 """
 
 from __future__ import annotations

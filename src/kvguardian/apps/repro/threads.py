@@ -1,6 +1,5 @@
 """Run a reproduction's tiny model single-threaded: PyTorch's intra-op threads only cost time on matrices
-this small, and under CPU contention (a shared 2-core machine) they cost 10-20× (measured: a 4-token decode
-of the tiny Llama took 0.39-0.80 s with 2 threads and 0.03-0.05 s with 1 while other work ran)."""
+this small, and under CPU contention they make a decode many times slower (docs/design/repro.md)."""
 
 from __future__ import annotations
 

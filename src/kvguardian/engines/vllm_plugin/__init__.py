@@ -1,27 +1,10 @@
 """The in-process audit of vLLM's own KV cache manager, as a vLLM general plugin.
 
-vLLM loads every ``vllm.general_plugins`` entry point in each of its processes (API server, engine core,
-workers); kv-guardian registers `register` there (``pip install kv-guardian`` into vLLM's environment). It does
-nothing unless enabled:
-
-- ``KVG_VLLM_AUDIT=1`` in vLLM's environment, or
-- ``kv-guardian run -- python -m vllm.entrypoints.openai.api_server ...`` (which sets it for the program).
-
-Enabled, it hooks the scheduler the engine core builds (`hooks`) and checks ref counts against block tables,
-lost frees of finished and aborted requests, double frees, conservation of the pool and cross-``cache_salt``
-sharing (`audit`); findings go to stderr, a JSON report and Prometheus (`sink`). Settings (environment):
-
-==========================  ================================================================================
-``KVG_VLLM_AUDIT``          ``1`` enables the audit
-``KVG_VLLM_AUDIT_REPORT``   JSON report file (``{pid}`` is replaced); read by ``kv-guardian exporter --report``
-``KVG_VLLM_AUDIT_PORT``     serve ``kvguardian_*`` metrics from the engine core on 127.0.0.1:PORT
-``KVG_VLLM_AUDIT_HOST``     bind address for that (default 127.0.0.1)
-``KVG_VLLM_AUDIT_INTERVAL`` least seconds between full audits while busy (default 1; idle audits are extra)
-==========================  ================================================================================
-
-It knows vLLM 0.32's internals (``vllm/v1/core``: ``BlockPool``, ``KVCacheManager``, the single-type managers,
-``Scheduler``). On another version, or a scheduler lacking what it reads, it refuses with one line on stderr
-and vLLM runs exactly as without it. Whatever happens in kv-guardian's code stays there (fail-open).
+vLLM loads `register` from the ``vllm.general_plugins`` entry point in each of its processes; it does nothing
+unless ``KVG_VLLM_AUDIT=1`` (``kv-guardian run`` sets it). Enabled, it hooks the engine core's scheduler
+(`hooks`), checks it (`audit`) and reports (`sink`); ``KVG_VLLM_AUDIT_REPORT``/``_PORT``/``_HOST``/``_INTERVAL``
+configure it. It knows vLLM 0.32's v1 core; elsewhere it refuses with one line and vLLM runs unchanged
+(fail-open). Settings table: docs/design/engines.md.
 """
 
 from __future__ import annotations

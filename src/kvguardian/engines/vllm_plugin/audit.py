@@ -1,35 +1,10 @@
 """The checks of vLLM's own KV cache manager, run inside its engine-core process (vLLM 0.32's v1 core).
 
-What vLLM keeps, and what is checked against what (nothing here trusts one record to check itself):
-
-- ``BlockPool.blocks``: every ``KVCacheBlock`` (``block_id``, ``ref_cnt``, ``block_hash``, ``is_null``); block 0
-  is the null block, whose ref count vLLM does not maintain. ``free_block_queue.num_free_blocks`` counts the
-  blocks in the free (LRU) queue: never-used, freed, and cached-but-unreferenced ones.
-- Each single-type manager's ``req_to_blocks``: request id -> the blocks that request holds (its block table);
-  the scheduler's ``deferred_frees`` hold popped tables until an in-flight step completes.
-- The scheduler's ``requests``: the live requests; a finished or aborted one is removed from it after its
-  blocks are freed (or popped for a deferred free).
-
-Invariants, at step boundaries (between the scheduler's calls the structures are consistent):
-
-1. ref count == references from the live block tables and deferred frees (KVG203; below 0: KVG201);
-2. a request that is no longer live holds no block table (KVG204 lost free: names the request and blocks;
-   checked when the scheduler frees a request, and in every full audit);
-3. free + cached + referenced == usable blocks: the free queue's count equals the unreferenced blocks, and
-   walking the queue finds exactly them (KVG206);
-4. no block hit by a prefix lookup, or held by two live requests, carries KV written for another
-   ``cache_salt`` namespace (KVG205) - the salt is part of the prefix hash, so a hit across namespaces means
-   the hash or the salt handling is broken (the CVE-2025-46570 class);
-5. no free of a block more times than it is referenced (KVG201, checked at the free).
-
-Cost: the full audit is O(blocks + table entries), 1-2 us per block here. While the engine works it runs
-in the engine thread at most a ``duty`` fraction of the time (default 0.5%: an audit that took 20 ms waits
-4 s); once the engine has been quiet for half a second, the reporting thread runs it (holding the lock the
-scheduler's entry points take, so it sees a consistent pool; a request arriving meanwhile waits for it).
-The per-call checks are O(blocks freed / hit / cached).
-Bounded: evidence lists at most ``_SHOW`` blocks, at most ``_MAX_REQUEST_FINDINGS`` requests get their own
-finding, the namespace map holds one entry per block, the finished-request memory is a bounded LRU. The
-audit keeps only a weak reference to the scheduler; it never changes a block, a table or a count.
+At step boundaries, ref counts, block tables, the free queue and the scheduler's live requests are checked
+against each other (no record checks itself): ref-count drift (KVG203), over-frees (KVG201), lost frees
+(KVG204), conservation (KVG206) and cross-``cache_salt`` hits (KVG205). Full audits are rate-limited by a
+``duty`` fraction while busy and run from the reporting thread when idle; evidence is bounded, and nothing is
+ever changed. Invariants and cost: docs/design/engines.md.
 """
 
 from __future__ import annotations

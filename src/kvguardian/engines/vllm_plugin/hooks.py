@@ -1,27 +1,10 @@
 """Where the audit hooks into vLLM 0.32's engine core, and the fail-open wrappers that do it.
 
-The plugin wraps ``SchedulerConfig.get_scheduler_cls``: the engine core calls it right before it builds its
-scheduler, so the class it returns gets an ``__init__`` that, once vLLM's own has run, attaches a
-`VllmPoolAudit` to that scheduler instance. The instance's own methods are then wrapped (instance attributes
-shadow the class's, so nothing else in the process changes):
-
-==========================================  ==========================================================
-``Scheduler._free_blocks(request)``          after: the finished request must hold no table (KVG204)
-``Scheduler.update_from_output(...)``        after: a full audit when idle or the duty budget allows
-``KVCacheManager.get_computed_blocks(req)``  after: prefix hits must be of the request's namespace (KVG205)
-``BlockPool.free_blocks(blocks)``            before: no block freed more than referenced (KVG201)
-``BlockPool.cache_full_blocks(...)``         after: which namespace wrote each newly cached block
-``BlockPool.get_new_blocks(n)``              before: count the cached blocks it is about to evict
-``BlockPool.reset_prefix_cache()``           after: forget the namespaces (no block has a hash now)
-==========================================  ==========================================================
-
-The scheduler's entry points that change KV state (`ENTRY_POINTS`) run holding the audit's lock, so an audit
-from the reporting thread (`AuditedScheduler.quiet_audit`, once the engine is idle) sees a consistent pool.
-
-Fail open: vLLM's call always runs, with its own arguments and result; an exception in kv-guardian's part is
-caught, counted (``wrapper_errors``), logged once (KVG100 in the report), and after ``_MAX_ERRORS`` the audit
-switches itself off for good. The ``free_blocks`` argument (often a ``reversed(...)`` iterator) is turned into
-a list once and that list is what vLLM iterates - the same blocks in the same order.
+Wrapping ``SchedulerConfig.get_scheduler_cls`` attaches a `VllmPoolAudit` to the scheduler the engine core
+builds; that instance's methods (and its block pool's) are then wrapped, so nothing else in the process
+changes. The entry points that change KV state run under the audit's lock. vLLM's call always runs with its
+own arguments and result; errors in our part are counted, logged once, and switch the audit off after
+``_MAX_ERRORS``. The wrapped methods: docs/design/engines.md.
 """
 
 from __future__ import annotations
@@ -169,7 +152,7 @@ def _after(owner: AuditedScheduler, site: str, target: Any, name: str, check: Ch
     setattr(target, name, wrapper)
 
 
-#: The scheduler's entry points that change KV state; each runs holding the audit's lock (uncontended: ~0.1 us).
+#: The scheduler's entry points that change KV state; each runs holding the audit's lock (uncontended: cheap).
 ENTRY_POINTS = ("schedule", "update_from_output", "add_request", "finish_requests", "reset_prefix_cache")
 
 

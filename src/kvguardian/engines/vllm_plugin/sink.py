@@ -1,16 +1,9 @@
 """Where the vLLM audit's findings and pool metrics go: stderr lines, a JSON report, Prometheus.
 
-- Each new finding: one line on stderr (``kv-guardian vLLM audit: KVG204 lost-free (error) ...``), at most
-  ``_MAX_LINES``; the rest are in the report.
-- ``KVG_VLLM_AUDIT_REPORT=FILE``: a kv-guardian JSON report (findings + the audit's summary), rewritten
-  atomically when something changed (at most once a second) and at exit; ``{pid}`` in the name is replaced.
-  ``kv-guardian exporter --report FILE`` serves it. Under ``kv-guardian run`` the report goes into the run's
-  folder instead, so ``run`` merges it with the rest.
-- ``KVG_VLLM_AUDIT_PORT=PORT``: Prometheus metrics served from the engine-core process on 127.0.0.1
-  (``KVG_VLLM_AUDIT_HOST`` to change; PORT + the data-parallel rank when there are several engines):
-  ``kvguardian_findings``, ``kvguardian_pool_*{pool="vllm"}`` and ``kvguardian_vllm_audit_*``.
-
-All of it runs in one daemon thread of the engine-core process; the engine thread only bumps a counter.
+Each new finding is one stderr line (at most ``_MAX_LINES``); ``KVG_VLLM_AUDIT_REPORT=FILE`` keeps a JSON report
+rewritten atomically (under ``kv-guardian run`` it goes into the run's folder); ``KVG_VLLM_AUDIT_PORT`` serves
+metrics from the engine core. All of it runs in one daemon thread; the engine thread only bumps a counter.
+Details: docs/design/engines.md.
 """
 
 from __future__ import annotations

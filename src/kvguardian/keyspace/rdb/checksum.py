@@ -4,7 +4,7 @@ checks it), computed as the reader consumes the file.
 The checksum covers every byte from the ``REDIS`` magic to the EOF opcode; the 8 bytes after that opcode
 hold it, little-endian, or zeros when the server saved with ``rdbchecksum no``. A damaged byte inside a
 string or a length the reader cannot tell from a good one is caught only here. The arithmetic runs in C
-through ``anycrc`` (about 6 GB/s here, part of the ``redis`` extra); without it the file is read unchecked
+through ``anycrc`` (part of the ``redis`` extra; docs/design/keyspace.md); without it the file is read unchecked
 and the result says so.
 """
 

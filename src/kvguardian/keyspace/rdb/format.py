@@ -1,13 +1,8 @@
 """The RDB format as Redis 5.0-8.x writes it (RDB versions 9-12): opcodes, value types, encodings.
 
-A file is ``REDIS`` + four ASCII digits (the version), then records, each introduced by one byte: an opcode
-(>= 0xF4) or a value type (0-25) followed by the key and the value. Per-key opcodes come right before their
-key: ``EXPIRETIME_MS`` (8-byte little-endian Unix ms), ``EXPIRETIME`` (4-byte s, old), ``IDLE`` (a length:
-seconds idle, written under an LRU ``maxmemory-policy``), ``FREQ`` (one byte: the LFU counter, under an LFU
-policy). The file ends with ``EOF`` and an 8-byte CRC64.
-
-Lengths: the top two bits of the first byte say 6-bit, 14-bit, 32-bit or 64-bit big-endian; ``11`` marks a
-special string encoding instead (an 8/16/32-bit integer, or LZF: compressed length, original length, data).
+A file is ``REDIS`` + four version digits, then records introduced by an opcode (>= 0xF4) or a value type,
+with per-key opcodes (expiry, ``IDLE``, ``FREQ``) before their key, and ``EOF`` + CRC64 at the end. Lengths and
+special string encodings are summarised in docs/design/keyspace.md.
 """
 
 from __future__ import annotations

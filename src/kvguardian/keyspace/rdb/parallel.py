@@ -1,15 +1,10 @@
 """The RDB reader in a child process: parsing and mining overlap on two cores.
 
-Reading a key (~0.8 µs here) and mining its pattern plus counting it (~1.0 µs) cost about the same, so a
-forked child runs `RdbReader` and sends each batch (the key names pickled, the four numbers per key as the
-raw bytes of one int64 array) through a pipe while the parent mines the previous one: on a free second core
-the scan runs ~1.7x faster than in one process. The child inherits the open stream (a file or the
-replication socket) through ``fork``; the parent never reads it. Where ``fork`` is unavailable the caller
-reads in-process.
-
-The child reports what the reader learnt (AUX fields, version, IDLE/FREQ seen, offsets) with every batch, and
-an `RdbError` as a message: the parent re-raises it after the batches before it, exactly as the in-process
-reader does.
+Reading a key and mining it cost about the same, so a forked child runs `RdbReader` and sends batches (key
+names pickled, the numbers as one raw int64 buffer) through a pipe while the parent mines the previous one.
+The child inherits the open stream through ``fork``; without ``fork`` the caller reads in-process. Reader state
+and an `RdbError` travel with the batches, so errors surface as in-process. Measurements:
+docs/design/keyspace.md.
 """
 
 from __future__ import annotations
@@ -100,7 +95,7 @@ class ReaderProcess:
             if kind == "batch":
                 keys, cols, db = payload
                 # raw bytes, not a pickled array: an unpickled array carries its own dtype object, which
-                # sends numpy's ufunc.at (the statistics) down its slow buffered path, 3-4x slower
+                # sends numpy's ufunc.at (the statistics) down its slow buffered path (docs/design/keyspace.md)
                 yield Batch(keys, np.frombuffer(cols, dtype=np.int64).reshape(-1, 4), db)
             elif kind == "error":
                 message, offset = payload

@@ -1,20 +1,9 @@
 """An RDB snapshot → the `ScanResult` a live sweep gives: same pattern mining, statistics, JSON, verdicts, diff.
 
-What differs from a live sweep, and is said in the result:
-
-- ``mode`` is ``"rdb"``; ``server.nodes`` is the file (or the server the snapshot came from);
-- bytes are estimates from the serialized values (`kvguardian.keyspace.rdb.size`), counting every element
-  (a live sweep's ``MEMORY USAGE`` samples 5 elements of a collection);
-- the idle metric is whatever the file carries: ``IDLE`` records (an LRU ``maxmemory-policy``) give idle
-  seconds at save time, ``FREQ`` records (LFU) the counter; under other policies there is none, so no key can
-  be called cold (a warning says so);
-- TTLs are relative to the snapshot's ``ctime``; keys already expired then count as vanished;
-- every database in the file is read unless ``db`` is given;
-- ``server.rdb.checksum`` says whether the file's CRC64 matched (`checksum.Verdict`); a mismatch makes the
-  result incomplete.
-
-A damaged or truncated file ends the result early: ``complete`` false and ``incomplete_reason`` naming the
-byte offset; what was read before stays in the result.
+The result says how it differs from a live sweep: ``mode`` is ``"rdb"``, bytes are estimates counting every
+element (`kvguardian.keyspace.rdb.size`), the idle metric is whatever the file carries, TTLs are relative to
+the snapshot, and ``server.rdb.checksum`` records the CRC64 verdict. A damaged file ends the result early,
+incomplete, keeping what was read. The differences one by one: docs/design/keyspace.md.
 """
 
 from __future__ import annotations

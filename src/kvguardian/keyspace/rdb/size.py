@@ -1,22 +1,9 @@
 """A key's memory, estimated from its serialized form the way ``MEMORY USAGE`` adds it up (Redis 7.x, jemalloc).
 
-``MEMORY USAGE`` is the key's ``dictEntry`` (24 bytes) + the key's sds + the value object (16 bytes) + what
-the value points to, each allocation rounded up to a jemalloc size class (four classes per doubling). The
-RDB says which encoding the value had when it was saved, so each part can be rebuilt:
-
-- strings: an integer (RDB integer encoding) lives in the object itself; up to 44 bytes the object and its
-  sds are one allocation ("embstr"); longer ones are a separate sds;
-- listpack / ziplist / intset encodings (small hashes, sets, sorted sets, list nodes, stream nodes) are
-  stored in the RDB byte for byte as they are in memory: the blob's length is the allocation;
-- hash tables (large sets and hashes) add a bucket array (8 bytes a slot, slots a power of two) and per
-  element a 24-byte ``dictEntry`` and an sds per string; skiplist sorted sets add a ~48-byte node per member;
-- quicklists add a 32-byte node per listpack; streams a radix-tree node (~48 bytes) per listpack and
-  ~48 bytes per pending entry, and a server that appended the entries allocated each node's listpack 4 KiB
-  up front (a server that loaded them from this file holds the exact size: the estimate is the former).
-
-Unlike ``MEMORY USAGE`` (which samples 5 elements of a collection unless told ``SAMPLES 0``), every element
-is counted. tests/integration/keyspace/test_rdb.py compares the estimate with ``MEMORY USAGE SAMPLES 0`` of
-the server that wrote the file, type by type.
+The key's ``dictEntry``, sds, value object and what the value points to, each rounded up to a jemalloc size
+class; the RDB's encoding says which allocations the value had. Unlike ``MEMORY USAGE`` every element is
+counted; tests/integration/keyspace/test_rdb.py compares the estimate with ``MEMORY USAGE SAMPLES 0``, type by
+type. The per-encoding rules: docs/design/keyspace.md.
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
 """A snapshot fetched from a running server the way ``redis-cli --rdb`` does: the replication handshake.
 
-    AUTH [user] password        (if the URL has one)
-    REPLCONF rdb-only 1         (Redis >= 7.0: the server ends the replica link after the snapshot)
-    REPLCONF capa eof           (a diskless snapshot may be sent: nothing written on the server's disk)
-    SYNC                        → "\\n" keepalives, then "$<length>\\r\\n" + the RDB, or "$EOF:<40-byte mark>\\r\\n"
-                                  + the RDB + the mark (diskless replication)
-
-The payload is streamed straight into the RDB reader: nothing is written to disk and memory stays flat. The
-server forks a child that serializes the data set (as it does for BGSAVE); its main thread serves clients
-meanwhile and spends no CPU per key. The user needs the ``sync`` (or ``psync``) and ``replconf`` commands
-(``+sync +replconf`` in an ACL); a read-only sweep user does not have them.
+``REPLCONF rdb-only 1``, ``REPLCONF capa eof``, ``SYNC``; the payload is streamed straight into the RDB reader
+(nothing on disk, memory flat) while the server's forked child serializes the data set. The user needs the
+``sync`` and ``replconf`` commands, which a read-only sweep user lacks. The handshake: docs/design/keyspace.md.
 """
 
 from __future__ import annotations

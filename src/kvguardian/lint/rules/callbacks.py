@@ -1,25 +1,12 @@
 """KVG406 handler-callback-registry: a request handler appends a closure to a module-level list for good.
 
-Anti-pattern::
+Fires inside a request handler (a route, an ``async def``, a ``handle*``/``generate*``/... function, or one taking
+``request``/``prompt``) that registers a closure, a ``functools.partial`` or a local object's bound method into a
+module- or class-level container that nothing in the module removes from.
 
-    ON_TOKEN = []
-    @app.post("/generate")
-    async def generate(req):
-        cache = new_cache()
-        ON_TOKEN.append(lambda tok: cache.update(tok))   # the closure holds this request's cache forever
+Fix: register callbacks once at start-up, or remove the request's callback when it ends.
 
-Fix: register callbacks once at start-up, or remove the request's callback when it ends
-(``try: ... finally: ON_TOKEN.remove(cb)``), or keep it on the request object.
-
-Fires inside a request handler (a function decorated as a route - ``@app.get/post/...``, ``@router.*`` -
-an ``async def``, a function named ``handle*``/``generate*``/``predict*``/``infer*``/``serve*``/``chat*``/
-``complete*``/``stream*``/``on_request``, or one with a ``request``/``req``/``prompt`` parameter) that appends,
-adds or registers into a module- or class-level container a ``lambda``, a function defined in the handler,
-a ``functools.partial``, or a bound method of a local object, capturing the handler's locals, when nothing
-in the module removes from that container.
-
-False positives: a handler that runs once (set-up behind a route) registers a bounded number of callbacks;
-silence with ``# noqa: KVG406``.
+False positives: a set-up handler that runs once; silence with ``# noqa: KVG406``. Example: docs/design/lint.md.
 """
 
 from __future__ import annotations

@@ -1,23 +1,13 @@
 """KVG402 global-kv-store: per-request KV or generate() outputs stored into module- or class-level state.
 
-Anti-pattern::
+Fires on ``append``/``add``/``X[k] = v``... inside a function into a container built at module or class level,
+when the value mentions a KV cache or a ``generate()`` result (directly or through a local) and nothing in the
+module ever removes from the container.
 
-    HISTORY = []                                  # module level: lives as long as the process
-    def handle(prompt):
-        out = model.generate(ids, return_dict_in_generate=True)
-        HISTORY.append(out)                       # every request's cache, forever
+Fix: keep per-request results in the request's scope, or bound the container (``deque(maxlen=N)``, an LRU).
 
-Fix: keep per-request results in the request's scope; if they must outlive it, bound the container
-(``deque(maxlen=N)``, an LRU that evicts) or remove the entry when the request ends.
-
-Fires on ``append``/``extend``/``add``/``insert``/``setdefault``/``update``/``X[k] = v`` into a container built at
-module level, or in a class body (and not shadowed in ``__init__``), inside a function, when the stored value
-mentions a KV cache (``past_key_values``, ``DynamicCache(...)``, a ``*_cache`` name) or a ``generate()`` result,
-directly or through a local name assigned from one, and nothing in the module ever removes from the
-container (``pop``, ``remove``, ``clear``, ``del X[...]``, ``X[:] = ...``, rebinding it).
-
-False positives: removal done by another module, or a container that is bounded by construction (a fixed
-key set), is invisible here; silence with ``# noqa: KVG402``.
+False positives: removal in another module, or a container bounded by a fixed key set; silence with
+``# noqa: KVG402``. Example: docs/design/lint.md.
 """
 
 from __future__ import annotations

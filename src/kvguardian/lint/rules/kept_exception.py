@@ -1,26 +1,13 @@
 """KVG404 kept-exception: exceptions, tracebacks or ``sys.exc_info()`` kept in module-level state.
 
-Anti-pattern::
+A kept exception holds its traceback's frames, and their locals hold the request's KV. Fires when a function
+stores into module- or class-level state a caught exception, ``sys.exc_info()``, a traceback or a frame (or a
+local assigned from one); formatted copies and set-up functions (``*init*``, ``*load*``...) are not flagged.
 
-    FAILED = []
-    def handle(req):
-        try:
-            run(req)                       # a frame below holds the request's KV cache
-        except Exception as e:
-            FAILED.append(e)               # e.__traceback__ -> frames -> locals -> the cache, forever
+Fix: keep plain data (``traceback.format_exc()``, ``repr(e)``), or ``traceback.clear_frames`` first.
 
-Fix: keep what you need to report as plain data: ``traceback.format_exc()``, ``repr(e)``, the type name;
-or call ``traceback.clear_frames(e.__traceback__)`` before keeping the exception.
-
-Fires inside a function on ``X.append(e)``/``X[k] = e``/``global X; X = e``/``Class.X = e`` where ``X`` is module- or
-class-level state and the value is the bound exception of an ``except ... as e``, ``sys.exc_info()``,
-``sys.exception()``, a ``__traceback__``/``tb_frame`` attribute, a frame (``inspect.currentframe()``,
-``sys._getframe()``), or a local name assigned from one. Formatted copies (``str(e)``, f-strings,
-``traceback.format_*``) are not flagged, nor are errors kept by set-up functions (``*init*``, ``*load*``,
-``*import*``, ``*setup*``, ``*register*``…): their frames hold start-up state, not a request's cache.
-
-False positives: a module that clears the state right after reporting it still holds the frames until
-then; if that window is short and bounded, silence with ``# noqa: KVG404``.
+False positives: state cleared right after reporting; silence with ``# noqa: KVG404``. Example:
+docs/design/lint.md.
 """
 
 from __future__ import annotations

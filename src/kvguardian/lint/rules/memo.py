@@ -1,31 +1,13 @@
 """KVG403 unbounded-memo: memoisation that keeps caches, outputs or ``self`` alive (article §2.5).
 
-Anti-patterns::
+Fires on ``functools.cache``/``lru_cache(maxsize=None)`` over parameters or results that are caches, tensors,
+outputs or models, and on any ``cache``/``lru_cache`` on a method of a model-holding class (the memo keeps
+``self``). Memos keyed by shapes or without parameters, and ``lru_cache(maxsize=1)``, are not flagged.
 
-    @functools.cache                      # unbounded: every cache/tensor argument or result kept forever
-    def prefix_kv(past_key_values): ...
+Fix: bound the memo and key it by plain values; on methods use ``cached_property`` or a per-instance dict.
 
-    class Model:
-        @functools.lru_cache(maxsize=8)   # on a method: the memo (a class attribute) keeps ``self`` alive,
-        def rope(self, n): ...            # so a reloaded model's old instance and its caches never die
-
-Fix: bound the memo and key it by plain values (ids, lengths, strings), not by caches or tensors; for
-methods use ``functools.cached_property`` or a per-instance dict, which die with the instance.
-
-Fires on ``functools.cache``, ``lru_cache(maxsize=None)`` (also ``lru_cache(None)``) over a function whose
-parameters are caches, tensors, outputs or models (by name or annotation: each distinct argument is kept as a
-key) or whose return value is a KV cache or generate() result, and on any ``cache``/``lru_cache`` decorating a
-method (a function in a class body taking ``self``) of a class that holds model state: its name or a base's
-ends in Module, Model, Attention, Layer, Embedding, Rope, Decoder, Encoder, Runner, Engine, Pipeline, Stage,
-Processor, Tokenizer, Worker…, or it (or a base defined in the module) uses ``self.model``, ``self.engine``,
-``self.tokenizer``, ``self.cache``…. Memos keyed by shapes, dtypes or devices that return constant tensors are
-bounded by their key space, and memos without parameters hold one entry: neither is flagged.
-
-``lru_cache(maxsize=1)`` is not flagged: it holds only its latest caller, so a new instance's first call
-releases the old one.
-
-False positives: a model-holding class instantiated once per process (never reloaded) keeps one instance
-alive, which is harmless; silence with ``# noqa: KVG403``.
+False positives: a model-holding class built once per process; silence with ``# noqa: KVG403``. The exact
+rules: docs/design/lint.md.
 """
 
 from __future__ import annotations

@@ -1,25 +1,14 @@
 """KVG405 redis-key-no-ttl: a Redis write with no expiry whose key embeds a timestamp or UUID (article ch. 1).
 
-Anti-pattern (the article's own Go example, and the same in Python, Java and Kotlin)::
+Fires, with a Redis client in scope (Python, Go, Java, Kotlin), on a write command whose key contains a
+wall-clock timestamp or random id, directly or through a local, when the call sets no expiry and the same
+function does not ``expire`` the key.
 
-    key := fmt.Sprintf("user:profile:%s:%d", userID, time.Now().UnixNano())
-    redisClient.Set(ctx, key, profile, 0)             // TTL 0: never expires, a new key on every call
+Fix: give the key a TTL (``ex=``/``px=``, a non-zero go-redis expiration, ``SetArgs.ex``), or take the timestamp
+or UUID out of the key.
 
-    r.set(f"session:{uuid.uuid4()}", blob)            # redis-py, sync or asyncio, or a pipeline
-
-Fix: give the key a TTL (``ex=``/``px=`` in redis-py, a non-zero expiration in go-redis, ``SetArgs.ex`` /
-``SetParams.ex`` in Lettuce/Jedis, or ``EXPIRE`` right after), or take the timestamp/UUID out of the key.
-
-Fires, in a module that imports a Redis client (``redis``, ``redis.asyncio``, ``valkey``, ``coredis``…) or on a
-receiver whose name says Redis, on write commands (``set``, ``setnx``, ``hset``, ``lpush``, ``rpush``, ``sadd``,
-``zadd``, ``xadd``, ``incr``…) whose key expression contains, directly or through a local variable of the same
-function, a wall-clock timestamp or a random id (``time.time()``, ``time.time_ns()``, ``uuid4()``,
-``datetime.now()``; ``time.Now()``, ``uuid.New()``; ``System.currentTimeMillis()``, ``System.nanoTime()``,
-``UUID.randomUUID()``, ``Instant.now()``), when the call carries no expiry and the same function does not
-``expire`` that key.
-
-False positives: a key expired elsewhere (another function, a Lua script, a key-space policy such as
-``maxmemory-policy allkeys-lru``) is invisible here; silence with ``# noqa: KVG405`` and name the policy.
+False positives: a key expired elsewhere or by ``maxmemory-policy``; silence with ``# noqa: KVG405``. See
+docs/design/lint.md.
 """
 
 from __future__ import annotations

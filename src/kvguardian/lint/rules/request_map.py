@@ -1,27 +1,12 @@
 """KVG407 request-map-no-removal: a per-request map on a long-lived object that is never emptied.
 
-Anti-pattern (the shape of lost frees in real schedulers, e.g. vLLM #46283)::
+The shape of lost frees in real schedulers (vLLM #46283). Fires on ``self.X[<request id>] = ...`` (or
+``setdefault``) when nothing in the module removes from any ``.X``, ``X`` is a dict or list made in this module,
+and the class is neither a temporary nor per-request by name (Request, Sequence, State...).
 
-    class Scheduler:
-        def __init__(self):
-            self.req_to_blocks = {}
-        def add_request(self, req):
-            self.req_to_blocks[req.request_id] = allocate(req)
-        def finish(self, req):
-            ...                          # forgot: self.req_to_blocks.pop(req.request_id)
+Fix: remove the entry on every exit path of a request, ideally in one ``free``/``finish`` method.
 
-Fix: remove the entry on every exit path of a request (finish, abort, error, preemption, transfer
-failure), ideally in one ``free``/``finish`` method that every path calls.
-
-Fires on ``self.X[<request id>] = ...`` or ``self.X.setdefault(<request id>, ...)`` - the key a name or
-attribute such as ``rid``, ``request_id``, ``req.req_id``, ``seq_id``, ``session_id`` - when nothing in the
-module removes from any ``.X`` (``pop``, ``del``, ``clear``, ``discard``, rebinding ``self.X`` outside
-``__init__``), the attribute is a dict or list created in this module (in ``__init__`` or the class body),
-the class is not only ever built as a temporary (``Cls(...).run()``), and its name does not look per-request
-(Request, Sequence, Seq, Group, Output, State, Stats, Metrics, Batch, Context, Metadata, Info, Plan, Step:
-such objects' maps die with them).
-
-False positives: entries removed through a local alias (``m = self.X; m.pop(rid)``) or from another module.
+False positives: removal through a local alias or from another module. The exact rules: docs/design/lint.md.
 """
 
 from __future__ import annotations

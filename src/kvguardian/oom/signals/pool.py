@@ -4,7 +4,7 @@ capacity. This is the article's "KV usage" whose first remedy is evicting the LR
 
 A pool preallocates its K/V tensors, so its occupancy is not host or GPU memory: evicting its prefix cache
 lowers this signal (and a KV budget the ledger counts the blocks against), never the cgroup. In bytes when
-the pool holds K/V tensors, in blocks otherwise. One read is a few numpy calls (about 30 µs per 100k blocks).
+the pool holds K/V tensors, in blocks otherwise. One read is a few numpy calls (docs/design/oom.md).
 """
 
 from __future__ import annotations

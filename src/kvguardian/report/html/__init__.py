@@ -1,22 +1,10 @@
 """The self-contained HTML report: a pure function of a report's JSON (`render_html`), one module per part.
 Which kind of report a file is, and whether it can be read, is `kvguardian.report.document`.
 
-==============  ===========================================================================================
-``page``        the page shell: verdict header, sections, the Content-Security-Policy, the inline assets
-``findings``    findings with evidence, holder chain and fix, grouped
-``holders``     holder chains as a tree grouped by shared root and path, with counts
-``timeline``    KV bytes by state over time, request marks, the KVG103 trend line
-``lanes``       per-request lanes (start, end, what outlived the end)
-``heatmap``     layer × request bytes alive after the owner ended
-``keyspace``    Redis: treemap of patterns, TTL/idle per pattern, growth between scans
-``treemap``     the squarified treemap layout
-``pool``        paged pools: blocks by state, the first bad operation
-``measurements``  any other JSON (a reproduction's measurements) as lists and tables
-``chart``, ``axes``, ``decimate``, ``markup``: the chart frame, ticks and units, bounded views, escaping
-==============  ===========================================================================================
-
-Charts are hand-written SVG (no plotting package): see the module docs of `chart` and the README's "HTML
-report" section for why.
+``page`` is the shell; ``findings``, ``holders``, ``timeline``, ``lanes``, ``heatmap``, ``keyspace``, ``pool`` and
+``measurements`` draw the sections; ``treemap``, ``chart``, ``axes``, ``decimate`` and ``markup`` are the helpers.
+Charts are hand-written SVG (no plotting package; why: ``bench/html_plotting.py``). The module table:
+docs/design/report.md.
 """
 
 from __future__ import annotations

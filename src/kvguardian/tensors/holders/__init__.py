@@ -1,19 +1,10 @@
 """Holder chains: the path of references from a root to a live KV storage.
 
-The search is general, not a list of known leak shapes. It runs backwards from the objects on the target
-storages (`targets`), asking the garbage collector for the referrers of a whole level at once and keeping
-every referrer as a parent (`search`; what only the level itself holds, proven by reference counts, is left out
-of the scan: `refcounts`), until each target's shortest chain from a root (`roots`: module
-globals, class attributes, every thread's executing frames, contextvars, asyncio tasks and loops) is proven.
-Objects in between are whatever holds what: containers, instance attributes, closure cells, frames kept by
-tracebacks, generators, ``functools.lru_cache`` entries, and - when no Python object holds a storage - the
-autograd graph of a tensor that saved it for backward. Each reference is named (`edges`), and a chain records
-the collections on it, linked structures included (`shapes`), for `kvguardian.retention`.
-
-The search is bounded by a budget of objects visited (the same on any machine) plus a wall-clock safety
-net, excludes the guard's own objects and frames, and reads nothing in a way that changes the program
-(`access`). Chains never show KV contents, and dictionary keys are shown only when they look like
-identifiers (never free text such as a prompt) unless ``redact`` hides them all.
+A general backward search, not a list of known leak shapes: from the objects on the target storages
+(`targets`), the referrers of a whole level are asked for at once (`search`, `refcounts`) until each target's
+shortest chain from a root (`roots`) is proven. References are named (`edges`), collections on a chain recorded
+(`shapes`). The search is bounded by objects visited, changes nothing (`access`), and never shows KV contents.
+Details: docs/design/tensors.md.
 """
 
 from __future__ import annotations

@@ -1,16 +1,8 @@
 """Reading objects without changing them: the auditor must not change what it measures.
 
-Two reads that look harmless are not, in CPython 3.11+:
-
-* ``obj.__dict__`` (and ``vars(obj)``, ``dir(obj)``, ``getattr(obj, "__dict__")``) on an instance whose
-  attributes live inline in the object *materialises* a dict: from then on the attributes are held by that
-  dict, one reference hop further from the object, and every later holder search sees a different graph.
-  Here instance attributes are read with ``object.__getattribute__(obj, name)`` (the generic lookup reads
-  inline values without materialising), never through a property or ``__getattr__`` (user code), and the
-  names come from a dict that already exists or from the names the class's code uses.
-* ``frame.f_locals`` copies a function frame's fast locals into a dict stored on the frame, which then keeps
-  those values alive until the frame dies, even after the function rebinds them. `frame_locals` reads it and
-  empties that dict again when nothing but the frame holds it (the next ``f_locals``/``locals()`` refills it).
+In CPython 3.11+ ``obj.__dict__`` materialises a dict for inline attributes (changing the graph every later
+search sees), so attributes are read with ``object.__getattribute__``; and ``frame.f_locals`` leaves a
+snapshot that keeps values alive, so `frame_locals` empties it again. Details: docs/design/tensors.md.
 """
 
 from __future__ import annotations

@@ -1,18 +1,9 @@
 """Referrers known without a heap scan: when every reference to an object is accounted for.
 
-A heap scan (``gc.get_referrers``) costs a pass over every tracked object plus, per object asked about, a
-compare at every reference it meets (about 1 ms per frontier object on a heap of 370k objects). Many frontier
-objects are held only by other frontier objects: a request's cache by the output it returned (and that
-output's ``__dict__``), which are hints in the same level. For such an object the scan can only return
-frontier objects, which the search already has.
-
-`held_within` picks the frontier objects some other frontier object refers to; the scan then asks only about
-the rest; `fully_accounted` proves, by ``sys.getrefcount``, that the picked ones have no referrer beyond the
-frontier, what the scan returned and the search's own containers. The proof counts references the garbage
-collector can show (``gc.get_referents`` of each holder, each holder counted once): a reference it cannot
-show (an executing frame, an untracked container, C code) leaves the count short, and the caller asks the
-collector after all - never a wrong answer, only the scan not saved. An interpreter whose reference counts
-are not plain counts (immortal objects) never matches either.
+A heap scan is costly, and many frontier objects are held only by other frontier objects. `held_within` picks
+those, the scan asks only about the rest, and `fully_accounted` proves by ``sys.getrefcount`` that the picked
+ones have no other referrer. A reference the collector cannot show leaves the count short, so the caller
+scans after all: never a wrong answer, only a scan not saved. Details: docs/design/tensors.md.
 """
 
 from __future__ import annotations

@@ -1,19 +1,9 @@
 """Where chains start: what keeps objects alive without being an object that ``gc.get_referrers`` returns.
 
-* module globals and class attributes: their namespace dicts (a ``functools.lru_cache`` on a method lives
-  in its class's dict; class attributes are as global as module globals; class dicts are recognised when
-  met, `class_namespace`);
-* the locals of frames executing now, in every thread (CPython 3.11+ does not show an executing frame's
-  locals to the garbage collector), read without leaving a snapshot behind (`access.frame_locals`);
-* the contextvars of this thread's current context (held by the thread state, not by an object), and
-  the running event loop;
-* the interpreter's hooks: this thread's trace and profile functions (``sys.settrace``/``sys.setprofile``)
-  and the Python signal handlers (``signal.signal``), held in the thread state and in C tables;
-* asyncio tasks, done or pending (``_asyncio.Task``'s GC traversal in CPython 3.11 stops reporting after its
-  own fields, so its result, exception and callbacks have no referrer): what each task refers to, read with
-  ``gc.get_referents``, is added as an edge the backward search would otherwise miss.
-
-An object with no referrer that is none of these is held from outside Python (C), and the chain says so.
+Module globals and class attributes, the locals of executing frames in every thread, this thread's
+contextvars and running loop, trace/profile functions and signal handlers, and asyncio tasks (whose result
+and callbacks CPython 3.11's GC traversal does not report). An object held by none of these is held from C,
+and the chain says so. Details: docs/design/tensors.md.
 """
 
 from __future__ import annotations

@@ -1,28 +1,9 @@
 """The search: backwards from the start objects, level by level, keeping every referrer it finds.
 
-Each level asks the garbage collector for the referrers of the whole frontier at once. Every referrer is
-linked as a parent of each frontier object it refers to, including a referrer met before at another level
-(a linked list of chat turns puts its members at different depths under one holder: each is linked, none is
-skipped). The discovered graph then gives, by one breadth-first pass from its root-held nodes in a fixed
-order, the shortest chain from a real root to every start, the same on an idle and on a loaded machine.
-
-The search stops when every start's chain is proven shortest (no shorter one can exist at a deeper level),
-when nothing is left to expand, or when the budget of visited objects runs out (a wall-clock bound is only
-a safety net): a chain cut by the budget says so.
-
-Each heap scan costs about the same whatever the frontier, so the caller may pass *hints*: objects it
-expects above the starts (what a request returned to the program, which holds its cache). They join the
-first level, so one scan asks for the referrers of the starts and of their likely parents at once. A hint
-only adds references that exist; a chain is proven shortest from what was actually expanded (every
-ancestor of the start closer than its chain's length), so a wrong hint costs one frontier object, never a
-wrong chain.
-
-A frontier object that only other frontier objects hold (a cache held by its request's output, a hint) is
-left out of the scan when the reference counts prove it (`refcounts`); the scan returns the same referrers,
-the parents of such an object may be linked in another order, which only the chain of a start no root
-reaches could see (`nearest_top` breaks ties between parents of one type by that order): when one is
-unreached and such an object has two parents of one type, the search is run again with every scan a full
-one.
+Each level asks the garbage collector for the referrers of the whole frontier; one breadth-first pass over the
+discovered graph then gives the shortest chain from a root to every start, the same on any machine. It stops
+when every chain is proven shortest, nothing is left, or the object budget runs out (the chain says so).
+*Hints* join the first level to save scans, never changing a chain. Details: docs/design/tensors.md.
 """
 
 from __future__ import annotations
@@ -366,7 +347,7 @@ def _probed(lv: _Level, inner: set[int]) -> set[int]:
     """``inner`` and, when many other frontier objects are left to scan for, all but the last `_PROBE` of
     them: a scan asked about a few finds the collection that usually holds them all (the dict of sessions),
     and the reference counts then prove the others held by it alone (a scan costs a pass over the heap plus a
-    compare per object asked about at every reference: 34 ms for 1 object, 70 ms for 24 on 370k objects).
+    compare per object asked about at every reference; figures in docs/design/tensors.md).
     After a probe the counts did not prove, the process scans in full again (`_PROBING`)."""
     outer = [id(o) for o in lv.frontier if id(o) not in inner]
     lv.probing = len(outer) > 2 * _PROBE and _PROBING[0]
