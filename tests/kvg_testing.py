@@ -30,6 +30,17 @@ def require_binary(name: str) -> str:
     return path
 
 
+def docs_reference() -> types.ModuleType:
+    """``docs/_hooks/reference.py``, the MkDocs hook that writes the reference pages from the code."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("kvg_docs_reference", ROOT / "docs" / "_hooks" / "reference.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def free_port() -> int:
     """A free TCP port on 127.0.0.1 (test traffic stays on loopback)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

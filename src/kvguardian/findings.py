@@ -1,7 +1,7 @@
 """Findings and reports: the one place where finding ids, their names and meanings are defined.
 
 Every finding kv-guardian emits - at run time, from the paged pool, from a Redis sweep, from a watcher -
-carries a stable id from `CATALOG`. The README's table is generated from this module
+carries a stable id from `CATALOG`. The findings reference of the docs site is generated from this module
 (``python -m kvguardian.findings``) and a test keeps the two in step.
 """
 
@@ -64,7 +64,7 @@ class FindingKind:
     id: str  # stable, never reused: "KVG102"
     name: str  # stable kebab-case name: "orphaned-kv"
     severity: Severity  # the default severity; a detector may lower it (bounded) or raise it (proven)
-    meaning: str  # one sentence for the README
+    meaning: str  # one sentence for the findings reference
     fix: str  # what the user should do
 
 
@@ -185,7 +185,7 @@ CATALOG: dict[str, FindingKind] = {
 
 
 def catalog_markdown() -> str:
-    """The README's finding-id table, generated from `CATALOG`."""
+    """The finding-id table (Markdown), generated from `CATALOG`."""
     rows = ["| id | name | severity | meaning |", "|---|---|---|---|"]
     for kind in CATALOG.values():
         rows.append(f"| {kind.id} | {kind.name} | {kind.severity.value} | {kind.meaning} |")

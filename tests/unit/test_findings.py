@@ -1,13 +1,10 @@
 import json
 import re
-from pathlib import Path
 
 import pytest
 
 from kvguardian._errors import EXIT_FINDINGS, EXIT_OK, UsageError
 from kvguardian.findings import CATALOG, Finding, Report, Severity, catalog_markdown
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_catalog_ids_are_stable_and_unique():
@@ -18,9 +15,13 @@ def test_catalog_ids_are_stable_and_unique():
         assert required in CATALOG
 
 
-def test_readme_table_is_generated_from_catalog():
-    readme = (ROOT / "README.md").read_text()
-    assert catalog_markdown() in readme
+def test_docs_reference_table_is_generated_from_catalog():
+    from kvg_testing import docs_reference
+
+    page = docs_reference().findings_page()  # reference/findings.md of the documentation site
+    assert catalog_markdown() in page
+    for kind in CATALOG.values():
+        assert f"## {kind.id} {kind.name}" in page and kind.fix in page
 
 
 def test_finding_defaults_from_catalog_and_unknown_id_is_refused():

@@ -1,7 +1,7 @@
 """The catalog of every metric kv-guardian exports: one place for names, types, labels and HELP text.
 
 Collectors build their families from it (`kvguardian.exporters.prometheus.family` refuses other names), the
-README's metric table is generated from it (``python -m kvguardian.exporters.catalog``) and the Grafana
+docs site's metrics reference is generated from it (``python -m kvguardian.exporters.catalog``) and the Grafana
 dashboard's ``--check`` reads it. Names follow Prometheus conventions, and labels never carry request ids,
 key names or tenants. Naming rules and owners: docs/design/exporters.md.
 """
@@ -229,7 +229,7 @@ def names(owner: str | None = None) -> list[str]:
 
 
 def markdown_table() -> str:
-    """The README's metric table, generated from `METRICS`."""
+    """The metric table (Markdown), generated from `METRICS`."""
     rows = ["| metric | type | labels | exported by | meaning |", "|---|---|---|---|---|"]
     for m in METRICS:
         labels = ", ".join(m.labels) if m.labels else "—"

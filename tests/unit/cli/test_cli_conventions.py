@@ -14,6 +14,7 @@ import re
 
 import pytest
 
+from kvguardian.apps.cli import all_parsers as cli_parsers
 from kvguardian.apps.cli import build_parser
 from kvguardian.apps.cli.options import add_format, add_hidden_alias, add_output
 
@@ -23,17 +24,7 @@ _BIND_WORDS = {"--addr", "--bind", "--listen"}
 
 def all_parsers() -> list[tuple[str, argparse.ArgumentParser]]:
     """(prog, parser) of the top level and of every (sub)command under it."""
-    found = []
-
-    def walk(p: argparse.ArgumentParser) -> None:
-        found.append((p.prog, p))
-        for action in p._actions:
-            if isinstance(action, argparse._SubParsersAction):
-                for sub in action.choices.values():
-                    walk(sub)
-
-    walk(build_parser())
-    return found
+    return [(p.prog, p) for _, p in cli_parsers()]
 
 
 def _visible(action: argparse.Action) -> bool:

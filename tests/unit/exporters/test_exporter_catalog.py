@@ -1,13 +1,10 @@
-"""The metric catalog: naming conventions, README table, and that collectors only yield catalog metrics."""
+"""The metric catalog: naming conventions, the docs' metric table, and that collectors only yield catalog metrics."""
 
 import re
-from pathlib import Path
 
 import pytest
 
 from kvguardian.exporters.catalog import FORBIDDEN_LABELS, METRICS, by_name, markdown_table, names
-
-ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.mark.parametrize("spec", METRICS, ids=lambda m: m.name)
@@ -40,5 +37,7 @@ def test_redis_names_the_dashboard_and_rules_rely_on_are_exported():
     }
 
 
-def test_readme_metric_table_is_generated_from_the_catalog():
-    assert markdown_table() in (ROOT / "README.md").read_text()
+def test_docs_metric_table_is_generated_from_the_catalog():
+    from kvg_testing import docs_reference
+
+    assert markdown_table() in docs_reference().metrics_page()  # reference/metrics.md of the documentation site

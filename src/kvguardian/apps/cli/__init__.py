@@ -1,6 +1,8 @@
 """The ``kv-guardian`` command line: one module per command, kept apart from reporters.
 
-Every command module has ``NAME``, ``HELP``, ``add_arguments(parser)`` and ``run(args) -> int``. `main`
+Every command module has ``NAME``, ``HELP``, ``EXAMPLE`` (one command line, shown under its ``--help``),
+``add_arguments(parser)`` and ``run(args) -> int``; `GROUPS` sorts the commands by who runs them for
+``kv-guardian --help``. `main`
 turns kv-guardian's own errors into one line on stderr and an exit code; a traceback is shown only for a bug,
 and only with ``KVG_DEBUG=1``. Every line it writes is escaped and masked (`kvguardian.report.escape`), and
 the ``kvguardian`` logger's warnings appear on stderr as one line each.
@@ -14,15 +16,18 @@ import importlib
 import io
 import logging
 import os
+import shutil
 import sys
-from collections.abc import Callable, Sequence
-from typing import NoReturn
+import textwrap
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, NoReturn
 
 from kvguardian import __version__
 from kvguardian._errors import EXIT_ENVIRONMENT, EXIT_INTERNAL, EXIT_USAGE, KVGuardianError
+from kvguardian.apps.cli.options import example
 from kvguardian.report.escape import visible
 
-__all__ = ["COMMANDS", "build_parser", "main"]
+__all__ = ["COMMANDS", "EXAMPLE", "GROUPS", "HelpFormatter", "all_parsers", "build_parser", "main"]
 
 #: command name -> module. Add a line here to add a command.
 COMMANDS: dict[str, str] = {
@@ -41,9 +46,41 @@ COMMANDS: dict[str, str] = {
     "report": "kvguardian.apps.cli.report",
 }
 
+#: ``kv-guardian --help`` lists the commands under these headings, by who runs them; each command is in one.
+GROUPS: dict[str, tuple[str, ...]] = {
+    "for your app (Hugging Face transformers, PyTorch)": ("run", "lint", "report", "sweep", "demo", "repro"),
+    "for a server (vLLM, SGLang, OpenAI-compatible)": ("watch", "audit", "serve-mini"),
+    "for Redis": ("redis",),
+    "for the platform (Prometheus, Kubernetes)": ("exporter", "oom-guard", "device-plugin"),
+}
+
+#: The example under ``kv-guardian --help``.
+EXAMPLE = "kv-guardian demo"
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's formatter, except that a paragraph whose lines are laid out already is kept as written: the
+    command table of ``kv-guardian --help`` and each command's ``example:`` lines (`options.example`), so an
+    example stays one line to copy. Any other paragraph is filled to the terminal's width as usual."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        paragraphs = []
+        for paragraph in text.split("\n\n"):
+            lines = paragraph.splitlines()
+            if lines and (lines[0].startswith("example") or any(line.startswith("  ") for line in lines)):
+                paragraphs.append("\n".join(indent + line for line in lines))
+            else:
+                paragraphs.append(super()._fill_text(paragraph, width, indent))
+        return "\n\n".join(paragraphs)
+
 
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line: what, where, and the fix (``--help``)."""
+    """argparse, but a usage error is one line: what, where, and the fix (``--help``); help text through
+    `HelpFormatter`."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         sys.stderr.write(visible(f"{self.prog}: error: {message}; see '{self.prog} --help'") + "\n")
@@ -76,18 +113,54 @@ def build_parser(only: str | None = None) -> ArgumentParser:
     imported: a command starts in less time)."""
     parser = ArgumentParser(
         prog="kv-guardian",
+        usage="%(prog)s [-h] [--version] COMMAND ...",
         description="Find, prove and prevent KV-cache leaks in LLM inference and key-space leaks in Redis.",
     )
     parser.add_argument("--version", action="version", version=f"kv-guardian {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=ArgumentParser)
+    # The commands are listed by group in the epilog, not by argparse (which has one flat list of them).
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=ArgumentParser,
+                                help=argparse.SUPPRESS, prog=parser.prog)  # prog: not the usage= line
+    helps: dict[str, str] = {}
     for name, module_name in COMMANDS.items():
         if only is not None and name != only:
             continue
         module = importlib.import_module(module_name)
-        p = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        helps[name] = module.HELP
+        p = sub.add_parser(name, description=module.HELP, epilog=example(module.EXAMPLE))
         module.add_arguments(p)
         p.set_defaults(_run=module.run)
+    if only is None:
+        parser.epilog = _command_table(helps)
     return parser
+
+
+def _command_table(helps: dict[str, str]) -> str:
+    """The commands under their `GROUPS` headings, each with its one-line help, then the example."""
+    width = max(shutil.get_terminal_size().columns - 2, 60)  # the width argparse fills to
+    pad = max(map(len, helps)) + 4
+    lines = []
+    for title, names in GROUPS.items():
+        lines.append(f"commands {title}:")
+        for name in names:
+            lines += textwrap.wrap(helps[name], width, initial_indent=f"  {name:<{pad - 2}}",
+                                   subsequent_indent=" " * pad)
+        lines.append("")
+    lines += [example(EXAMPLE), "", "'kv-guardian COMMAND --help' shows a command's options and an example."]
+    return "\n".join(lines)
+
+
+def all_parsers(parser: argparse.ArgumentParser | None = None) -> Iterator[tuple[int, argparse.ArgumentParser]]:
+    """(depth, parser) of ``parser`` (default: the whole command line) and of every (sub)command under it, in
+    the order of ``--help`` (the docs' CLI reference and the convention tests walk it)."""
+
+    def walk(p: argparse.ArgumentParser, depth: int) -> Iterator[tuple[int, argparse.ArgumentParser]]:
+        yield depth, p
+        for action in p._actions:  # noqa: SLF001 - argparse has no public way to list subcommands
+            if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
+                for sub in action.choices.values():
+                    yield from walk(sub, depth + 1)
+
+    return walk(build_parser() if parser is None else parser, 0)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -16,11 +16,12 @@ import threading
 from typing import Any
 
 from kvguardian._errors import EXIT_FINDINGS, EXIT_OK
-from kvguardian.apps.cli.options import add_format, add_subcommands
+from kvguardian.apps.cli.options import add_format, add_subcommands, example
 from kvguardian.audit.cache_sharing import AuditOptions
 
 NAME = "audit"
 HELP = "black-box audits of a server you are authorised to test (cache-sharing: prefix cache across tenants)"
+EXAMPLE = "kv-guardian audit cache-sharing --url http://127.0.0.1:8000 --model kvg-mini --key sk-a --key sk-b"
 EXIT_UNDECIDED = 4
 
 
@@ -43,7 +44,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "cache-sharing", help="detect prefix-cache sharing within and across tenants from time to first token",
         description="Send random prompts as a victim (key #1) and an attacker (the same key, a key of the same "
                     "tenant, a key of another tenant); decide with an anytime-valid sequential test whether a "
-                    "repeated prompt is served faster. Audit only systems you are authorised to test.")
+                    "repeated prompt is served faster. Audit only systems you are authorised to test.",
+        epilog=example(EXAMPLE))
     c.add_argument("--url", required=True, help="the server's base URL, e.g. http://127.0.0.1:8000")
     c.add_argument("--model", required=True, help="the model id to send requests to")
     c.add_argument("--key", action="append", default=[], metavar="KEY", required=True,

@@ -12,6 +12,7 @@ from kvguardian.apps.repro import REPROS, DemoRow, load, not_built_rows, section
 
 NAME = "demo"
 HELP = "reproduce the KV-leak anti-patterns on a built-in tiny model and print one table (no services)"
+EXAMPLE = "kv-guardian demo --only orphaned --json"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -23,6 +23,7 @@ from kvguardian.apps.cli.options import add_duration_option
 
 NAME = "device-plugin"
 HELP = "Kubernetes device plugin: advertise KV-cache budgets (chunks of GPU memory) and inject them on Allocate"
+EXAMPLE = "kv-guardian device-plugin --total-mb 40960 --chunk-mb 256"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

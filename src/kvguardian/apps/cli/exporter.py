@@ -25,6 +25,7 @@ from kvguardian.report.escape import visible
 
 NAME = "exporter"
 HELP = "serve kv-guardian's Prometheus metrics (findings of JSON reports) on 127.0.0.1:9464"
+EXAMPLE = "kv-guardian exporter --report scan.json --port 9464"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -23,6 +23,7 @@ from kvguardian.report.output import check_outputs
 
 NAME = "lint"
 HELP = "find KV-leak anti-patterns in source code (KVG4xx): Python, and Redis clients in Go, Java, Kotlin"
+EXAMPLE = "kv-guardian lint src/ --format sarif -o lint.sarif"
 
 
 def _csv(value: str) -> list[str]:

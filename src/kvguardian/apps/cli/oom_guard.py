@@ -30,6 +30,7 @@ from kvguardian.oom.policy import Watermarks
 
 NAME = "oom-guard"
 HELP = "sidecar pre-OOM guard for a server we cannot hook: /ready turns false and /drain waits before an OOM kill"
+EXAMPLE = "kv-guardian oom-guard --pid 4242 --metrics http://127.0.0.1:8000/metrics --port 8081"
 
 
 #: The policy's watermarks: each a `Watermarks` field of the same name -> its help.

@@ -7,6 +7,8 @@ The command line's flag vocabulary (``tests/unit/cli/test_cli_conventions.py`` c
   ``--json`` is short for ``--format json`` (`add_format`): code reads ``args.format``.
 * A listener binds ``--host``/``--port``; a second one takes a prefix (``--exporter-host``/``--exporter-port``).
 * A renamed flag stays one release as a hidden alias (`add_hidden_alias`): it parses, ``--help`` does not show it.
+* Every (sub)command's ``--help`` ends with an example that runs it (`example`: a command module's ``EXAMPLE``,
+  a subcommand's ``epilog``).
 """
 
 from __future__ import annotations
@@ -15,7 +17,15 @@ import argparse
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["add_duration_option", "add_format", "add_hidden_alias", "add_output", "add_subcommands"]
+__all__ = ["add_duration_option", "add_format", "add_hidden_alias", "add_output", "add_subcommands", "example"]
+
+
+def example(*commands: str) -> str:
+    """The epilog of a (sub)command's ``--help``: ``example: COMMAND``, or ``examples:`` and one command a line.
+    Each is a whole command line (``kv-guardian redis scan redis://127.0.0.1:6379 --json``), kept on one line."""
+    if len(commands) == 1:
+        return f"example: {commands[0]}"
+    return "\n".join(["examples:", *(f"  {command}" for command in commands)])
 
 
 def add_subcommands(p: argparse.ArgumentParser, dest: str, metavar: str) -> Any:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from kvguardian._errors import EXIT_ENVIRONMENT, EXIT_OK, EXIT_USAGE, UsageError
-from kvguardian.apps.cli.options import add_format, add_hidden_alias, add_output, add_subcommands
+from kvguardian.apps.cli.options import add_format, add_hidden_alias, add_output, add_subcommands, example
 from kvguardian.apps.cli.signals import Ending, interrupting, stopping
 from kvguardian.apps.cli.web_options import add_web_config, web_config
 from kvguardian.findings import Report, Severity
@@ -25,13 +25,16 @@ from kvguardian.report.reporter import reporting
 
 NAME = "redis"
 HELP = "find key-space leaks in Redis: read-only sweeps or RDB snapshots, key patterns, no-TTL/cold verdicts, diffs"
+EXAMPLE = "kv-guardian redis scan redis://127.0.0.1:6379 --json -o today.json"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     sub = add_subcommands(p, "redis_command", "SUBCOMMAND")
     scan = sub.add_parser("scan", help="sweep a Redis (or Cluster) read-only and report per-pattern leaks",
                           description="Sweep a Redis or Redis Cluster read-only (SCAN + one read-only Lua call per "
-                                      "batch) and report key patterns, TTL and idle-time distributions, and leaks.")
+                                      "batch) and report key patterns, TTL and idle-time distributions, and leaks.",
+                          epilog=example("kv-guardian redis scan redis://127.0.0.1:6379/0 --json -o today.json",
+                                         "kv-guardian redis scan redis://127.0.0.1:6379/0 --compare yesterday.json"))
     scan.add_argument("url", help="redis://[USER:PASSWORD@]HOST:PORT[/DB], rediss://…, or unix:///path.sock "
                                   "(no password in the URL: $REDISCLI_AUTH, as for redis-cli)")
     _sweep_arguments(scan)
@@ -46,7 +49,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     add_rdb_command(sub, ScanHooks(_sweep_arguments, _output_arguments, _verdict_arguments, _options, emit_scan))
 
-    diff = sub.add_parser("diff", help="per-pattern growth between two scan JSON files (KVG303/KVG304)")
+    diff = sub.add_parser("diff", help="per-pattern growth between two scan JSON files (KVG303/KVG304)",
+                          epilog=example("kv-guardian redis diff yesterday.json today.json"))
     diff.add_argument("old", metavar="OLD.json")
     diff.add_argument("new", metavar="NEW.json")
     add_format(diff, json_help="print rows and findings as JSON")
@@ -57,7 +61,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     exp = sub.add_parser("exporter", help="serve /metrics: O(1) INFO gauges per scrape + the last completed sweep",
                          description="Serve Prometheus /metrics. Every scrape runs INFO keyspace/memory only; "
-                                     "sweeps run on their own schedule, never inside a scrape.")
+                                     "sweeps run on their own schedule, never inside a scrape.",
+                         epilog=example("kv-guardian redis exporter redis://127.0.0.1:6379 --port 9464 --interval 15m"))
     exp.add_argument("url", help="redis://[USER:PASSWORD@]HOST:PORT[/DB], rediss://…, or unix:///path.sock")
     exp.add_argument("--port", type=int, default=9464, help="port to serve /metrics on (default 9464)")
     exp.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: loopback only)")

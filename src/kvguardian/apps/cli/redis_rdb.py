@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from kvguardian._errors import UsageError
+from kvguardian.apps.cli.options import example
 
 __all__ = ["ScanHooks", "add_rdb_command", "run_rdb", "run_scan_rdb"]
 
@@ -35,7 +36,8 @@ class ScanHooks:
 def add_rdb_command(sub: Any, hooks: ScanHooks) -> None:
     rdb = sub.add_parser("rdb", help="analyze an RDB snapshot file offline (no server involved)",
                          description="Read an RDB file (Redis 5.0-8.x, RDB versions 9-12) and report key patterns, "
-                                     "TTLs, idle times (under LRU/LFU policies) and leaks, as redis scan does.")
+                                     "TTLs, idle times (under LRU/LFU policies) and leaks, as redis scan does.",
+                         epilog=example("kv-guardian redis rdb /var/lib/redis/dump.rdb --json -o today.json"))
     rdb.add_argument("file", metavar="FILE", help="the RDB file (dump.rdb, a backup, redis-cli --rdb output)")
     hooks.sweep_arguments(rdb)
     rdb.add_argument("--db", type=_database, default=None, help="only keys of this database (default: all)")

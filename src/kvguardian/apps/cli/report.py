@@ -20,6 +20,7 @@ from kvguardian.report.output import check_outputs
 NAME = "report"
 HELP = ("render a report JSON as a self-contained HTML page; export its KV history for PyTorch's memory viewer "
         "or Perfetto")
+EXAMPLE = "kv-guardian report kv.json -o report.html"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

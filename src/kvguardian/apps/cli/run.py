@@ -47,6 +47,7 @@ from kvguardian.report.output import add_html_option, check_outputs, write_whole
 
 NAME = "run"
 HELP = "audit an unmodified Python program's KV caches (like `memray run`): kv-guardian run -- python app.py"
+EXAMPLE = "kv-guardian run -o kv.json --fail-on warning -- python app.py"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

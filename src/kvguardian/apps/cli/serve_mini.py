@@ -25,6 +25,7 @@ from kvguardian.apps.mini_server.tenancy import CACHE_MODES
 
 NAME = "serve-mini"
 HELP = "serve the paged mini engine as an OpenAI-compatible server (127.0.0.1:8000) for audits and tests"
+EXAMPLE = "kv-guardian serve-mini --cache-mode per-tenant --api-key acme=sk-a --api-key globex=sk-b"
 
 #: The pool's and the model's sizes: each a `MiniConfig` field of the same name -> its help.
 _SIZES = {

@@ -22,6 +22,7 @@ from kvguardian.report.reporter import Reporter
 
 NAME = "sweep"
 HELP = "run an attention callable at every length around each power of two and prove memory returns to baseline"
+EXAMPLE = "kv-guardian sweep --attn pkg.mod:my_attention --lengths 1000-1100"
 
 DTYPES = ("float32", "float16", "bfloat16", "float64")
 SHOW = ("pow2", "all", "problems")

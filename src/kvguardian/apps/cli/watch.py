@@ -7,7 +7,7 @@ import math
 from typing import Any
 
 from kvguardian._errors import EXIT_ENVIRONMENT, UsageError
-from kvguardian.apps.cli.options import add_format, add_subcommands
+from kvguardian.apps.cli.options import add_format, add_subcommands, example
 from kvguardian.apps.cli.signals import stopping
 from kvguardian.apps.cli.web_options import add_web_config, web_config
 from kvguardian.findings import Finding, Severity
@@ -17,6 +17,7 @@ from kvguardian.report.reporter import Reporter, make_reporter
 
 NAME = "watch"
 HELP = "watch a live vLLM or SGLang server for KV leaks from its metrics and (vLLM) its KV-event stream"
+EXAMPLE = "kv-guardian watch vllm --metrics http://127.0.0.1:8000/metrics --events tcp://127.0.0.1:5557"
 
 
 def _positive(kind: type, *, zero: bool = False) -> Any:
@@ -59,7 +60,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     sub = add_subcommands(p, "engine", "ENGINE")
     v = sub.add_parser("vllm", help="vLLM: KV usage while idle; prefix-index audit from KV events",
                        description="Watch a vLLM server: KV usage while idle (KVG207) from --metrics, and with "
-                                   "--events the prefix-cache index (KVG208, KVG105) with gap repair (KVG209).")
+                                   "--events the prefix-cache index (KVG208, KVG105) with gap repair (KVG209).",
+                       epilog=example(EXAMPLE + " --replay tcp://127.0.0.1:5558 --exporter-port 9465"))
     _common(v)
     v.add_argument("--events", metavar="tcp://HOST:5557",
                    help="vLLM's KV-event publisher (ZMQ PUB), connected to; vLLM's own bind form tcp://*:P "
@@ -78,7 +80,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="one prompt prefix cached under this many cache salts is a finding (default 64)")
     s = sub.add_parser("sglang", help="SGLang: token conservation from its gauges",
                        description="Watch an SGLang server: available + evictable + used <= total always, and "
-                                   "nothing used or unaccounted while idle (KVG206).")
+                                   "nothing used or unaccounted while idle (KVG206).",
+                       epilog=example("kv-guardian watch sglang --metrics http://127.0.0.1:30000/metrics --json "
+                                      "--duration 600"))
     _common(s)
     s.add_argument("--tolerance", type=int, default=0, metavar="TOKENS",
                    help="token difference tolerated before a conservation finding (default 0)")

@@ -142,7 +142,7 @@ def render(data: dict[str, Any], out: Reporter) -> None:
     out.text("article: the leak goes through Ray's ray.get_runtime_context().get_kv(): that API does not exist in Ray "
              "(RuntimeContext has id, resource, namespace and runtime-env getters, no KV accessor). The same check "
              "runs inside a Ray Serve replica: attach a Guard in __init__, call guard.new_generation() in "
-             "reconfigure(), and read guard.check() from a replica method (README, 'Hot reload').")
+             "reconfigure(), and read guard.check() from a replica method (docs/claims.md, 'Hot reload').")
     verdict_line(out, f"growth linear in reloads and KVG105 per stale generation (buggy); flat and silent (fixed): "
                  f"{data['ok']}")
 
