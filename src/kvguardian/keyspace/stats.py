@@ -187,7 +187,11 @@ class PatternStats:
         _count_into(self.types, pids, np.clip(tcode, 0, len(TYPES) - 1))
         _count_into(self.ttl, pids, ttl_b)
         _count_into(self.mem_hist, pids, bucket_of(mem))
-        _count_into(self.idle_hist, pids, bucket_of(idle))
+        known = idle >= 0  # -1: unknown (an RDB written without an LRU/LFU policy, OBJECT refused)
+        if known.all():
+            _count_into(self.idle_hist, pids, bucket_of(idle))
+        elif known.any():
+            _count_into(self.idle_hist, pids[known], bucket_of(idle[known]))
         self._note_keys(pids, keys, tcode, mem, pttl, idle, cold)
         if nottl.any():
             _first_of_each(self.nottl_example, pids, keys, nottl)
@@ -243,7 +247,7 @@ class PatternStats:
         n = int(self.keys[pid])
         ttl = {name: int(c) for (name, _), c in zip(TTL_BUCKETS, self.ttl[pid])}
         idle_name = "idle_s" if self.idle_metric == "idletime" else "lfu_freq"
-        imax = int(self.idle_max[pid])
+        imax = int(self.idle_max[pid])  # -1: no key of the pattern had a known idle time (or LFU counter)
         return {
             "keys": n,
             "bytes": int(self.bytes[pid]),
@@ -259,13 +263,14 @@ class PatternStats:
             idle_name: {
                 "p50": quantile(self.idle_hist[pid], 0.5, imax),
                 "p90": quantile(self.idle_hist[pid], 0.9, imax),
-                "max": imax if n else None,
+                "max": imax if n and imax >= 0 else None,
             },
-            **({"idle_buckets": idle_buckets(self.idle_hist[pid])} if self.idle_metric == "idletime" else {}),
+            **({"idle_buckets": idle_buckets(self.idle_hist[pid])} if self.idle_metric == "idletime" and imax >= 0
+               else {}),
             "types": {name: int(c) for name, c in zip(TYPES, self.types[pid]) if c},
             "top_keys": [
                 {"key": k, "bytes": b, "type": TYPES[t] if 0 <= t < len(TYPES) else "other",
-                 "ttl_ms": p if p >= 0 else None, idle_name: i}
+                 "ttl_ms": p if p >= 0 else None, idle_name: i if i >= 0 else None}
                 for b, k, t, p, i in sorted(self.top[pid], reverse=True)
             ],
             "example_key": self.example[pid],

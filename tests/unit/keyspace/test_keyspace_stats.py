@@ -65,6 +65,25 @@ def test_idle_buckets_count_every_key_in_its_range():
     assert "idle_buckets" not in lfu.row(0)  # LFU counters are not times
 
 
+def test_unknown_idle_times_are_unknown_not_zero():
+    """-1 is an idle time nobody knows (an RDB written without an LRU/LFU policy, OBJECT refused): such keys are
+    left out of the idle statistics, which are None where no key of the pattern had one (never "-1s")."""
+    st = PatternStats(cold_after=100)
+    st.ensure(2)
+    probe = _probe([[0, 10, -1, -1], [0, 20, -1, -1], [0, 30, -1, -1], [0, 40, -1, 7], [0, 50, -1, 900]])
+    st.add_batch(np.array([0, 0, 0, 1, 1]), [b"a", b"b", b"c", b"d", b"e"], probe)
+    unknown, mixed = st.row(0), st.row(1)
+    assert unknown["idle_s"] == {"p50": None, "p90": None, "max": None} and "idle_buckets" not in unknown
+    assert unknown["cold_keys"] == 0 and all(t["idle_s"] is None for t in unknown["top_keys"])
+    assert mixed["idle_s"]["max"] == 900 and sum(mixed["idle_buckets"].values()) == 2
+    partly = PatternStats(cold_after=100)
+    partly.ensure(1)
+    partly.add_batch(np.zeros(3, dtype=np.int64), [b"x", b"y", b"z"], _probe([[0, 1, -1, -1], [0, 1, -1, 5],
+                                                                              [0, 1, -1, 6]]))
+    row = partly.row(0)
+    assert sum(row["idle_buckets"].values()) == 2 and row["idle_s"]["p50"] in (5, 6)  # the known ones only
+
+
 def test_the_no_ttl_example_is_a_key_without_a_ttl():
     import numpy as np
 
