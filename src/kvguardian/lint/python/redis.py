@@ -12,7 +12,8 @@ __all__ = ["REDIS_WRITES", "has_expiry", "redis_keys"]
 REDIS_WRITES = {"set", "setnx", "mset", "msetnx", "hset", "hsetnx", "hmset", "lpush", "rpush", "sadd", "zadd",
                 "xadd", "pfadd", "geoadd", "incr", "incrby", "incrbyfloat", "hincrby", "hincrbyfloat", "getset",
                 "setrange", "zincrby", "json_set"}
-_EXPIRY_KWARGS = ("ex", "px", "exat", "pxat", "keepttl")
+#: ``keepttl`` is not one: it keeps the TTL the key already has, and a new key (one named by a timestamp) has none
+_EXPIRY_KWARGS = ("ex", "px", "exat", "pxat")
 
 
 def redis_keys(node: ast.Call, method: str) -> list[ast.expr]:

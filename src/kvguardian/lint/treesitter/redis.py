@@ -25,7 +25,9 @@ _GO_TIME = re.compile(r"\btime\.Now\(\)|\buuid\.(New|NewString|NewRandom|Must)\b
 _JVM_TIME = re.compile(r"\bSystem\.(currentTimeMillis|nanoTime)\(|\bUUID\.randomUUID\(|\b(Instant|LocalDateTime|"
                        r"ZonedDateTime|OffsetDateTime|LocalDate)\.now\(|\bnew Date\(\)|\bClock\.System\.now\(")
 _JVM_PARAMS = re.compile(r"\b(SetParams|SetArgs|setParams)\b")
-_JVM_PARAM_TTL = re.compile(r"\.\s*(ex|px|exAt|pxAt|keepttl|keepTtl)\s*\(", re.IGNORECASE)
+# keepttl is no expiry: it keeps the TTL the key already has, and a new key has none
+_JVM_PARAM_TTL = re.compile(r"\.\s*(ex|px|exAt|pxAt)\s*\(", re.IGNORECASE)
+_JVM_ZERO = re.compile(r"^(Duration\.ZERO|Duration\.of\w+\(\s*0L?\s*\)|0L?)$")  # a zero timeout: no expiry
 
 
 def _tainted(facts: FunctionFacts, pattern: re.Pattern[str]) -> set[str]:
@@ -45,7 +47,7 @@ _GO_UPPER = {m.upper() for m in _GO_WRITES}
 
 def _go_write(call: Call) -> tuple[str, int, bool] | None:
     """(command, index of the key argument, has expiry) of a go-redis or redigo write, else None."""
-    if call.method == "Do" and len(call.args) >= 2:  # redigo: conn.Do("SET", key, v, "EX", 60)
+    if call.method in ("Do", "Send") and len(call.args) >= 2:  # redigo: conn.Do("SET", key, v, "EX", 60); Send queues
         cmd = call.args[0].strip('"`').upper()
         if cmd not in _GO_UPPER:
             return None
@@ -53,11 +55,19 @@ def _go_write(call: Call) -> tuple[str, int, bool] | None:
     if call.method not in _GO_WRITES or len(call.args) < 2:
         return None
     if call.method in ("Set", "SetNX"):
-        exp = call.args[3].strip() if len(call.args) > 3 else "0"
-        return call.method, 1, exp not in ("0", "redis.KeepTTL", "0*time.Second", "0 * time.Second")
+        return call.method, 1, not _no_expiration(call.args[3] if len(call.args) > 3 else "0")
     if call.method == "SetArgs":
         return call.method, 1, bool(re.search(r"\b(TTL|ExpireAt)\s*:", " ".join(call.args[3:])))
     return call.method, 1, False
+
+
+#: go-redis expirations that set none: zero however it is spelled (0, time.Duration(0), 0*time.Minute), KeepTTL
+_GO_NO_EXPIRATION = re.compile(r"^(?:\(?\s*(?:time\.Duration\(\s*0\s*\)|0)\s*\)?(?:\s*\*\s*time\.\w+)?|"
+                               r"redis\.KeepTTL)$")
+
+
+def _no_expiration(arg: str) -> bool:
+    return bool(_GO_NO_EXPIRATION.match(arg.strip()))
 
 
 def _jvm_write(call: Call, assigned: dict[str, str]) -> tuple[str, int, bool] | None:
@@ -71,9 +81,11 @@ def _jvm_write(call: Call, assigned: dict[str, str]) -> tuple[str, int, bool] | 
 
 def _jvm_ttl(arg: str, assigned: dict[str, str]) -> bool:
     """Does a third (or later) argument of ``set`` give an expiry? A Duration, a number, a TTL constant
-    (``SESSION_LIFETIME``) or a timeout and its TimeUnit do; Jedis ``SetParams`` / Lettuce ``SetArgs`` (built
-    there or in a variable) only with ``ex``/``px``/``exAt``/``pxAt``/``keepttl``."""
+    (``SESSION_LIFETIME``) or a timeout and its TimeUnit do, unless it is zero (``Duration.ZERO``); Jedis
+    ``SetParams`` / Lettuce ``SetArgs`` (built there or in a variable) only with ``ex``/``px``/``exAt``/``pxAt``."""
     text = assigned.get(arg.strip(), arg)
+    if _JVM_ZERO.match(text.strip()):
+        return False
     if _JVM_PARAMS.search(text):
         return bool(_JVM_PARAM_TTL.search(text))
     return True
