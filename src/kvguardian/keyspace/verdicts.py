@@ -14,6 +14,7 @@ from kvguardian._errors import UsageError
 from kvguardian.findings import Finding, Severity
 from kvguardian.keyspace.result import ScanResult
 from kvguardian.keyspace.tokens import UNIQUE_CLASSES
+from kvguardian.keyspace.windows import windowed_patterns
 
 __all__ = ["Thresholds", "diff", "human_bytes", "human_seconds", "scan_findings"]
 
@@ -61,12 +62,14 @@ def scan_findings(result: ScanResult, th: Thresholds | None = None) -> list[Find
     th = th or Thresholds()
     out: list[Finding] = []
     roles = {n.get("role", "master") for n in (result.server.get("nodes") or [])}
+    windows = windowed_patterns(result.patterns, result.started)
     cold_ok = roles <= {"master", "rdb"}  # a replica's idle times are its own reads; a snapshot's, its writer's
     for p in result.patterns:
         pat = p["pattern"]
         base = {"pattern": pat, "keys": p["keys"], "bytes": p["bytes"], "no_ttl_keys": p["no_ttl_keys"],
                 "no_ttl_bytes": p["no_ttl_bytes"], "example_key": p.get("example_no_ttl_key") or p.get("example_key")}
         unique = [c for c in p.get("placeholders", []) if c in UNIQUE_CLASSES]
+        window = None if unique else windows.get(pat)
         flagged = False
         if cold_ok and p["cold_keys"] >= th.min_keys:
             flagged = True
@@ -92,6 +95,16 @@ def scan_findings(result: ScanResult, th: Thresholds | None = None) -> list[Find
                 {**base, "placeholders": unique},
                 fix=f"stop putting the {cls} in the key name (key by the stable part and overwrite), "
                     f"or give {pat} a TTL",
+            ))
+        if window and p["no_ttl_keys"] >= th.min_keys and not p.get("overflow"):
+            flagged = True
+            out.append(Finding(
+                "KVG302", Severity.ERROR,
+                f"{pat} names a time window (Unix time in {window}s) and {p['no_ttl_keys']} of its {p['keys']} keys "
+                f"have no TTL ({human_bytes(p['no_ttl_bytes'])}): every {window} makes new keys, and a window's "
+                "keys stay after it ends",
+                {**base, "placeholders": ["int"], "time_window": window},
+                fix=f"give {pat} a TTL of a few {window}s where it is written (SET … EX n, or EXPIRE after INCR)",
             ))
         if not flagged and p["no_ttl_keys"] >= th.min_keys:
             out.append(Finding(

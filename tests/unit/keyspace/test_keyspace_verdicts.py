@@ -96,3 +96,49 @@ def test_a_no_ttl_finding_shows_a_key_without_a_ttl():
     p["example_key"], p["example_no_ttl_key"] = "invoice:1", "websess:2"
     (f,) = scan_findings(_result([p]))
     assert f.id == "KVG302" and f.evidence["example_key"] == "websess:2"
+
+
+def test_a_time_window_in_the_name_is_a_key_name_explosion_not_just_no_ttl():
+    """rate:{ip}:{epoch-minute} without a TTL: every minute leaves its keys behind (KVG302, not KVG305)."""
+    now = 1_796_000_000.0  # 2026-11-30
+    minute = int(now // 60)
+
+    def rate(values, name="rate:{ip}:{int}", prefix="rate:10.0.0.{i}:"):
+        top = [{"key": prefix.format(i=i) + str(v), "bytes": 60} for i, v in enumerate(values)]
+        row = _pattern(name, ["int", "ip"], 400, 400, 0, top=top)
+        row["example_key"] = top[0]["key"]
+        return row
+
+    r = _result([rate([minute - 3, minute - 2, minute - 1, minute]),
+                 rate([17, 93_412, 5_000_000], name="user:{ip}:{int}", prefix="user:10.0.0.{i}:"),  # ids
+                 rate([minute - 5, minute - 4], name="old:{ip}:{int}", prefix="old:10.0.0.{i}:")], started=now)
+    got = {f.evidence["pattern"]: f for f in scan_findings(r)}
+    assert got["rate:{ip}:{int}"].id == "KVG302" and got["rate:{ip}:{int}"].evidence["time_window"] == "minute"
+    assert "time window" in got["rate:{ip}:{int}"].message and "TTL" in got["rate:{ip}:{int}"].fix
+    assert got["user:{ip}:{int}"].id == "KVG305"
+    assert got["old:{ip}:{int}"].id == "KVG302"  # two values suffice for minutes
+    hour = int(now // 3600)
+    assert scan_findings(_result([rate([hour - 1, hour])], started=now))[0].evidence["time_window"] == "hour"
+    two_years_on = scan_findings(_result([rate([minute - 1, minute])], started=now + 2 * 365 * 86400))
+    assert [f.id for f in two_years_on] == ["KVG305"]  # not near the scan: an id that happens to look like one
+    day = int(now // 86400)  # (after an IP, 5 digits read as its port: the day case has no IP)
+    days = {"name": "quota:{int}", "prefix": "quota:"}
+    assert [f.id for f in scan_findings(_result([rate([day - 1, day], **days)], started=now))] == ["KVG305"]
+    three = scan_findings(_result([rate([day - 2, day - 1, day], **days)], started=now))
+    assert three[0].evidence["time_window"] == "day"
+
+
+def test_few_windows_kept_as_literals_are_recognised_through_their_siblings():
+    """While there are few windows the miner keeps each as a literal: rate:{ip}:29933333, rate:{ip}:29933332 (the
+    way a real Redis scan mined them). Siblings that differ only there are one time-windowed name."""
+    now = 1_796_000_000.0
+    minute = int(now // 60)
+    rows = [_pattern(f"rate:{{ip}}:{minute - w}", ["ip"], 30, 30, 0) for w in range(3)]
+    rows.append(_pattern(f"alone:{{ip}}:{minute}", ["ip"], 30, 30, 0))  # one value: could be anything
+    old = minute - 2 * 365 * 1440  # minutes two years before the scan: ids, as far as anyone can tell
+    rows.append(_pattern(f"build:{{ip}}:{old}", ["ip"], 30, 30, 0))
+    rows.append(_pattern(f"build:{{ip}}:{old + 1}", ["ip"], 30, 30, 0))
+    got = {f.evidence["pattern"]: f.id for f in scan_findings(_result(rows, started=now))}
+    assert [got[f"rate:{{ip}}:{minute - w}"] for w in range(3)] == ["KVG302"] * 3
+    assert got[f"alone:{{ip}}:{minute}"] == "KVG305"
+    assert got[f"build:{{ip}}:{old}"] == got[f"build:{{ip}}:{old + 1}"] == "KVG305"
