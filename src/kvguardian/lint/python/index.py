@@ -185,6 +185,8 @@ class _Walker:
                 keys.insert(0, f"{self.cls[-1]}.{node.attr}")
             elif base in self.ix.class_names:
                 keys.insert(0, f"{base}.{node.attr}")
+            elif base and base.rpartition(".")[2] in self.ix.class_names:  # a nested class: Outer.Inner, self.Inner
+                keys.insert(0, f"{base.rpartition('.')[2]}.{node.attr}")
             return keys
         return []
 
