@@ -247,4 +247,7 @@ def test_clean_traffic_with_evictions_and_aborts_gives_no_finding(clean, fail_on
         report = run.stop()
     ev = report.summary["kv_events"]
     assert ev["events"].get("BlockRemoved", 0) > 0 and ev["decode_errors"] == {}
-    assert [f.id for f in report.findings] == [] and report.exit_code(fail_on) == 0
+    # Once in five fresh-clone runs (one core kept busy) a clean server gave a KVG208 here (the rebuilt index
+    # briefly over the pool's capacity); the finding's evidence and the event summary say how, next time.
+    assert [f.id for f in report.findings] == [] and report.exit_code(fail_on) == 0, (
+        [f.to_dict() for f in report.findings], ev)
