@@ -251,8 +251,9 @@ class VllmPublisher:
 
     def __init__(self, fmt: str = "map-events", topic: str = "", buffer_steps: int = 10_000,
                  port: int | None = None, replay_port: int | None = None, reply_shape: str = "0.32",
-                 connect: str | None = None) -> None:
+                 connect: str | None = None, replay_limit: int | None = None) -> None:
         self.fmt = fmt
+        self.replay_limit = replay_limit  # answer at most this many batches, then stall (a slow replay)
         self.reply_shape = reply_shape  # "0.32": (b"", topic, seq, payload); "old" (and SGLang): (b"", seq, payload)
         self.topic = topic.encode()
         self.ctx = zmq.Context()
@@ -315,6 +316,11 @@ class VllmPublisher:
                 with self._lock:
                     items = [(s, p) for s, p in self._buffer if s >= start]
                 topic = [self.topic] if self.reply_shape == "0.32" else []
+                if self.replay_limit is not None and len(items) > self.replay_limit:
+                    items = items[:self.replay_limit]  # the rest never comes in time: no end marker either
+                    for seq, payload in items:
+                        router.send_multipart([client, b"", *topic, seq.to_bytes(8, "big"), payload])
+                    continue
                 for seq, payload in items:
                     router.send_multipart([client, b"", *topic, seq.to_bytes(8, "big"), payload])
                 router.send_multipart([client, b"", *([b""] if topic else []), END_SEQ, b""])

@@ -116,6 +116,25 @@ def test_history_published_before_the_watch_started_is_fetched_once(vllm, publis
     assert ev["index_blocks"] == 4 and ev["history_complete"] is True and ev["gaps"] == 0
 
 
+def test_a_history_that_comes_only_in_part_is_not_applied(publisher):
+    """A slow replay (a long-running server, a loaded machine) that times out part-way must not leave the index
+    holding blocks whose removals were in the batches that did not come: that over-counted past the pool (a
+    false KVG208 on a real clean vLLM server in one fresh-clone run)."""
+    with vllm_serving(num_gpu_blocks=4, block_size=4, running=0, waiting=0, usage=0.0) as (_, server):
+        pub = publisher(replay_limit=6)
+        for h in range(10, 16):
+            pub.publish([stored([h])])  # history: six blocks stored ...
+        pub.publish([removed(list(range(10, 15)))])  # ... and five removed (the part the replay never sends)
+        run = Running(metrics_url=server.url, events=pub.endpoint, replay=pub.replay_endpoint)
+        pub.wait_for_subscriber()
+        pub.publish([stored([20])])
+        assert applied(run, 1) and wait_until(lambda: run.watch.subscriber.history_complete is not None)
+        report = run.stop()
+    ev = report.summary["kv_events"]
+    assert ev["history_complete"] is False and ev["index_blocks"] == 1  # the live block only
+    assert [f.id for f in report.findings] == []
+
+
 def test_a_restarted_publisher_resets_the_index(vllm, publisher):
     _, server = vllm
     first = publisher()
