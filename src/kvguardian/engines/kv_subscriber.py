@@ -234,17 +234,17 @@ class KVEventSubscriber:
         """Apply the replayed batches of ``first .. stop-1``; account for the rest (history or a gap)."""
         recovered = sorted(s for s in got if first <= s < stop)
         missing = stop - first
-        if history:  # the stream before we subscribed: fetched once, never a gap
-            self.history_complete = len(recovered) == missing
-            if not self.history_complete:
-                # A part of the history is worse than none: the blocks it stores would lack the removals of the
-                # batches that did not come (a false KVG208 once a slow replay timed out under load). Without it
-                # the index misses only blocks stored before we joined, whose removals it ignores as unknown.
-                return
+        if history and len(recovered) < missing:
+            # A part of the history is worse than none: the blocks it stores would lack the removals of the
+            # batches that did not come (a false KVG208 once a slow replay timed out under load). Without it
+            # the index misses only blocks stored before we joined, whose removals it ignores as unknown.
+            self.history_complete = False
+            return
         for seq in recovered:
             self._apply(got[seq], now)
         self.replayed += len(recovered)
-        if history:
+        if history:  # the stream before we subscribed: fetched once, never a gap
+            self.history_complete = True
             return
         self.gaps += 1
         lost = missing - len(recovered)
