@@ -1,5 +1,5 @@
 """One build step beyond pyproject.toml: the kubelet device-plugin gRPC modules are generated from
-src/kvguardian/k8s/api/deviceplugin.proto by grpcio-tools (a build requirement in pyproject.toml) on every
+src/kvguardian/ops/k8s/api/deviceplugin.proto by grpcio-tools (a build requirement in pyproject.toml) on every
 build, so generated code is never committed. A wheel carries them; an editable install (scripts/setup.sh)
 writes them beside the .proto, where .gitignore keeps them out of the repository."""
 
@@ -12,14 +12,14 @@ from setuptools import Command, setup
 from setuptools.command.build import build
 
 SRC = Path(__file__).resolve().parent / "src"
-PROTO = Path("kvguardian", "k8s", "api", "deviceplugin.proto")
+PROTO = Path("kvguardian", "ops", "k8s", "api", "deviceplugin.proto")
 GENERATED = ("deviceplugin_pb2.py", "deviceplugin_pb2_grpc.py", "deviceplugin_pb2.pyi")
 
 
 class BuildDevicePluginAPI(Command):
     """Run protoc (grpcio-tools) on deviceplugin.proto into the build tree, or in place for an editable install."""
 
-    description = "generate kvguardian/k8s/api/deviceplugin_pb2*.py(i) from deviceplugin.proto"
+    description = "generate kvguardian/ops/k8s/api/deviceplugin_pb2*.py(i) from deviceplugin.proto"
     user_options: ClassVar[list[tuple[str, str | None, str]]] = []
     editable_mode = False
 
@@ -37,7 +37,7 @@ class BuildDevicePluginAPI(Command):
 
         out = self._out()
         (out / PROTO.parent).mkdir(parents=True, exist_ok=True)
-        # -I src: the modules import each other as kvguardian.k8s.api.deviceplugin_pb2
+        # -I src: the modules import each other as kvguardian.ops.k8s.api.deviceplugin_pb2
         rc = protoc.main(["grpc_tools.protoc", f"-I{SRC}", f"--python_out={out}", f"--grpc_python_out={out}",
                           f"--pyi_out={out}", str(SRC / PROTO)])
         if rc != 0:

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from results_io import save_json
 
 from kvg_tenancy import KEY_ARGS, KEYS, mini_server
-from kvguardian.audit.cache_sharing import LEVELS, AuditOptions, CacheSharingAudit
+from kvguardian.isolation.cache_sharing import LEVELS, AuditOptions, CacheSharingAudit
 
 #: (mode, send a salt, truth of caching / within / across)
 CASES = [

@@ -36,10 +36,10 @@ from typing import Any
 from prometheus_client import CollectorRegistry, generate_latest
 from results_io import write_json
 
-from kvguardian.exporters.prometheus import KVGuardianCollector
-from kvguardian.exporters.server import start_exporter
-from kvguardian.findings import CATALOG, Finding, Severity
-from kvguardian.ledger import Ledger
+from kvguardian.core.exporters.prometheus import KVGuardianCollector
+from kvguardian.core.exporters.server import start_exporter
+from kvguardian.core.findings import CATALOG, Finding, Severity
+from kvguardian.core.ledger import Ledger
 
 OUT = Path(__file__).resolve().parent / "results" / "exporter_scrape.json"
 

@@ -29,8 +29,8 @@ def count(cache_kind: str, path: str, steps: int) -> dict[str, Any]:
 
     import kvguardian
     from kvguardian.apps.repro.models import SMALL, build_llama
-    from kvguardian.guard import Guard
-    from kvguardian.hf import instrument
+    from kvguardian.runtime.guard import Guard
+    from kvguardian.runtime.hf import instrument
 
     cfg = build_llama(SMALL).config
     layers = cfg.num_hidden_layers

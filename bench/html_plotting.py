@@ -147,14 +147,14 @@ def _history(n_samples: int, n_lanes: int) -> dict:
 
 
 def _ours(data: dict, rounds: int) -> dict:
-    from kvguardian.report.history import read_history
-    from kvguardian.report.html import lanes
-    from kvguardian.report.html.lanes import render_lanes
-    from kvguardian.report.html.timeline import render_timeline
+    from kvguardian.core.report.history import read_history
+    from kvguardian.core.report.html import lanes
+    from kvguardian.core.report.html.lanes import render_lanes
+    from kvguardian.core.report.html.timeline import render_timeline
 
     imports = []
     for _ in range(rounds):
-        code = ("import time; t = time.perf_counter(); import kvguardian.report.html.page; "
+        code = ("import time; t = time.perf_counter(); import kvguardian.core.report.html.page; "
                 "print(time.perf_counter() - t)")
         imports.append(float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                                             check=True).stdout))

@@ -29,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the re
 
 from kvg_browser import CHROMIUM, FLAGS
 from kvg_reports import synthetic_report
-from kvguardian.report.document import load_document
-from kvguardian.report.html import write_html
+from kvguardian.core.report.document import load_document
+from kvguardian.core.report.html import write_html
 
 SIZES = ((1_000, 10), (100_000, 10))
 OPEN_JS = """async () => { await new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)));

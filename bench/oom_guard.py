@@ -31,9 +31,9 @@ from typing import Any
 
 from results_io import save_json
 
-from kvguardian.oom.guard import OOMGuard
-from kvguardian.oom.signals.base import Reading
-from kvguardian.paged import PagedKVPool
+from kvguardian.ops.oom.guard import OOMGuard
+from kvguardian.ops.oom.signals.base import Reading
+from kvguardian.runtime.paged import PagedKVPool
 
 NUM_BLOCKS = 100_000
 BATCH = 16
@@ -53,8 +53,8 @@ class Stepped:
 
 
 def _signals() -> list[Any]:
-    from kvguardian._errors import UsageError
-    from kvguardian.oom.signals.cgroup import cgroup_signal_for_pid
+    from kvguardian.core.errors import UsageError
+    from kvguardian.ops.oom.signals.cgroup import cgroup_signal_for_pid
 
     try:
         return [cgroup_signal_for_pid("self")]  # a real read per sample (its limit may be unset: ratio None)

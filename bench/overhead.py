@@ -8,7 +8,7 @@ unguarded ratio as the median over pairs. "Unguarded" means the cache patch is u
 
 It also times the hooks themselves (a separate guarded pass with a timer around the tracker's per-forward
 call, over every layer update the forwards made - observed, or only counted by decode-step sampling,
-``--decode-stride``, `kvguardian.hf.sampling`) as a share of decode time, and `kv-guardian run` start-up:
+``--decode-stride``, `kvguardian.runtime.hf.sampling`) as a share of decode time, and `kv-guardian run` start-up:
 ``python -c "import transformers"`` with and without ``kv-guardian run --`` in front.
 
     .venv/bin/python bench/overhead.py                     # full run, writes bench/results/overhead.json
@@ -41,7 +41,7 @@ def _gen_kwargs(model: Any, cache: str, tokens: int) -> dict[str, Any]:
     elif cache == "fp8":
         from transformers import QuantizedCache
 
-        from kvguardian.hf.compat import cache_kwarg, transformers_version
+        from kvguardian.runtime.hf.compat import cache_kwarg, transformers_version
 
         if transformers_version() < (5, 21):
             raise RuntimeError("the fp8 QuantizedCache backend needs transformers >= 5.21")
@@ -64,10 +64,10 @@ def _decode(model: Any, ids: Any, cache: str, tokens: int) -> tuple[float, float
 def _hook_share(model: Any, ids: Any, cache: str, tokens: int, stride: int) -> dict[str, float]:
     """Time spent inside the tracker per layer update, and as a share of one guarded generate's time: the whole
     of ``HFTracker.on_updates`` (a forward's updates, observed or - with decode-step sampling, see
-    `kvguardian.hf.sampling` - only counted; the ledger's batch and its releases included) over every update the
+    `kvguardian.runtime.hf.sampling` - only counted; the ledger's batch and its releases included) over every update the
     forwards made. Both by the monotonic clock (perf_counter: a cheap vDSO read; process_time is a system call
     that costs more than the hook on a loaded machine); the CPU-time figure by this thread's clock."""
-    from kvguardian.guard import Guard
+    from kvguardian.runtime.guard import Guard
 
     guard = Guard(decode_stride=stride)
     guard.attach(model)
@@ -181,7 +181,7 @@ def _hook_all_in(model: Any, ids: Any, cache: str, tokens: int, stride: int) -> 
     generates (unguarded, guarded, guarded, unguarded), the median forward of each, divided by the updates per
     forward. Wall time (perf_counter) per forward: a median over hundreds of forwards is not moved by the other
     processes' time slices that a mean would count."""
-    from kvguardian.guard import Guard
+    from kvguardian.runtime.guard import Guard
 
     per: dict[str, list[tuple[int, int]]] = {"guarded": [], "unguarded": []}
     for guarded in (False, True, True, False):
@@ -203,7 +203,7 @@ def bench_decode(config: str, cache: str, tokens: int, pairs: int, stride: int) 
     import torch
 
     from kvguardian.apps.repro.models import SMALL, TINY, build_llama
-    from kvguardian.guard import Guard
+    from kvguardian.runtime.guard import Guard
 
     spec = {"tiny": TINY, "small": SMALL}[config]
     model = build_llama(spec)
@@ -266,12 +266,12 @@ def bench_steps(config: str, cache: str, tokens: int, rounds: int, stride: int) 
     cannot. Ratio = median over neighbour pairs
     of (unguarded step time / guarded step time), i.e. guarded/unguarded throughput. Each round is one request
     (``guard.request``), as a ``generate()`` call is, so the guarded steps are sampled as there (one in
-    ``stride`` of them observed, `kvguardian.hf.sampling`)."""
+    ``stride`` of them observed, `kvguardian.runtime.hf.sampling`)."""
     import torch
 
     from kvguardian.apps.repro.models import SMALL, TINY, build_llama
-    from kvguardian.guard import Guard
-    from kvguardian.hf.compat import cache_kwarg
+    from kvguardian.runtime.guard import Guard
+    from kvguardian.runtime.hf.compat import cache_kwarg
 
     spec = {"tiny": TINY, "small": SMALL}[config]
     model = build_llama(spec)

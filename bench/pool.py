@@ -76,9 +76,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from results_io import save_json
 
-from kvguardian.paged import PagedKVPool
-from kvguardian.paged.block_pool import BlockPool
-from kvguardian.paged.prefix import EventStream, hash_full_blocks, lookup_chain, namespace_root
+from kvguardian.runtime.paged import PagedKVPool
+from kvguardian.runtime.paged.block_pool import BlockPool
+from kvguardian.runtime.paged.prefix import EventStream, hash_full_blocks, lookup_chain, namespace_root
 
 NUM_BLOCKS = 100_000
 SIZES = (1, 4, 16, 64, 256, 1024)

@@ -21,7 +21,7 @@ import time
 import torch
 from results_io import save_json
 
-from kvguardian.paged import KVSpec, PagedKVPool
+from kvguardian.runtime.paged import KVSpec, PagedKVPool
 
 LAYOUTS = {
     "mini (2 layers, 2 KV heads, head_dim 16, fp32)": KVSpec(2, 2, 16, "float32"),
@@ -60,8 +60,8 @@ def per_block(spec: KVSpec, batch: int, repeats: int, rounds: int) -> dict[str, 
 def engine_ratio(repeats: int, requests: int) -> dict[str, float]:
     from kvguardian.apps.repro.cross_request import make_workload, one_thread
     from kvguardian.apps.repro.models import TINY, build_llama
-    from kvguardian.paged.engine import Engine, OwnershipScheduler
-    from kvguardian.paged.model import PagedLlama
+    from kvguardian.runtime.paged.engine import Engine, OwnershipScheduler
+    from kvguardian.runtime.paged.model import PagedLlama
 
     hf = build_llama(TINY)
     model = PagedLlama(hf)

@@ -119,7 +119,7 @@ from vllm.v1.core import kv_cache_utils
 from vllm.v1.core.kv_cache_manager import KVCacheManager
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 from vllm.v1.request import Request, RequestStatus
-from kvguardian.engines.vllm_plugin import hooks
+from kvguardian.runtime.engines.vllm_plugin import hooks
 
 BLOCKS, BLOCK, TABLE, LIVE = int(sys.argv[1]), 16, 64, int(sys.argv[2])
 HASH = get_hash_fn_by_name("sha256")

@@ -88,9 +88,9 @@ else
 fi
 
 STAMP="$VENV/.kvg-installed-$EXTRAS"
-# setup.py generates kvguardian/k8s/api/deviceplugin_pb2*.py(i) from the .proto (not committed): a changed
+# setup.py generates kvguardian/ops/k8s/api/deviceplugin_pb2*.py(i) from the .proto (not committed): a changed
 # .proto or build step, or missing modules (a fresh clone, git clean), installs again
-API=src/kvguardian/k8s/api
+API=src/kvguardian/ops/k8s/api
 HASH=$(cat pyproject.toml setup.py "$API/deviceplugin.proto" "$LOCKS/venv.txt" | sha256sum | cut -c1-16)
 if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$HASH" ] || [ ! -f "$API/deviceplugin_pb2_grpc.py" ] \
     || ! "$VPY" -c 'import kvguardian' >/dev/null 2>&1; then

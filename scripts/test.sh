@@ -15,7 +15,7 @@ status=0
 "$V/bin/python" -m pytest -n 2 --dist loadfile --durations=15 "$@" || status=$?
 if [ "${KVG_SKIP_OLDEST:-0}" != 1 ] && [ "$#" = 0 ]; then
   echo "== Hugging Face tests on transformers $("$V-tf50/bin/python" -c 'import transformers; print(transformers.__version__)') ($V-tf50)"
-  "$V-tf50/bin/python" -m pytest -n 2 --dist loadfile -p no:cacheprovider tests/integration/hf || status=$?
+  "$V-tf50/bin/python" -m pytest -n 2 --dist loadfile -p no:cacheprovider tests/integration/runtime/hf || status=$?
 fi
 # Triton sanitizer tests in .venv-triton (interpret mode on the CPU); KVG_SKIP_TRITON=1 skips them locally.
 if [ "${KVG_SKIP_TRITON:-0}" != 1 ] && [ "$#" = 0 ]; then

@@ -23,7 +23,7 @@ __all__ = ["ChildCgroup", "child_cgroup_or_skip"]
 
 class ChildCgroup:
     def __init__(self, limit_bytes: int) -> None:
-        from kvguardian.oom.signals.cgroupfs import locate
+        from kvguardian.ops.oom.signals.cgroupfs import locate
 
         own = locate("self")
         self.version = own.version
@@ -52,7 +52,7 @@ class ChildCgroup:
         return (self.path / name).read_text()
 
     def oom_kills(self) -> int:
-        from kvguardian.oom.signals.cgroup import cgroup_signal
+        from kvguardian.ops.oom.signals.cgroup import cgroup_signal
 
         return int(cgroup_signal(self.path).read().extra.get("oom_kill", 0))
 

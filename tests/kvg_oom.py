@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvguardian.oom.signals.base import Reading
+from kvguardian.ops.oom.signals.base import Reading
 
 
 class Knob:

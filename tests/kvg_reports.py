@@ -1,6 +1,6 @@
 """Report documents for the HTML report's tests and benchmark, built the way the producers build them.
 
-`synthetic_report` writes a Guard report (schema 1) with a KV timeline (schema of `kvguardian.report.history`)
+`synthetic_report` writes a Guard report (schema 1) with a KV timeline (schema of `kvguardian.core.report.history`)
 for ``n`` requests, every ``leak_every``-th of which leaves its KV in a dict (a KVG102 finding with a holder
 chain), plus a KVG103 finding with its trend line when the leak grows. Sizes and times are deterministic.
 Use it where a real run would cost minutes (100,000 requests); the real-producer tests use a real Guard.

@@ -84,7 +84,7 @@ def rendered(render, data) -> str:  # type: ignore[no-untyped-def]
     """What a reproduction's ``render(data, out)`` prints on a console, as text."""
     import io
 
-    from kvguardian.report.console import ConsoleReporter
+    from kvguardian.core.report.console import ConsoleReporter
 
     buf = io.StringIO()
     render(data, ConsoleReporter(buf))
@@ -159,7 +159,7 @@ def paged_workload(tiny_model, n: int, *, seed: int, sys_tokens: tuple[int, int]
     """A mini-engine workload on ``tiny_model``: (`PagedLlama`, requests, HF generate()'s tokens per request id,
     the EOS id). One thread, so the oracle and the engine compute alike."""
     from kvguardian.apps.repro.cross_request import make_workload, one_thread, oracle
-    from kvguardian.paged.model import PagedLlama
+    from kvguardian.runtime.paged.model import PagedLlama
 
     with one_thread():
         reqs, _ = make_workload(n, tiny_model.config.vocab_size, seed=seed, sys_tokens=sys_tokens)

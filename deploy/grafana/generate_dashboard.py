@@ -6,9 +6,9 @@
                                                           # queries a metric nobody exports, or promtool
                                                           # cannot parse an expression
 
-"Exported" is read from the code: kv-guardian's metric catalog (``kvguardian.exporters.catalog``), the vLLM
-and SGLang metrics its watchers read (``kvguardian.engines.*_metrics.METRICS_READ``) and the recording rules
-in ``deploy/prometheus/*.yml``. The test suite runs ``--check`` (tests/integration/exporters/test_grafana_dashboard.py).
+"Exported" is read from the code: kv-guardian's metric catalog (``kvguardian.core.exporters.catalog``), the vLLM
+and SGLang metrics its watchers read (``kvguardian.runtime.engines.*_metrics.METRICS_READ``) and the recording rules
+in ``deploy/prometheus/*.yml``. The test suite runs ``--check`` (tests/integration/core/exporters/test_grafana_dashboard.py).
 """
 
 from __future__ import annotations
@@ -253,9 +253,9 @@ def _targets(dashboard: dict[str, Any]) -> list[tuple[str, str]]:
 def exported_names(rule_files: Iterable[Path] = ()) -> dict[str, str]:
     """Every metric name some component exports, mapped to who exports it: kv-guardian's catalog, the vLLM and
     SGLang metrics the watchers read, and the recording rules of ``rule_files``."""
-    from kvguardian.engines import sglang_metrics, vllm_metrics
-    from kvguardian.exporters.catalog import METRICS
-    from kvguardian.exporters.promql import recording_rule_names
+    from kvguardian.runtime.engines import sglang_metrics, vllm_metrics
+    from kvguardian.core.exporters.catalog import METRICS
+    from kvguardian.core.exporters.promql import recording_rule_names
 
     out = {m.name: f"kv-guardian ({m.owner})" for m in METRICS}
     out.update({n: "vLLM" for n in vllm_metrics.METRICS_READ})
@@ -266,7 +266,7 @@ def exported_names(rule_files: Iterable[Path] = ()) -> dict[str, str]:
 
 def check(dashboard: dict[str, Any], committed: Path, promtool: str | None) -> list[str]:
     """Problems, one line each: a stale committed file, unknown metrics, expressions promtool refuses."""
-    from kvguardian.exporters.promql import metric_names, substitute_grafana
+    from kvguardian.core.exporters.promql import metric_names, substitute_grafana
 
     problems = []
     if not committed.exists() or committed.read_text() != render(dashboard):

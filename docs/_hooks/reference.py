@@ -1,9 +1,9 @@
 """MkDocs hook: the reference pages, generated from the code at every build so they cannot drift from it.
 
 * ``reference/cli.md``: every (sub)command's ``--help``, walked from `kvguardian.apps.cli.build_parser`;
-* ``reference/findings.md``: every finding id of `kvguardian.findings.CATALOG` (meaning, evidence, fix, and
+* ``reference/findings.md``: every finding id of `kvguardian.core.findings.CATALOG` (meaning, evidence, fix, and
   the modules that raise it);
-* ``reference/metrics.md``: every metric of `kvguardian.exporters.catalog.METRICS` and every recording rule
+* ``reference/metrics.md``: every metric of `kvguardian.core.exporters.catalog.METRICS` and every recording rule
   and alert of ``deploy/prometheus/*.yml``.
 
 None of them is committed: ``mkdocs build`` writes them into the site (``on_files`` adds them as generated
@@ -72,7 +72,7 @@ EVIDENCE: dict[str, str] = {
 }
 
 #: Code that only reads findings (reports, exporters, reproductions): not where an id is raised.
-_NOT_RAISERS = ("kvguardian/apps/", "kvguardian/report/", "kvguardian/exporters/", "kvguardian/findings.py")
+_NOT_RAISERS = ("kvguardian/apps/", "kvguardian/core/report/", "kvguardian/core/exporters/", "kvguardian/core/findings.py")
 
 
 def _anchor(prog: str) -> str:
@@ -132,7 +132,7 @@ def _raisers() -> dict[str, list[str]]:
 
 def findings_page() -> str:
     """Every finding id: the summary table (`catalog_markdown`), then each id's meaning, evidence and fix."""
-    from kvguardian.findings import CATALOG, catalog_markdown
+    from kvguardian.core.findings import CATALOG, catalog_markdown
 
     missing = sorted(set(CATALOG) ^ set(EVIDENCE))
     if missing:
@@ -142,7 +142,7 @@ def findings_page() -> str:
         "# Findings",
         "",
         "Every finding kv-guardian reports carries one of these ids. Generated from "
-        "`kvguardian.findings.CATALOG` when the site is built (`python -m kvguardian.findings` prints the table).",
+        "`kvguardian.core.findings.CATALOG` when the site is built (`python -m kvguardian.core.findings` prints the table).",
         "",
         "Severity: `error` proven, `warning` suspected (with the statistic), `info` retained but bounded. A "
         "detector may lower an id's default severity (a bounded collection) or raise it (proof).",
@@ -210,15 +210,15 @@ def _code(text: str) -> str:
 
 def metrics_page() -> str:
     """Every exported metric (`markdown_table`), then every recording rule and alert with its expression."""
-    from kvguardian.exporters.catalog import METRICS, markdown_table
+    from kvguardian.core.exporters.catalog import METRICS, markdown_table
 
     owners = sorted({m.owner for m in METRICS}, key=[m.owner for m in METRICS].index)
     rules = _rules()
     lines = [
         "# Metrics and alerts",
         "",
-        "Generated when the site is built from `kvguardian.exporters.catalog` (the one list every collector "
-        "builds its families from; `python -m kvguardian.exporters.catalog` prints the table) and from the rule "
+        "Generated when the site is built from `kvguardian.core.exporters.catalog` (the one list every collector "
+        "builds its families from; `python -m kvguardian.core.exporters.catalog` prints the table) and from the rule "
         "files in `deploy/prometheus/`.",
         "",
         "Names follow Prometheus conventions (prefix `kvguardian_`, base units, `_total` only on counters) and "

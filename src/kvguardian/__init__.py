@@ -9,11 +9,16 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from kvguardian import _moved
+
 __version__ = "0.1.0"
 
 # A library logs, the application decides where it goes: nothing reaches stderr through logging's
 # last-resort handler (kv-guardian's own CLI adds a one-line stderr handler).
 logging.getLogger("kvguardian").addHandler(logging.NullHandler())
+
+# 0.1's module paths (kvguardian.core.ledger, kvguardian.runtime.hf, ...) still import, with a DeprecationWarning
+_moved.install()
 
 __all__ = [
     "CATALOG",
@@ -27,18 +32,18 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:  # pragma: no cover
-    from kvguardian.findings import CATALOG, Finding, Report, Severity
-    from kvguardian.guard import Guard
-    from kvguardian.ledger import EntryState, Ledger
+    from kvguardian.core.findings import CATALOG, Finding, Report, Severity
+    from kvguardian.core.ledger import EntryState, Ledger
+    from kvguardian.runtime.guard import Guard
 
 _LAZY = {
-    "CATALOG": "kvguardian.findings",
-    "Finding": "kvguardian.findings",
-    "Report": "kvguardian.findings",
-    "Severity": "kvguardian.findings",
-    "Guard": "kvguardian.guard",
-    "Ledger": "kvguardian.ledger",
-    "EntryState": "kvguardian.ledger",
+    "CATALOG": "kvguardian.core.findings",
+    "Finding": "kvguardian.core.findings",
+    "Report": "kvguardian.core.findings",
+    "Severity": "kvguardian.core.findings",
+    "Guard": "kvguardian.runtime.guard",
+    "Ledger": "kvguardian.core.ledger",
+    "EntryState": "kvguardian.core.ledger",
 }
 
 

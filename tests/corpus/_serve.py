@@ -12,7 +12,7 @@ import torch
 from transformers import DynamicCache
 
 from kvguardian.apps.repro.models import TINY, build_llama
-from kvguardian.hf.compat import cache_kwarg, output_cache
+from kvguardian.runtime.hf.compat import cache_kwarg, output_cache
 
 __all__ = ["MODEL", "cache_of", "extend", "generate", "only_to", "prefill", "prompt", "serve_jobs"]
 

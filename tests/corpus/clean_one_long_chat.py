@@ -8,7 +8,7 @@ import torch
 from transformers import DynamicCache
 
 from _serve import MODEL, prompt
-from kvguardian.hf.compat import cache_kwarg
+from kvguardian.runtime.hf.compat import cache_kwarg
 
 CACHE = DynamicCache()
 history = torch.zeros((1, 0), dtype=torch.long)

@@ -9,7 +9,7 @@ import torch
 from transformers import DynamicCache
 
 from _serve import MODEL, prompt
-from kvguardian.hf.compat import cache_kwarg
+from kvguardian.runtime.hf.compat import cache_kwarg
 
 adapter = torch.nn.Parameter(torch.zeros(MODEL.config.hidden_size))
 MODEL.model.embed_tokens.register_forward_hook(lambda m, a, out: out + adapter)

@@ -9,7 +9,7 @@ import torch
 from transformers import DynamicCache
 
 from _serve import MODEL, prompt
-from kvguardian.hf.compat import cache_kwarg
+from kvguardian.runtime.hf.compat import cache_kwarg
 
 SESSIONS = {}
 for i in range(24):

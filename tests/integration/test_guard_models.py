@@ -6,10 +6,10 @@ import logging
 import pytest
 import torch
 
-from kvguardian import _faults
-from kvguardian._errors import InstrumentationError, UsageError
-from kvguardian.guard import Guard
-from kvguardian.ledger import EntryState
+from kvguardian.core import faults as _faults
+from kvguardian.core.errors import InstrumentationError, UsageError
+from kvguardian.core.ledger import EntryState
+from kvguardian.runtime.guard import Guard
 
 
 def prompt(n=8, seed=0):
@@ -90,7 +90,7 @@ def test_detach_restores_model(tiny_model):
 def test_kvg101_at_first_step_and_cleared_when_detached(tiny_model):
     from transformers import DynamicCache
 
-    from kvguardian.hf.compat import cache_kwarg
+    from kvguardian.runtime.hf.compat import cache_kwarg
 
     kw = cache_kwarg()
     for detach_between_steps, expect in ((False, True), (True, False)):

@@ -5,7 +5,7 @@ import torch  # noqa: F401  - imported before the inline runs, which restore sys
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: F401
 
 import kvguardian.apps.repro.models
-import kvguardian.guard  # noqa: F401
+import kvguardian.runtime.guard  # noqa: F401
 
 pytest_plugins = ["pytester"]
 

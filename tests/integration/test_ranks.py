@@ -8,8 +8,8 @@ import pytest
 import torch.distributed  # noqa: F401 - imported once here, inherited by the forked ranks
 from tests.conftest import free_port
 
-import kvguardian.guard
-import kvguardian.ranks  # noqa: F401 - likewise
+import kvguardian.runtime.guard
+import kvguardian.runtime.ranks  # noqa: F401 - likewise
 
 KEPT = []  # rank 0's leak: KV of a finished sequence kept here
 
@@ -18,8 +18,8 @@ def _rank(rank, port, out):
     import torch
     import torch.distributed as dist
 
-    from kvguardian.guard import Guard
-    from kvguardian.ranks import check_ranks
+    from kvguardian.runtime.guard import Guard
+    from kvguardian.runtime.ranks import check_ranks
 
     try:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
@@ -74,9 +74,9 @@ def test_divergence_between_two_gloo_ranks_is_kvg106_on_every_rank():
 
 
 def test_check_ranks_without_a_process_group_is_a_usage_error():
-    from kvguardian._errors import UsageError
-    from kvguardian.guard import Guard
-    from kvguardian.ranks import check_ranks
+    from kvguardian.core.errors import UsageError
+    from kvguardian.runtime.guard import Guard
+    from kvguardian.runtime.ranks import check_ranks
 
     with pytest.raises(UsageError, match=r"needs an initialized torch\.distributed process group"):
         check_ranks(Guard())

@@ -9,7 +9,7 @@ triton = pytest.importorskip("triton", reason="Triton tests run in .venv-triton 
 import torch.nn.functional as F  # noqa: E402
 from faulty_kernels import append_kv_kernel, no_kv_kernel, scores_kernel  # noqa: E402
 
-from kvguardian.paged import KVSpec, PagedKVPool  # noqa: E402
+from kvguardian.runtime.paged import KVSpec, PagedKVPool  # noqa: E402
 from kvguardian.triton import SanitizerError, paged_decode, sanitize  # noqa: E402
 from kvguardian.triton.paged_attention import paged_decode_kernel  # noqa: E402
 

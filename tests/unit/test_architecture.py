@@ -213,23 +213,56 @@ def test_the_graph_sees_type_checking_relative_and_from_imports(tmp_path):
 
 
 def test_the_sources_do_not_know_the_guard():
-    """The sources talk to the rest through `kvguardian.sources.host` (a Protocol), never to the guard."""
-    sources = [m for m in GRAPH if m.startswith(("kvguardian.hf", "kvguardian.sources"))]
-    sources += ["kvguardian.custom", "kvguardian.retention", "kvguardian.ranks"]
-    offenders = sorted(m for m in sources if "kvguardian.guard" in GRAPH[m])
-    assert not offenders, f"sources importing kvguardian.guard: {offenders}"
+    """The sources talk to the rest through `kvguardian.runtime.sources.host` (a Protocol), never to the guard."""
+    sources = [m for m in GRAPH if m.startswith(("kvguardian.runtime.hf", "kvguardian.runtime.sources"))]
+    sources += ["kvguardian.runtime.custom", "kvguardian.runtime.retention", "kvguardian.runtime.ranks"]
+    offenders = sorted(m for m in sources if "kvguardian.runtime.guard" in GRAPH[m])
+    assert not offenders, f"sources importing kvguardian.runtime.guard: {offenders}"
+
+
+# The wings of ARCHITECTURE.md: which wings each wing's modules may import (besides its own). The core knows no
+# product; the product wings know only the core (ops also the runtime it guards); apps sit on top of all.
+WINGS: dict[str, frozenset[str]] = {
+    "core": frozenset(),
+    "runtime": frozenset({"core"}),
+    "ops": frozenset({"core", "runtime"}),
+    "keyspace": frozenset({"core"}),
+    "lint": frozenset({"core"}),
+    "triton": frozenset({"core"}),
+    "isolation": frozenset({"core"}),
+    "apps": frozenset({"core", "runtime", "ops", "keyspace", "lint", "triton", "isolation"}),
+    # the package's face (`kvguardian/__init__`: Guard, Ledger, findings), `python -m kvguardian`, the old paths
+    "kvguardian": frozenset({"core", "runtime"}),
+    "__main__": frozenset({"apps"}),
+    "_moved": frozenset(),
+}
+
+
+def wing_of(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "kvguardian"
+
+
+def test_wings_import_only_the_wings_below_them():
+    unknown = sorted({wing_of(m) for m in GRAPH} - WINGS.keys())
+    assert not unknown, f"wings ARCHITECTURE.md and WINGS do not place: {unknown}"
+    crossing = sorted(f"{m} ({wing_of(m)}) imports {t} ({wing_of(t)})"
+                      for m, targets in GRAPH.items() for t in targets
+                      if wing_of(t) != wing_of(m) and wing_of(t) not in WINGS[wing_of(m)])
+    assert not crossing, "imports across wings that the wings' order forbids:\n" + "\n".join(crossing)
 
 
 # The layers of ARCHITECTURE.md, bottom up: a module may import its own layer and those below, never above.
-# A name is a top-level module or package of kvguardian, or a dotted subpackage/module placed above its package.
+# A name is a dotted path under kvguardian (a wing's package or module), placed by its longest listed prefix.
 LAYERS: dict[int, tuple[str, ...]] = {
-    0: ("_errors", "_faults", "findings", "options", "input_file"),
-    1: ("ledger", "tensors", "reuse"),
-    2: ("sources", "hf", "paged", "custom"),
-    3: ("detectors", "retention", "accounting", "ranks", "report"),
-    4: ("guard", "check", "kvguardian"),
-    5: ("engines", "keyspace", "oom", "k8s", "lint", "triton", "audit", "sweep", "exporters", "autorun"),
-    6: ("apps", "pytest_plugin", "__main__"),
+    0: ("core.errors", "core.faults", "core.findings", "core.options", "core.input_file", "core", "_moved"),
+    1: ("core.ledger", "core.tensors", "core.reuse"),
+    2: ("core.detectors", "core.accounting", "core.report", "core.exporters"),
+    3: ("runtime.sources", "runtime.hf", "runtime.paged", "runtime.custom", "runtime"),
+    4: ("runtime.retention", "runtime.ranks"),
+    5: ("runtime.guard", "runtime.check", "kvguardian"),
+    6: ("runtime.engines", "runtime.autorun", "runtime.sweep", "keyspace", "ops", "lint", "triton", "isolation"),
+    7: ("apps", "runtime.pytest_plugin", "__main__"),
 }
 
 
@@ -257,6 +290,7 @@ def test_imports_point_down_the_layers():
 
 def test_architecture_md_lists_every_package():
     text = (ROOT / "ARCHITECTURE.md").read_text()
-    missing = [p.name for p in sorted(PACKAGE.iterdir())
-               if p.is_dir() and (p / "__init__.py").exists() and f"`{p.name}/`" not in text]
+    wings_and_packages = [p.parent.relative_to(PACKAGE) for p in sorted(PACKAGE.glob("*/__init__.py"))]
+    wings_and_packages += [p.parent.relative_to(PACKAGE) for p in sorted(PACKAGE.glob("*/*/__init__.py"))]
+    missing = [str(rel) for rel in wings_and_packages if f"`{rel.name}/`" not in text]
     assert not missing, f"packages ARCHITECTURE.md does not describe: {missing}"

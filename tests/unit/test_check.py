@@ -3,10 +3,10 @@
 
 import torch
 
-from kvguardian.check import CheckOptions, run_check
-from kvguardian.ledger import EntrySite, Ledger
-from kvguardian.retention import RetentionMonitor
-from kvguardian.sources.scope import RequestScope
+from kvguardian.core.ledger import EntrySite, Ledger
+from kvguardian.runtime.check import CheckOptions, run_check
+from kvguardian.runtime.retention import RetentionMonitor
+from kvguardian.runtime.sources.scope import RequestScope
 
 KEPT = []  # a module global that keeps request KV: the holder-chain root
 
@@ -78,7 +78,7 @@ def test_sampling_is_one_thread_at_a_time_and_capped_in_time(monkeypatch):
     search stalled a threaded server for minutes); each sample's search is capped in wall time."""
     import threading
 
-    from kvguardian import retention as R
+    from kvguardian.runtime import retention as R
 
     scope = RequestScope(Ledger())
     mon = RetentionMonitor(scope, sampling=True, max_seconds=3.0)

@@ -5,11 +5,11 @@ import logging
 import subprocess
 import sys
 
-from kvguardian._faults import FailOpen
+from kvguardian.core.faults import FailOpen
 
 PROGRAM = """
 import kvguardian
-from kvguardian._faults import FailOpen
+from kvguardian.core.faults import FailOpen
 fo = FailOpen(lambda site: 0, strict=False)
 for _ in range(3):
     try:

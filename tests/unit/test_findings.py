@@ -3,8 +3,8 @@ import re
 
 import pytest
 
-from kvguardian._errors import EXIT_FINDINGS, EXIT_OK, UsageError
-from kvguardian.findings import CATALOG, Finding, Report, Severity, catalog_markdown
+from kvguardian.core.errors import EXIT_FINDINGS, EXIT_OK, UsageError
+from kvguardian.core.findings import CATALOG, Finding, Report, Severity, catalog_markdown
 
 
 def test_catalog_ids_are_stable_and_unique():

@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvguardian._errors import UsageError
+from kvguardian.core.errors import UsageError
 
 EXAMPLES = int(os.environ.get("KVG_FUZZ_EXAMPLES", "150"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=2000, suppress_health_check=[HealthCheck.too_slow],
@@ -101,7 +101,7 @@ def _assert_valid_json(text: str) -> None:
 
 
 def _console_text(render) -> str:  # type: ignore[no-untyped-def]
-    from kvguardian.report.console import ConsoleReporter
+    from kvguardian.core.report.console import ConsoleReporter
 
     buf = io.StringIO()
     render(ConsoleReporter(buf))
@@ -115,7 +115,7 @@ def _use_scan(result) -> None:  # type: ignore[no-untyped-def]
     """Everything the CLI does with an accepted scan: verdicts, table, metrics, JSON, a diff against itself."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    from kvguardian.findings import Report
+    from kvguardian.core.findings import Report
     from kvguardian.keyspace.metrics import exposition
     from kvguardian.keyspace.render import print_diff, print_scan
     from kvguardian.keyspace.verdicts import Thresholds, diff, scan_findings
@@ -131,7 +131,7 @@ def _use_scan(result) -> None:  # type: ignore[no-untyped-def]
     except UsageError:
         return
     _console_text(lambda out: print_diff(rows, Report(findings=findings), warnings, out))
-    from kvguardian.report.escape import dumps
+    from kvguardian.core.report.escape import dumps
 
     _assert_valid_json(dumps({"rows": rows, "warnings": warnings, **Report(findings=findings).to_dict()}))
 
@@ -173,7 +173,7 @@ def test_scan_file_bytes_are_one_usage_error(tmp_path_factory, raw):
 
 # ---------------------------------------------------------------------------------------------- exporter files
 def _valid_report() -> str:
-    from kvguardian.findings import Finding, Report, Severity
+    from kvguardian.core.findings import Finding, Report, Severity
 
     return Report(findings=[Finding("KVG102", Severity.ERROR, "m", {"bytes": 4}, holder_chain=["a", "b"])],
                   created=1_700_000_000.0).to_json()
@@ -185,7 +185,7 @@ REPORT_PATHS = [p for p in _paths(VALID_REPORT) if p]
 
 def _check_document(text: str) -> None:
     from kvguardian.apps.cli.exporter import parse_document
-    from kvguardian.exporters.prometheus import findings_families
+    from kvguardian.core.exporters.prometheus import findings_families
 
     try:
         report = parse_document(text, "--report f.json")
@@ -223,10 +223,10 @@ PROM_LINES = st.one_of(
 @FUZZ
 @given(st.lists(PROM_LINES, max_size=12).map("\n".join))
 def test_prometheus_text_from_servers_parses_or_is_a_scrape_error(text):
-    from kvguardian.engines.board import FindingBoard
-    from kvguardian.engines.promtext import ScrapeError, parse
-    from kvguardian.engines.sglang_metrics import SglangConservationCheck
-    from kvguardian.engines.vllm_metrics import VllmMetricsCheck
+    from kvguardian.runtime.engines.board import FindingBoard
+    from kvguardian.runtime.engines.promtext import ScrapeError, parse
+    from kvguardian.runtime.engines.sglang_metrics import SglangConservationCheck
+    from kvguardian.runtime.engines.vllm_metrics import VllmMetricsCheck
 
     try:
         scrape = parse(text)
@@ -247,7 +247,7 @@ def test_prometheus_text_from_servers_parses_or_is_a_scrape_error(text):
 def test_kv_event_frames_decode_or_are_a_decode_error(frames, payload):
     import msgpack
 
-    from kvguardian.engines.kv_events import DecodeError, decode_batch, split_frames
+    from kvguardian.runtime.engines.kv_events import DecodeError, decode_batch, split_frames
 
     try:
         split_frames(frames)
@@ -272,7 +272,7 @@ def test_kv_event_frames_decode_or_are_a_decode_error(frames, payload):
 def test_structured_kv_event_batches_decode_or_are_a_decode_error(obj):
     import msgpack
 
-    from kvguardian.engines.kv_events import DecodeError, decode_batch
+    from kvguardian.runtime.engines.kv_events import DecodeError, decode_batch
 
     for shape in (obj, [1.0, [obj], 0], [1.0, [["BlockStored", obj, obj, obj, obj, obj, obj, obj, obj]], None],
                   {"ts": 2, "events": [{"type": "BlockStored", "block_hashes": obj, "extra_keys": obj}]}):
@@ -311,7 +311,7 @@ def test_redis_urls_are_checked_in_one_usage_error_and_never_show_a_password(url
 @FUZZ
 @given(URLISH)
 def test_metrics_urls_are_checked_in_one_usage_error(url):
-    from kvguardian.engines.promtext import check_url
+    from kvguardian.runtime.engines.promtext import check_url
 
     try:
         assert check_url(url) == url

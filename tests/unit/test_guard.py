@@ -6,8 +6,8 @@ import sys
 import pytest
 import torch
 
-from kvguardian._errors import UsageError
-from kvguardian.guard import Guard
+from kvguardian.core.errors import UsageError
+from kvguardian.runtime.guard import Guard
 
 
 def test_requests_do_not_nest_and_ids_are_checked():

@@ -4,7 +4,8 @@ import sys
 
 def test_import_does_not_load_torch_or_transformers():
     code = (
-        "import sys, kvguardian, kvguardian.findings, kvguardian.ledger, kvguardian.guard, kvguardian.apps.cli;"
+        "import sys, kvguardian, kvguardian.core.findings, kvguardian.core.ledger, kvguardian.runtime.guard;"
+        "import kvguardian.apps.cli;"
         "kvguardian.apps.cli.build_parser();"
         "bad = [m for m in ('torch', 'transformers', 'redis', 'prometheus_client', 'zmq') if m in sys.modules];"
         "print(bad); sys.exit(1 if bad else 0)"

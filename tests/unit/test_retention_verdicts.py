@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from kvg_testing import fake_module
-from kvguardian.guard import Guard
+from kvguardian.runtime.guard import Guard
 
 
 @pytest.fixture

@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from kvguardian._errors import UsageError
-from kvguardian.accounting import kv_accounting, seq_bucket
-from kvguardian.ledger import Ledger
-from kvguardian.reuse import ReuseWindow
+from kvguardian.core.accounting import kv_accounting, seq_bucket
+from kvguardian.core.errors import UsageError
+from kvguardian.core.ledger import Ledger
+from kvguardian.core.reuse import ReuseWindow
 
 
 def test_reuse_window_by_count_and_by_time():

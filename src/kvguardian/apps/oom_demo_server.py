@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 from kvguardian.apps.repro.models import TinySpec
 
 if TYPE_CHECKING:
-    from kvguardian.oom.guard import OOMGuard
-    from kvguardian.paged import PagedKVPool
+    from kvguardian.ops.oom.guard import OOMGuard
+    from kvguardian.runtime.paged import PagedKVPool
 
 __all__ = ["SPEC", "SessionStore", "create_app", "main"]
 
@@ -70,7 +70,7 @@ class _Work:
 
 
 def _keeping_scheduler(pool: "PagedKVPool", store: SessionStore, keep: set[str], oom: "OOMGuard | None") -> Any:
-    from kvguardian.paged.engine import OwnershipScheduler
+    from kvguardian.runtime.paged.engine import OwnershipScheduler
 
     class KeepingScheduler(OwnershipScheduler):
         """Copies a finished request's K/V out of the pool before freeing it, when asked to keep it."""
@@ -101,18 +101,18 @@ def create_app(*, guarded: bool = True, interval: float = 0.02, num_blocks: int 
     from pydantic import BaseModel, Field
 
     from kvguardian.apps.repro.models import build_llama
-    from kvguardian.exporters.prometheus import KVGuardianCollector
-    from kvguardian.exporters.server import mount_metrics
-    from kvguardian.guard import Guard
-    from kvguardian.oom.asgi import install
-    from kvguardian.oom.engine import guard_engine
-    from kvguardian.oom.guard import OOMGuard, Overloaded
-    from kvguardian.oom.metrics import OOMCollector
-    from kvguardian.oom.signals.cgroup import cgroup_signal_for_pid
-    from kvguardian.paged import PagedKVPool
-    from kvguardian.paged.engine import Engine, Request
-    from kvguardian.paged.loop import EngineLoop
-    from kvguardian.paged.model import PagedLlama
+    from kvguardian.core.exporters.prometheus import KVGuardianCollector
+    from kvguardian.core.exporters.server import mount_metrics
+    from kvguardian.ops.oom.asgi import install
+    from kvguardian.ops.oom.engine import guard_engine
+    from kvguardian.ops.oom.guard import OOMGuard, Overloaded
+    from kvguardian.ops.oom.metrics import OOMCollector
+    from kvguardian.ops.oom.signals.cgroup import cgroup_signal_for_pid
+    from kvguardian.runtime.guard import Guard
+    from kvguardian.runtime.paged import PagedKVPool
+    from kvguardian.runtime.paged.engine import Engine, Request
+    from kvguardian.runtime.paged.loop import EngineLoop
+    from kvguardian.runtime.paged.model import PagedLlama
 
     torch.set_num_threads(1)
     hf = build_llama(SPEC, seed=seed)

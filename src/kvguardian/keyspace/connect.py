@@ -6,7 +6,7 @@ is not Redis) become one `UsageError` line naming the target (never its password
 
 Credentials come from the URL (``redis://USER:PASSWORD@HOST``, ``?password=…``) or, as for redis-cli, from
 ``REDISCLI_AUTH``; every form is masked as ``***`` in what kv-guardian shows (`display_url`, and any output
-through `kvguardian.report.secrets`).
+through `kvguardian.core.report.secrets`).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from kvguardian._errors import EXIT_ENVIRONMENT, UsageError, require
-from kvguardian.report import secrets
+from kvguardian.core.errors import EXIT_ENVIRONMENT, UsageError, require
+from kvguardian.core.report import secrets
 
 __all__ = ["AUTH_ENV", "Node", "Topology", "connect", "discover", "display_url", "node_client", "url_db"]
 

@@ -101,7 +101,7 @@ class MinerProcess:
         self._conn.send_bytes(pickle.dumps((keys, probe.tobytes(), len(probe)), protocol=pickle.HIGHEST_PROTOCOL))
 
     def finish(self) -> Outcome:
-        from kvguardian._errors import KVGuardianError
+        from kvguardian.core.errors import KVGuardianError
 
         try:
             self._conn.send_bytes(b"end")

@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from kvguardian.exporters.prometheus import family
+from kvguardian.core.exporters.prometheus import family
 from kvguardian.keyspace.connect import connect, display_url
 from kvguardian.keyspace.metrics import info_families, sweep_families
 from kvguardian.keyspace.result import ScanResult
@@ -108,7 +108,7 @@ class Exporter:
         """
         from prometheus_client import CollectorRegistry
 
-        from kvguardian.exporters.http import MetricsHTTPServer
+        from kvguardian.core.exporters.http import MetricsHTTPServer
 
         registry = CollectorRegistry(auto_describe=False)
         registry.register(self)  # type: ignore[arg-type]

@@ -9,13 +9,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from kvguardian.exporters.prometheus import family
+from kvguardian.core.exporters.prometheus import family
 from kvguardian.keyspace.patterns import OVERFLOW
 from kvguardian.keyspace.result import ScanResult
 
 __all__ = ["ScanCollector", "exposition", "info_families", "sweep_families"]
 
-#: (result field, metric name); names, HELP texts and labels come from kvguardian.exporters.catalog.
+#: (result field, metric name); names, HELP texts and labels come from kvguardian.core.exporters.catalog.
 _PATTERN_GAUGES = (
     ("keys", "kvguardian_redis_pattern_keys"),
     ("bytes", "kvguardian_redis_pattern_bytes"),

@@ -12,7 +12,7 @@ import functools
 import re
 from collections.abc import Callable
 
-from kvguardian._errors import UsageError
+from kvguardian.core.errors import UsageError
 from kvguardian.keyspace.tokens import (
     B64_MIN,
     DATE_BYTES,

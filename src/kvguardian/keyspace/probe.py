@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from kvguardian._errors import EXIT_ENVIRONMENT, UsageError
+from kvguardian.core.errors import EXIT_ENVIRONMENT, UsageError
 from kvguardian.keyspace.stats import TYPE_CODE
 
 __all__ = ["LUA_PROBE", "LUA_SCAN_PROBE", "Lane", "choose_mode"]

@@ -7,11 +7,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from kvguardian.findings import Report
+from kvguardian.core.findings import Report
+from kvguardian.core.report.console import console
+from kvguardian.core.report.reporter import Reporter
 from kvguardian.keyspace.result import ScanResult
 from kvguardian.keyspace.verdicts import human_bytes, human_seconds
-from kvguardian.report.console import console
-from kvguardian.report.reporter import Reporter
 
 __all__ = ["print_diff", "print_scan", "progress_bar"]
 

@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvguardian._errors import UsageError
-from kvguardian.findings import Finding, Report
-from kvguardian.input_file import MAX_DOCUMENT_BYTES, read_input
+from kvguardian.core.errors import UsageError
+from kvguardian.core.findings import Finding, Report
+from kvguardian.core.input_file import MAX_DOCUMENT_BYTES, read_input
+from kvguardian.core.report import secrets
+from kvguardian.core.report.escape import dumps
 from kvguardian.keyspace.tokens import key_str
-from kvguardian.report import secrets
-from kvguardian.report.escape import dumps
 
 __all__ = ["SCHEMA", "VERSION", "ScanResult", "key_text", "load_result"]
 

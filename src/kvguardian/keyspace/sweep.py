@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from kvguardian._errors import UsageError
+from kvguardian.core.errors import UsageError
 from kvguardian.keyspace.connect import Topology, connect, discover, display_url
 from kvguardian.keyspace.counting import Counting, InProcess, MinerProcess, can_fork
 from kvguardian.keyspace.pacing import BatchSizer, lower_priority

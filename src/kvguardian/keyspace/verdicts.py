@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from kvguardian._errors import UsageError
-from kvguardian.findings import Finding, Severity
+from kvguardian.core.errors import UsageError
+from kvguardian.core.findings import Finding, Severity
 from kvguardian.keyspace.result import ScanResult
 from kvguardian.keyspace.tokens import UNIQUE_CLASSES
 from kvguardian.keyspace.windows import windowed_patterns

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from kvguardian._errors import UsageError
+from kvguardian.core.errors import UsageError
 
 __all__ = ["DEFAULT_EXCLUDE", "LintConfig", "find_pyproject", "load_config"]
 

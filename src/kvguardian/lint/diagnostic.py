@@ -1,6 +1,6 @@
 """What the linter reports: a `Diagnostic` (a finding at a place in a file) and a `Skipped` file.
 
-A diagnostic carries a finding id of the catalog (`kvguardian.findings.CATALOG`, ids KVG4xx), the file, a
+A diagnostic carries a finding id of the catalog (`kvguardian.core.findings.CATALOG`, ids KVG4xx), the file, a
 1-based line and column, and one sentence. `to_finding` turns it into the `Finding` every other command
 reports, with the location as evidence.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvguardian.findings import CATALOG, Finding, Severity
+from kvguardian.core.findings import CATALOG, Finding, Severity
 
 __all__ = ["Diagnostic", "LintResult", "Skipped"]
 

@@ -13,7 +13,7 @@ import tokenize
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from kvguardian.input_file import NotRegular, TooLarge, read_regular
+from kvguardian.core.input_file import NotRegular, TooLarge, read_regular
 from kvguardian.lint.config import LintConfig
 from kvguardian.lint.diagnostic import Skipped
 

@@ -2,7 +2,7 @@
 ``github`` (workflow-command annotations) and ``sarif`` (`kvguardian.lint.sarif`).
 
 Paths and messages come from the files we read: control, bidi and format characters are escaped (as
-`kvguardian.report.escape.visible` does everywhere else), and so are the undecodable bytes of a file name,
+`kvguardian.core.report.escape.visible` does everywhere else), and so are the undecodable bytes of a file name,
 never printed raw.
 """
 
@@ -13,8 +13,8 @@ import re
 from typing import Any
 
 from kvguardian import __version__
+from kvguardian.core.report.escape import visible
 from kvguardian.lint.diagnostic import LintResult
-from kvguardian.report.escape import visible
 
 __all__ = ["FORMATS", "clean", "render"]
 
@@ -24,7 +24,7 @@ _UNDECODED = re.compile("[\udc80-\udcff]")  # a file name's non-UTF-8 bytes, as 
 
 def clean(text: str) -> str:
     """``text`` safe for a terminal: control, bidi and format characters as escapes (``\\x1b``, ``\\u202e``:
-    `kvguardian.report.escape.visible`) and a file name's undecodable bytes as ``\\xNN``."""
+    `kvguardian.core.report.escape.visible`) and a file name's undecodable bytes as ``\\xNN``."""
     return _UNDECODED.sub(lambda m: f"\\x{ord(m.group()) - 0xdc00:02x}", visible(text))
 
 

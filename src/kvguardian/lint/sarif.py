@@ -14,7 +14,7 @@ from typing import Any
 from urllib.parse import quote_from_bytes
 
 from kvguardian import __version__
-from kvguardian.findings import CATALOG
+from kvguardian.core.findings import CATALOG
 from kvguardian.lint.diagnostic import Diagnostic, LintResult
 from kvguardian.lint.rules import RULES
 

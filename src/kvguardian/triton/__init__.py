@@ -18,7 +18,7 @@ __all__ = ["SanitizerError", "paged_decode", "sanitize"]
 
 def sanitize(kernel: Any, **kwargs: Any) -> Any:
     """See `kvguardian.triton.sanitizer.sanitize`."""
-    from kvguardian._errors import require
+    from kvguardian.core.errors import require
 
     require("triton", "triton")
     from kvguardian.triton.sanitizer import sanitize as _sanitize
@@ -28,7 +28,7 @@ def sanitize(kernel: Any, **kwargs: Any) -> Any:
 
 def paged_decode(*args: Any, **kwargs: Any) -> Any:
     """See `kvguardian.triton.paged_attention.paged_decode`."""
-    from kvguardian._errors import require
+    from kvguardian.core.errors import require
 
     require("triton", "triton")
     from kvguardian.triton.paged_attention import paged_decode as _paged_decode

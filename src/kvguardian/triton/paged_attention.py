@@ -1,6 +1,6 @@
 """Paged decode attention in Triton: one query token per sequence, K/V read through block tables.
 
-Layout as in `kvguardian.paged.PagedKVPool`: per layer ``k_cache``/``v_cache`` ``[num_blocks, block_size,
+Layout as in `kvguardian.runtime.paged.PagedKVPool`: per layer ``k_cache``/``v_cache`` ``[num_blocks, block_size,
 kv_heads, head_dim]``; ``block_table`` ``[num_seqs, max_blocks]`` (int32/int64, token order);
 ``seq_lens`` ``[num_seqs]``; ``q`` ``[num_seqs, heads, head_dim]`` with ``heads = kv_heads * groups`` (GQA:
 query head ``h`` reads KV head ``h // groups``). One program per (sequence, query head) walks the sequence's

@@ -14,7 +14,7 @@ import ast
 import textwrap
 from dataclasses import dataclass
 
-from kvguardian._errors import UsageError
+from kvguardian.core.errors import UsageError
 
 __all__ = ["EXTRA_PARAMS", "Rewritten", "SanitizerError", "Site", "rewrite_kernel"]
 

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kvguardian.findings import Finding, Severity
+from kvguardian.core.findings import Finding, Severity
 from kvguardian.triton.rewrite import CHECK_NAME, Rewritten, SanitizerError, Site, rewrite_kernel
 
 __all__ = ["SanitizedKernel", "SanitizerError", "Violation", "sanitize"]

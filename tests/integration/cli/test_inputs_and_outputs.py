@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from kvguardian._errors import UsageError
 from kvguardian.apps.mini_server.tenancy import KeyRing
+from kvguardian.core.errors import UsageError
 
 REPORT = {"tool": "kv-guardian", "findings": [{"id": "KVG102", "severity": "warning", "message": "kept"}]}
 

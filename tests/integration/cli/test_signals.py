@@ -115,7 +115,7 @@ def _cases(name: str, tmp: Path, request: pytest.FixtureRequest) -> Case:
                                 "--interval", "1s"), "serving", "stderr", {signal.SIGINT: 0, signal.SIGTERM: 0},
                     _serving)
     report = tmp / "r.json"
-    from kvguardian.findings import Report
+    from kvguardian.core.findings import Report
 
     report.write_text(Report().to_json())
     return Case(cli_command("exporter", "--port", "0", "--report", str(report)), "serving", "stderr",

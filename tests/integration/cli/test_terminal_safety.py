@@ -41,7 +41,7 @@ def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> 
 
 
 def _report_file(path: Path) -> Path:
-    from kvguardian.findings import Finding, Report, Severity
+    from kvguardian.core.findings import Finding, Report, Severity
 
     f = Finding("KVG102", Severity.ERROR, f"KV of {NAME} outlived its request", {"key": NAME},
                 holder_chain=[f"module m: {NAME}", "dict[...]"], fix=f"drop {NAME}")

@@ -15,8 +15,8 @@ import pytest
 
 from kvg_testing import ROOT, docs_reference
 from kvguardian.apps.cli import all_parsers as cli_parsers
-from kvguardian.exporters.catalog import METRICS
-from kvguardian.findings import CATALOG
+from kvguardian.core.exporters.catalog import METRICS
+from kvguardian.core.findings import CATALOG
 
 MKDOCS = Path(sys.executable).with_name("mkdocs")
 README_MAX_LINES = 200

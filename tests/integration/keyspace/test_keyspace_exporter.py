@@ -103,7 +103,7 @@ def test_every_exported_family_is_in_the_catalog_with_its_labels(redis_proc):
     """The catalog is the one list of metrics (the Grafana --check and the README read it)."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    from kvguardian.exporters.catalog import by_name, names
+    from kvguardian.core.exporters.catalog import by_name, names
 
     r = redis_proc.client()
     seed(r)

@@ -7,7 +7,7 @@ import time
 import pytest
 from kvg_redis import seed
 
-from kvguardian._errors import UsageError
+from kvguardian.core.errors import UsageError
 from kvguardian.keyspace.sweep import SweepOptions, sweep
 
 pytestmark = pytest.mark.services

@@ -6,7 +6,7 @@ import pytest
 from kvg_redis import RedisProc
 
 from kvg_tenancy import USERS, assert_guarded, client_ctx, web_config_file
-from kvguardian.exporters.webconfig import load_web_config
+from kvguardian.core.exporters.webconfig import load_web_config
 
 
 @pytest.mark.services

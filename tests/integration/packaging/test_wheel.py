@@ -45,13 +45,13 @@ PLUGIN_TESTS = '''
 import pytest
 
 def test_the_plugin_comes_from_the_installed_wheel(request):
-    import kvguardian.pytest_plugin as mod
+    import kvguardian.runtime.pytest_plugin as mod
     plugin = request.config.pluginmanager.get_plugin("kvguardian-manager")
     assert isinstance(plugin, mod.KVGuardianPlugin)
     assert "site-packages" in mod.__file__, mod.__file__
 
 def test_the_kv_guard_fixture(kv_guard):
-    from kvguardian.guard import Guard
+    from kvguardian.runtime.guard import Guard
     assert isinstance(kv_guard, Guard)
 
 @pytest.mark.kv_no_leak
@@ -133,7 +133,7 @@ def _rdb_file(path: Path) -> Path:
 def _check_wheel(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     for name in GENERATED:
-        assert f"kvguardian/k8s/api/{name}" in names, f"{wheel.name} lacks the generated {name}"
+        assert f"kvguardian/ops/k8s/api/{name}" in names, f"{wheel.name} lacks the generated {name}"
     assert "kvguardian/py.typed" in names
     package_data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
     for pattern in package_data["kvguardian"]:
@@ -145,7 +145,7 @@ def _check_wheel(wheel: Path) -> None:
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     text = zipfile.ZipFile(wheel).read(entry_points).decode()
-    assert "kv-guardian = kvguardian.apps.cli:main" in text and "kvguardian = kvguardian.pytest_plugin" in text
+    assert "kv-guardian = kvguardian.apps.cli:main" in text and "kvguardian = kvguardian.runtime.pytest_plugin" in text
 
 
 def _check_sdist(sdist: Path) -> None:
@@ -153,7 +153,7 @@ def _check_sdist(sdist: Path) -> None:
         top, *_ = tf.getnames()
         names = {n.removeprefix(f"{top.split('/')[0]}/") for n in tf.getnames()}
     for needed in ("setup.py", "pyproject.toml", "README.md", "LICENSE", "MANIFEST.in",
-                   "src/kvguardian/k8s/api/deviceplugin.proto", "src/kvguardian/py.typed"):
+                   "src/kvguardian/ops/k8s/api/deviceplugin.proto", "src/kvguardian/py.typed"):
         assert needed in names, f"{sdist.name} lacks {needed}"
     # generated on every build (setup.py): a developer's editable-install copies never ship
     assert not [n for n in names if "deviceplugin_pb2" in n]

@@ -14,7 +14,7 @@ import torch
 from transformers import DynamicCache
 
 from kvguardian.apps.repro.models import TINY, build_llama
-from kvguardian.hf.compat import cache_kwarg, output_cache
+from kvguardian.runtime.hf.compat import cache_kwarg, output_cache
 
 MODEL = build_llama(TINY)
 SYSTEM = [torch.randint(0, 100, (1, 8 + 2 * k), generator=torch.Generator().manual_seed(k)) for k in range(6)]

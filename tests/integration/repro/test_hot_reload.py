@@ -69,7 +69,7 @@ def test_render_names_the_ray_api_that_does_not_exist(twenty):
     text = rendered(hot_reload.render, twenty)
     assert "ray.get_runtime_context().get_kv(): that API does not exist in Ray" in text
     assert "held by: class kvguardian.apps.repro.reload_server.LruPrefixService: encode_prefix" in text
-    from kvguardian._errors import UsageError
+    from kvguardian.core.errors import UsageError
 
     with pytest.raises(UsageError, match=r"--reloads must be 2\.\.500"):
         hot_reload.run(argparse.Namespace(reloads=1, requests=2, json=False))

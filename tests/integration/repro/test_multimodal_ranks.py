@@ -71,7 +71,7 @@ def test_render_and_argument_checks(data):
     lines = rendered(multimodal.render, data).splitlines()
     assert any(line.startswith("buggy: after 3 sequences rank 0 holds 12 storages") for line in lines)
     assert lines[-1].endswith("both fixes consistent and leak-free: True")
-    from kvguardian._errors import UsageError
+    from kvguardian.core.errors import UsageError
 
     with pytest.raises(UsageError, match="--image-size 60"):
         multimodal.run(argparse.Namespace(sequences=2, new_tokens=2, image_size=60, json=False))

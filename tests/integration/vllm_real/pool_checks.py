@@ -25,7 +25,7 @@ from vllm.v1.core.kv_cache_manager import KVCacheManager
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 from vllm.v1.request import Request, RequestStatus
 
-from kvguardian.engines.vllm_plugin import hooks
+from kvguardian.runtime.engines.vllm_plugin import hooks
 
 BLOCK = 4
 HASH = get_hash_fn_by_name("sha256")
@@ -177,7 +177,7 @@ def fail_open() -> dict[str, Any]:
 def unknown_version() -> dict[str, Any]:
     import vllm
 
-    from kvguardian.engines import vllm_plugin
+    from kvguardian.runtime.engines import vllm_plugin
 
     os.environ["KVG_VLLM_AUDIT"] = "1"
     os.environ.pop("KVG_VLLM_AUDIT_REFUSED", None)

@@ -12,7 +12,7 @@ import time
 from vllm_server import NUM_BLOCKS, get
 
 from engine_fakes import wait_until
-from kvguardian.engines.watch import Watch
+from kvguardian.runtime.engines.watch import Watch
 
 
 def audit_findings(port: int) -> dict[str, float]:

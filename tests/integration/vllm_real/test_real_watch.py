@@ -17,7 +17,7 @@ from vllm_server import BLOCK, post
 
 from engine_fakes import wait_until
 from kvg_testing import ROOT
-from kvguardian.engines.watch import Watch
+from kvguardian.runtime.engines.watch import Watch
 
 
 class Running:

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from kvguardian._errors import UsageError
+from kvguardian.core.errors import UsageError
 from kvguardian.keyspace.redact import Redactor, redact_result
 from kvguardian.keyspace.result import ScanResult
 from kvguardian.keyspace.verdicts import diff, scan_findings

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kvguardian.findings import CATALOG
+from kvguardian.core.findings import CATALOG
 from kvguardian.lint import LintConfig, lint_paths
 from kvguardian.lint.rules import RULES
 

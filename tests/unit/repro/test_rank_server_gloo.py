@@ -61,7 +61,7 @@ def vlm():
 def test_broadcast_variant_ended_kv_is_exact_unsettled_whatever_gloo_holds(vlm, rank, monkeypatch, no_gc):
     from kvguardian.apps.repro import rank_server
     from kvguardian.apps.repro.vlm import VLM_TINY
-    from kvguardian.guard import Guard
+    from kvguardian.runtime.guard import Guard
 
     kept = []  # every tensor handed to the collective, kept past the sequence: gloo's worker at its slowest
 

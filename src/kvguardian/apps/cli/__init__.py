@@ -4,7 +4,7 @@ Every command module has ``NAME``, ``HELP``, ``EXAMPLE`` (one command line, show
 ``add_arguments(parser)`` and ``run(args) -> int``; `GROUPS` sorts the commands by who runs them for
 ``kv-guardian --help``. `main`
 turns kv-guardian's own errors into one line on stderr and an exit code; a traceback is shown only for a bug,
-and only with ``KVG_DEBUG=1``. Every line it writes is escaped and masked (`kvguardian.report.escape`), and
+and only with ``KVG_DEBUG=1``. Every line it writes is escaped and masked (`kvguardian.core.report.escape`), and
 the ``kvguardian`` logger's warnings appear on stderr as one line each.
 """
 
@@ -23,9 +23,9 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn
 
 from kvguardian import __version__
-from kvguardian._errors import EXIT_ENVIRONMENT, EXIT_INTERNAL, EXIT_USAGE, KVGuardianError
 from kvguardian.apps.cli.options import example
-from kvguardian.report.escape import visible
+from kvguardian.core.errors import EXIT_ENVIRONMENT, EXIT_INTERNAL, EXIT_USAGE, KVGuardianError
+from kvguardian.core.report.escape import visible
 
 __all__ = ["COMMANDS", "EXAMPLE", "GROUPS", "HelpFormatter", "all_parsers", "build_parser", "main"]
 

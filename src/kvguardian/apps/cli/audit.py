@@ -15,9 +15,9 @@ import sys
 import threading
 from typing import Any
 
-from kvguardian._errors import EXIT_FINDINGS, EXIT_OK
 from kvguardian.apps.cli.options import add_format, add_subcommands, example
-from kvguardian.audit.cache_sharing import AuditOptions
+from kvguardian.core.errors import EXIT_FINDINGS, EXIT_OK
+from kvguardian.isolation.cache_sharing import AuditOptions
 
 NAME = "audit"
 HELP = "black-box audits of a server you are authorised to test (cache-sharing: prefix cache across tenants)"
@@ -65,7 +65,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvguardian.audit.cache_sharing import CacheSharingAudit
+    from kvguardian.isolation.cache_sharing import CacheSharingAudit
 
     if len(args.key) != 2:
         sys.stderr.write("kv-guardian audit: error: give exactly two --key (victim, other tenant); "

@@ -6,9 +6,9 @@ import argparse
 import time
 from typing import Any
 
-from kvguardian._errors import EXIT_FINDINGS, EXIT_OK, UsageError
 from kvguardian.apps.cli.options import add_format
 from kvguardian.apps.repro import REPROS, DemoRow, load, not_built_rows, section_order
+from kvguardian.core.errors import EXIT_FINDINGS, EXIT_OK, UsageError
 
 NAME = "demo"
 HELP = "reproduce the KV-leak anti-patterns on a built-in tiny model and print one table (no services)"
@@ -38,8 +38,8 @@ def _threads(n: int) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvguardian.report.console import ConsoleReporter
-    from kvguardian.report.reporter import reporting
+    from kvguardian.core.report.console import ConsoleReporter
+    from kvguardian.core.report.reporter import reporting
 
     names = args.only or list(REPROS)
     rows: list[DemoRow] = []

@@ -18,8 +18,8 @@ import signal
 import threading
 from typing import Any
 
-from kvguardian._errors import EXIT_OK
 from kvguardian.apps.cli.options import add_duration_option
+from kvguardian.core.errors import EXIT_OK
 
 NAME = "device-plugin"
 HELP = "Kubernetes device plugin: advertise KV-cache budgets (chunks of GPU memory) and inject them on Allocate"
@@ -41,8 +41,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _gpu_mb(args: argparse.Namespace) -> tuple[list[int], Any]:
     """Per-GPU MiB from NVML (and the module, for health); empty with --total-mb when NVML is absent."""
-    from kvguardian.oom.signals.base import SignalUnavailable
-    from kvguardian.oom.signals.nvml import device_memory, load_nvml
+    from kvguardian.ops.oom.signals.base import SignalUnavailable
+    from kvguardian.ops.oom.signals.nvml import device_memory, load_nvml
 
     try:
         nvml = load_nvml()
@@ -67,7 +67,7 @@ def _health(nvml: Any) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvguardian.k8s.plugin import KVCachePlugin, PluginServer, check_resource_name, plan_chunks, resource_name
+    from kvguardian.ops.k8s.plugin import KVCachePlugin, PluginServer, check_resource_name, plan_chunks, resource_name
 
     gpu_mb, nvml = _gpu_mb(args)
     chunks = plan_chunks(args.chunk_mb, gpu_mb=gpu_mb, total_mb=args.total_mb, reserve_mb=args.reserve_mb)

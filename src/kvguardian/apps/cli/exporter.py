@@ -2,7 +2,7 @@
 
 A batch job (``kv-guardian redis scan --json > scan.json``, a nightly ``repro``, a CI run) writes a report;
 the exporter serves its findings as ``kvguardian_findings`` and re-reads each file when it changes. To export
-a running program's ledger, call ``kvguardian.exporters.server.start_exporter(guard)`` inside it instead.
+a running program's ledger, call ``kvguardian.core.exporters.server.start_exporter(guard)`` inside it instead.
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from kvguardian._errors import EXIT_OK, UsageError, require
 from kvguardian.apps.cli.options import add_duration_option
 from kvguardian.apps.cli.signals import stopping
 from kvguardian.apps.cli.web_options import add_web_config, web_config
-from kvguardian.findings import Finding, Report
-from kvguardian.input_file import MAX_DOCUMENT_BYTES, read_input
-from kvguardian.report.escape import visible
+from kvguardian.core.errors import EXIT_OK, UsageError, require
+from kvguardian.core.findings import Finding, Report
+from kvguardian.core.input_file import MAX_DOCUMENT_BYTES, read_input
+from kvguardian.core.report.escape import visible
 
 NAME = "exporter"
 HELP = "serve kv-guardian's Prometheus metrics (findings of JSON reports) on 127.0.0.1:9464"
@@ -47,7 +47,7 @@ def parse_document(text: str, where: str) -> Report:
     Raises:
         UsageError: anything else (another JSON document, a damaged one), naming ``where`` and the fix.
     """
-    from kvguardian.findings import SCHEMA_VERSION
+    from kvguardian.core.findings import SCHEMA_VERSION
     from kvguardian.keyspace.result import SCHEMA as SCAN_SCHEMA
     from kvguardian.keyspace.result import ScanResult
 
@@ -129,8 +129,8 @@ def run(args: argparse.Namespace) -> int:
     require("prometheus_client", "prometheus")
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from kvguardian.exporters.prometheus import KVGuardianCollector
-    from kvguardian.exporters.server import start_exporter
+    from kvguardian.core.exporters.prometheus import KVGuardianCollector
+    from kvguardian.core.exporters.server import start_exporter
 
     if not 0 <= args.port < 65536:
         raise UsageError(f"--port {args.port} is not a TCP port; fix: use 0-65535 (0 picks a free one)")

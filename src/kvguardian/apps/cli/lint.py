@@ -11,15 +11,15 @@ import argparse
 import sys
 from pathlib import Path
 
-from kvguardian._errors import EXIT_FINDINGS, EXIT_OK, UsageError
 from kvguardian.apps.cli.options import add_format, add_output
+from kvguardian.core.errors import EXIT_FINDINGS, EXIT_OK, UsageError
+from kvguardian.core.report.output import check_outputs
 from kvguardian.lint.config import load_config
 from kvguardian.lint.diagnostic import Skipped
 from kvguardian.lint.engine import lint_paths
 from kvguardian.lint.files import LANGUAGES
 from kvguardian.lint.output import FORMATS, clean, render
 from kvguardian.lint.rules import RULES
-from kvguardian.report.output import check_outputs
 
 NAME = "lint"
 HELP = "find KV-leak anti-patterns in source code (KVG4xx): Python, and Redis clients in Go, Java, Kotlin"
@@ -45,7 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _list_rules() -> int:
-    from kvguardian.findings import CATALOG
+    from kvguardian.core.findings import CATALOG
 
     for rid in RULES:
         print(f"{rid}  {CATALOG[rid].name:28s} {CATALOG[rid].meaning}")

@@ -5,7 +5,7 @@
     kv-guardian oom-guard --pod-uid $POD_UID --cgroup-root /host/cgroup --host 0.0.0.0   # in Kubernetes
 
 Serves /ready (the readiness probe), /drain (preStop), /metrics and /status on kv-guardian's bounded HTTP
-server, with TLS and basic auth from --web-config; see `kvguardian.oom.sidecar`.
+server, with TLS and basic auth from --web-config; see `kvguardian.ops.oom.sidecar`.
 It cannot evict inside vLLM or SGLang: it turns readiness false and drains. Exit codes: 0 on SIGTERM or
 after --duration, 2 for bad input (no such PID or cgroup, no memory limit, watermarks out of order), 3 when
 something it needs is missing (NVML) or the target went away while watched.
@@ -22,11 +22,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kvguardian._errors import EXIT_ENVIRONMENT, EXIT_OK, UsageError
 from kvguardian.apps.cli.options import add_duration_option
 from kvguardian.apps.cli.signals import stopping
 from kvguardian.apps.cli.web_options import add_web_config, web_config
-from kvguardian.oom.policy import Watermarks
+from kvguardian.core.errors import EXIT_ENVIRONMENT, EXIT_OK, UsageError
+from kvguardian.ops.oom.policy import Watermarks
 
 NAME = "oom-guard"
 HELP = "sidecar pre-OOM guard for a server we cannot hook: /ready turns false and /drain waits before an OOM kill"
@@ -86,7 +86,7 @@ class _FixedLimit:
 
 
 def _cgroup(args: argparse.Namespace) -> tuple[Any, Path | None]:
-    from kvguardian.oom.signals.cgroup import cgroup_signal, cgroup_signal_for_pid, cgroup_signal_for_pod
+    from kvguardian.ops.oom.signals.cgroup import cgroup_signal, cgroup_signal_for_pid, cgroup_signal_for_pod
 
     if args.pid is not None:
         if args.pid <= 0:
@@ -113,14 +113,14 @@ def _check_numbers(args: argparse.Namespace) -> None:
 
 def build(args: argparse.Namespace) -> Any:
     """The `Sidecar` the arguments describe (bad input raises `UsageError` with the fix)."""
-    from kvguardian.oom.guard import OOMGuard
-    from kvguardian.oom.sidecar import Sidecar, Target
-    from kvguardian.oom.signals.nvml import NvmlSignal
+    from kvguardian.ops.oom.guard import OOMGuard
+    from kvguardian.ops.oom.sidecar import Sidecar, Target
+    from kvguardian.ops.oom.signals.nvml import NvmlSignal
 
     wm = Watermarks(**{name: getattr(args, name) for name in _WATERMARKS})
     _check_numbers(args)
     if args.metrics is not None:
-        from kvguardian.engines.promtext import check_url
+        from kvguardian.runtime.engines.promtext import check_url
 
         check_url(args.metrics)
     cg, cg_dir = _cgroup(args)
@@ -142,7 +142,7 @@ def build(args: argparse.Namespace) -> Any:
 
 def _serve(sidecar: Any, args: argparse.Namespace) -> str:
     """Start the sidecar's HTTP server; its base URL. Bad addresses and certificates are one line."""
-    from kvguardian.exporters.http import bind_fix
+    from kvguardian.core.exporters.http import bind_fix
 
     if not 0 <= args.port < 65536:
         raise UsageError(f"--port {args.port} is not a TCP port; fix: use 0-65535 (0 picks a free one)")

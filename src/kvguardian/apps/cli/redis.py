@@ -14,14 +14,14 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from kvguardian._errors import EXIT_ENVIRONMENT, EXIT_OK, EXIT_USAGE, UsageError
 from kvguardian.apps.cli.options import add_format, add_hidden_alias, add_output, add_subcommands, example
 from kvguardian.apps.cli.signals import Ending, interrupting, stopping
 from kvguardian.apps.cli.web_options import add_web_config, web_config
-from kvguardian.findings import Report, Severity
-from kvguardian.report.escape import visible
-from kvguardian.report.output import add_html_option, check_outputs
-from kvguardian.report.reporter import reporting
+from kvguardian.core.errors import EXIT_ENVIRONMENT, EXIT_OK, EXIT_USAGE, UsageError
+from kvguardian.core.findings import Report, Severity
+from kvguardian.core.report.escape import visible
+from kvguardian.core.report.output import add_html_option, check_outputs
+from kvguardian.core.report.reporter import reporting
 
 NAME = "redis"
 HELP = "find key-space leaks in Redis: read-only sweeps or RDB snapshots, key patterns, no-TTL/cold verdicts, diffs"
@@ -207,7 +207,7 @@ def _show(args: argparse.Namespace, result: Any, diff_out: tuple[Any, Any, Any] 
     from kvguardian.keyspace.render import print_diff, print_scan
 
     if html_only:
-        from kvguardian.report.html.reporter import html_file  # the HTML page's modules load only for it
+        from kvguardian.core.report.html.reporter import html_file  # the HTML page's modules load only for it
 
     with (contextlib.closing(html_file(args.html)) if html_only else
           reporting("json" if args.format == "json" else "console", html=args.html)) as out:
@@ -264,7 +264,7 @@ def run_exporter(args: argparse.Namespace) -> int:
         host, port = exporter.serve(args.port, args.host, web_config=web)
     except OSError as exc:
         exporter.close()
-        from kvguardian.exporters.http import bind_fix
+        from kvguardian.core.exporters.http import bind_fix
 
         fix = bind_fix(exc, port_flag="--port", host_flag="--host")
         raise UsageError(f"cannot serve on {args.host}:{args.port}: {exc.strerror or exc}; fix: {fix}",

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvguardian._errors import UsageError
 from kvguardian.apps.cli.options import example
+from kvguardian.core.errors import UsageError
 
 __all__ = ["ScanHooks", "add_rdb_command", "run_rdb", "run_scan_rdb"]
 

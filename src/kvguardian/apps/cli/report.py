@@ -12,10 +12,10 @@ import argparse
 import sys
 from typing import Any
 
-from kvguardian._errors import EXIT_OK, UsageError
 from kvguardian.apps.cli.options import add_output
-from kvguardian.report.escape import visible
-from kvguardian.report.output import check_outputs
+from kvguardian.core.errors import EXIT_OK, UsageError
+from kvguardian.core.report.escape import visible
+from kvguardian.core.report.output import check_outputs
 
 NAME = "report"
 HELP = ("render a report JSON as a self-contained HTML page; export its KV history for PyTorch's memory viewer "
@@ -36,8 +36,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvguardian.report.document import load_document
-    from kvguardian.report.exports import OutputsNotWritten, write_outputs
+    from kvguardian.core.report.document import load_document
+    from kvguardian.core.report.exports import OutputsNotWritten, write_outputs
 
     outputs = [(args.output, "-o"), (args.memory_snapshot, "--memory-snapshot"), (args.trace, "--trace")]
     if not any(path for path, _ in outputs):
@@ -62,8 +62,8 @@ def _wrote(lines: list[str]) -> None:
 
 def redact_report(data: Any) -> Any:
     """A copy of report JSON ``data`` as its producer's ``--redact`` would have written it: Redis scans and
-    diffs by `kvguardian.keyspace.redact`, KV reports by `kvguardian.report.redact` (holder-chain keys)."""
+    diffs by `kvguardian.keyspace.redact`, KV reports by `kvguardian.core.report.redact` (holder-chain keys)."""
+    from kvguardian.core.report.redact import redact_chains
     from kvguardian.keyspace.redact import is_keyspace_json, redact_keyspace_json
-    from kvguardian.report.redact import redact_chains
 
     return redact_keyspace_json(data) if is_keyspace_json(data) else redact_chains(data)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 
-from kvguardian._errors import EXIT_FINDINGS, EXIT_OK
 from kvguardian.apps.cli.options import add_format, add_subcommands, example
 from kvguardian.apps.repro import REPROS, load
-from kvguardian.report.output import add_html_option, check_writable
-from kvguardian.report.reporter import reporting
+from kvguardian.core.errors import EXIT_FINDINGS, EXIT_OK
+from kvguardian.core.report.output import add_html_option, check_writable
+from kvguardian.core.report.reporter import reporting
 
 NAME = "repro"
 HELP = "reproduce one KV-leak anti-pattern, measure it here, and check the detector and the fix"

@@ -12,11 +12,11 @@ cache is a request. At exit each audited process writes a report; this command m
   (``python -E``/``-I``/``-S``), or every process that used a transformers cache exited without running its
   exit handlers (``os._exit``, a signal). A process that only imported transformers (vLLM's model worker) has
   nothing to audit; a process whose audit is streamed while it runs (a vLLM engine core, see
-  `kvguardian.engines.vllm_plugin`) and that is killed keeps its last streamed report (``complete: false``,
+  `kvguardian.runtime.engines.vllm_plugin`) and that is killed keeps its last streamed report (``complete: false``,
   with the reason);
 * 127/126 when the program cannot be found/executed, 2 for a usage error; 0 otherwise.
 
-Signals reach the program exactly as without kv-guardian (`kvguardian.autorun.relay`): Ctrl-C raises
+Signals reach the program exactly as without kv-guardian (`kvguardian.runtime.autorun.relay`): Ctrl-C raises
 ``KeyboardInterrupt`` in it, a SIGTERM/SIGHUP sent to kv-guardian is forwarded, and kv-guardian waits for the
 program, still writes the report (``complete: false`` when a process died without being audited) and exits
 with the program's status.
@@ -38,12 +38,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvguardian._errors import EXIT_ENVIRONMENT, EXIT_INTERNAL, EXIT_OK, UsageError
 from kvguardian.apps.cli.options import add_hidden_alias, add_output
-from kvguardian.findings import Finding, Report, Severity
-from kvguardian.report.console import ConsoleReporter
-from kvguardian.report.escape import dumps, visible
-from kvguardian.report.output import add_html_option, check_outputs, write_whole
+from kvguardian.core.errors import EXIT_ENVIRONMENT, EXIT_INTERNAL, EXIT_OK, UsageError
+from kvguardian.core.findings import Finding, Report, Severity
+from kvguardian.core.report.console import ConsoleReporter
+from kvguardian.core.report.escape import dumps, visible
+from kvguardian.core.report.output import add_html_option, check_outputs, write_whole
 
 NAME = "run"
 HELP = "audit an unmodified Python program's KV caches (like `memray run`): kv-guardian run -- python app.py"
@@ -78,7 +78,7 @@ def _say(text: str) -> None:
 
 
 def _child_env(folder: str, args: argparse.Namespace) -> dict[str, str]:
-    from kvguardian.autorun import BOOT_DIR, ENV_DIR, ENV_OPTIONS
+    from kvguardian.runtime.autorun import BOOT_DIR, ENV_DIR, ENV_OPTIONS
 
     env = dict(os.environ)
     pkg_parent = str(Path(__file__).resolve().parents[3])  # so a child interpreter can import kvguardian
@@ -148,7 +148,7 @@ def _program(args: argparse.Namespace) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvguardian.autorun.relay import run_relaying
+    from kvguardian.runtime.autorun.relay import run_relaying
 
     cmd = _program(args)
     if shutil.which(cmd[0]) is None and not (os.sep in cmd[0] and os.path.exists(cmd[0])):
@@ -193,8 +193,8 @@ def _write_views(args: argparse.Namespace, report: Report) -> bool:
     """``--html``, ``--memory-snapshot``, ``--trace`` of the merged report; a failure is one line, and False."""
     if not (args.html or args.memory_snapshot or args.trace):
         return True
-    from kvguardian.report.document import classify
-    from kvguardian.report.exports import OutputsNotWritten, write_outputs
+    from kvguardian.core.report.document import classify
+    from kvguardian.core.report.exports import OutputsNotWritten, write_outputs
 
     source = Path(args.output).name if args.output else "kv-guardian run"
     done: list[str] = []

@@ -3,7 +3,7 @@
 A target for ``kv-guardian audit cache-sharing``, ``kv-guardian run``, the exporter (``/metrics``) and the
 pre-OOM guard, that needs no GPU and no download: a tiny random-weight Llama with a byte-level tokenizer.
 
-With ``--oom`` the server runs the in-process pre-OOM guard (`kvguardian.oom`): this process's memory cgroup
+With ``--oom`` the server runs the in-process pre-OOM guard (`kvguardian.ops.oom`): this process's memory cgroup
 (when it has a limit), the pool's occupancy and, with a KV budget (``--kv-budget-mb``, ``KVG_KV_BUDGET_MB``
 or ``NV_GPU_KV_CACHE_MB``), the ledger's KV bytes are its signals; ``/ready``, ``/drain`` and ``/oom`` are
 served, new requests get 503 + Retry-After while it drains, and ``/metrics`` carries ``kvguardian_oom_*``.
@@ -18,10 +18,10 @@ import sys
 import threading
 from typing import Any
 
-from kvguardian._errors import EXIT_OK, UsageError, require
 from kvguardian.apps.cli.web_options import add_web_config, web_config
 from kvguardian.apps.mini_server.config import MiniConfig
 from kvguardian.apps.mini_server.tenancy import CACHE_MODES
+from kvguardian.core.errors import EXIT_OK, UsageError, require
 
 NAME = "serve-mini"
 HELP = "serve the paged mini engine as an OpenAI-compatible server (127.0.0.1:8000) for audits and tests"
@@ -86,7 +86,7 @@ def _guards(args: argparse.Namespace) -> tuple[Any, Any]:
     Raises:
         UsageError: an ``--oom-*`` option without ``--oom``, watermarks out of order, a bad KV budget.
     """
-    from kvguardian.oom.budget import kv_budget
+    from kvguardian.ops.oom.budget import kv_budget
 
     if not args.oom:
         for name, default in _OOM_OPTIONS.items():
@@ -100,8 +100,8 @@ def _guards(args: argparse.Namespace) -> tuple[Any, Any]:
         guard = Guard()
     if not args.oom:
         return guard, None
-    from kvguardian.oom.guard import OOMGuard
-    from kvguardian.oom.policy import Watermarks
+    from kvguardian.ops.oom.guard import OOMGuard
+    from kvguardian.ops.oom.policy import Watermarks
 
     wm = Watermarks(evict=args.oom_evict, drain=args.oom_drain, shed=args.oom_shed)
     return guard, OOMGuard.for_process(guard, budget_mb=args.kv_budget_mb, watermarks=wm, interval=args.oom_interval)
@@ -111,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
     require("fastapi", "serve")
     require("uvicorn", "serve")
     from kvguardian.apps.mini_server.app import create_app
-    from kvguardian.exporters.webconfig import serve_asgi
+    from kvguardian.core.exporters.webconfig import serve_asgi
 
     if not 0 <= args.port < 65536:
         raise UsageError(f"--port {args.port} is not a TCP port; fix: use 0-65535 (0 picks a free one)")

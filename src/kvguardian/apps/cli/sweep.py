@@ -16,9 +16,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from kvguardian._errors import EXIT_ENVIRONMENT, EXIT_FINDINGS, EXIT_OK, UsageError
 from kvguardian.apps.cli.options import add_format
-from kvguardian.report.reporter import Reporter
+from kvguardian.core.errors import EXIT_ENVIRONMENT, EXIT_FINDINGS, EXIT_OK, UsageError
+from kvguardian.core.report.reporter import Reporter
 
 NAME = "sweep"
 HELP = "run an attention callable at every length around each power of two and prove memory returns to baseline"
@@ -74,7 +74,7 @@ def _validate(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvguardian.sweep import SweepConfig, parse_lengths, resolve_targets, run_sweep
+    from kvguardian.runtime.sweep import SweepConfig, parse_lengths, resolve_targets, run_sweep
 
     _validate(args)
     lengths = parse_lengths(args.lengths, max_length=args.max_length)
@@ -101,8 +101,8 @@ def run(args: argparse.Namespace) -> int:
     if not targets:
         raise UsageError(f"no attention target runs on {device}: " + "; ".join(notes), exit_code=EXIT_ENVIRONMENT)
     from kvguardian.apps.repro.threads import torch_threads
-    from kvguardian.report.console import ConsoleReporter
-    from kvguardian.report.reporter import reporting
+    from kvguardian.core.report.console import ConsoleReporter
+    from kvguardian.core.report.reporter import reporting
 
     err = ConsoleReporter(stderr=True)
     with torch_threads(args.threads or torch.get_num_threads()):
@@ -121,7 +121,7 @@ def _fmt_bytes(values: list[int] | None) -> str:
 
 def render(result: Any, out: Reporter, *, show: str = "pow2") -> None:
     """One table per target, the notes, and the verdict."""
-    from kvguardian.sweep.run import SweepResult
+    from kvguardian.runtime.sweep.run import SweepResult
 
     assert isinstance(result, SweepResult)
     cfg = result.config

@@ -6,14 +6,14 @@ import argparse
 import math
 from typing import Any
 
-from kvguardian._errors import EXIT_ENVIRONMENT, UsageError
 from kvguardian.apps.cli.options import add_format, add_subcommands, example
 from kvguardian.apps.cli.signals import stopping
 from kvguardian.apps.cli.web_options import add_web_config, web_config
-from kvguardian.findings import Finding, Severity
-from kvguardian.report.console import ConsoleReporter
-from kvguardian.report.output import add_html_option, check_writable
-from kvguardian.report.reporter import Reporter, make_reporter
+from kvguardian.core.errors import EXIT_ENVIRONMENT, UsageError
+from kvguardian.core.findings import Finding, Severity
+from kvguardian.core.report.console import ConsoleReporter
+from kvguardian.core.report.output import add_html_option, check_writable
+from kvguardian.core.report.reporter import Reporter, make_reporter
 
 NAME = "watch"
 HELP = "watch a live vLLM or SGLang server for KV leaks from its metrics and (vLLM) its KV-event stream"
@@ -91,8 +91,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvguardian.engines.watch import Watch
-    from kvguardian.report import secrets
+    from kvguardian.core.report import secrets
+    from kvguardian.runtime.engines.watch import Watch
 
     for url in (args.metrics, getattr(args, "events", None), getattr(args, "replay", None)):
         secrets.remember_url(url)  # http://user:PASSWORD@…, ?token=…: never in a line, the JSON or the page
@@ -161,8 +161,8 @@ def _banner(args: argparse.Namespace, exporter: Any) -> str:
 
 
 def _serve(watch: Any, host: str, port: int, web: Any = None) -> Any:
-    from kvguardian.engines.watch_exporter import WatchCollector
-    from kvguardian.exporters.server import start_exporter
+    from kvguardian.core.exporters.server import start_exporter
+    from kvguardian.runtime.engines.watch_exporter import WatchCollector
 
     return start_exporter(collector=WatchCollector(watch), host=host, port=port, check_interval=None,
                           web_config=web)

@@ -6,7 +6,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from kvguardian.exporters.webconfig import WebConfig
+    from kvguardian.core.exporters.webconfig import WebConfig
 
 __all__ = ["add_web_config", "web_config"]
 
@@ -19,6 +19,6 @@ def add_web_config(p: argparse.ArgumentParser) -> None:
 
 def web_config(args: argparse.Namespace) -> WebConfig:
     """The parsed ``--web-config`` (plain HTTP without one); a bad file is a one-line usage error."""
-    from kvguardian.exporters.webconfig import load_web_config  # TLS and bcrypt load only for a server command
+    from kvguardian.core.exporters.webconfig import load_web_config  # TLS and bcrypt load only for a server command
 
     return load_web_config(getattr(args, "web_config", None))

@@ -24,15 +24,15 @@ from typing import TYPE_CHECKING, Any
 from fastapi import FastAPI, Request  # this module is the app: imported only when one is built
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from kvguardian._errors import require
 from kvguardian.apps.mini_server.config import MiniConfig
 from kvguardian.apps.mini_server.tenancy import KeyRing, namespace_of
-from kvguardian.exporters.webconfig import BasicAuthASGI, WebConfig, basic_user
-from kvguardian.paged.loop import EngineLoop, Stopped
+from kvguardian.core.errors import require
+from kvguardian.core.exporters.webconfig import BasicAuthASGI, WebConfig, basic_user
+from kvguardian.runtime.paged.loop import EngineLoop, Stopped
 
 if TYPE_CHECKING:
-    from kvguardian.guard import Guard
-    from kvguardian.oom.guard import OOMGuard
+    from kvguardian.ops.oom.guard import OOMGuard
+    from kvguardian.runtime.guard import Guard
 
 __all__ = ["MiniConfig", "MiniServer", "create_app"]
 
@@ -55,12 +55,12 @@ class MiniServer:
         self.guard = guard
         self.oom = oom
         if oom is not None:
-            from kvguardian.oom.engine import guard_engine
+            from kvguardian.ops.oom.engine import guard_engine
 
             guard_engine(oom, engine, name="mini", preempt=oom_preempt)
         self.feed: Any = None
         if guard is not None:  # the pool's prefix-cache blocks become ledger entries (kvguardian_kv_* metrics)
-            from kvguardian.paged.ledger_feed import LedgerFeed
+            from kvguardian.runtime.paged.ledger_feed import LedgerFeed
 
             self.feed = LedgerFeed(guard.ledger, name="mini")
         self.loop = EngineLoop(engine, on_step=self._pump if guard is not None else None)
@@ -74,13 +74,13 @@ class MiniServer:
         require("prometheus_client", "prometheus")
         from prometheus_client import CollectorRegistry
 
-        from kvguardian.exporters.prometheus import KVGuardianCollector
+        from kvguardian.core.exporters.prometheus import KVGuardianCollector
 
         registry = CollectorRegistry(auto_describe=True)
         ledger = self.guard.ledger if self.guard is not None else None
         registry.register(KVGuardianCollector(ledger, pools={"mini": _LockedPool(self)}, findings=self._findings))
         if self.oom is not None:
-            from kvguardian.oom.metrics import OOMCollector
+            from kvguardian.ops.oom.metrics import OOMCollector
 
             registry.register(OOMCollector(self.oom))
         return registry
@@ -125,9 +125,9 @@ def _build_engine(config: MiniConfig) -> tuple[Any, Any]:
     import torch
 
     from kvguardian.apps.repro.models import TinySpec, build_llama
-    from kvguardian.paged.engine import Engine, OwnershipScheduler
-    from kvguardian.paged.model import PagedLlama
-    from kvguardian.paged.pool import PagedKVPool
+    from kvguardian.runtime.paged.engine import Engine, OwnershipScheduler
+    from kvguardian.runtime.paged.model import PagedLlama
+    from kvguardian.runtime.paged.pool import PagedKVPool
 
     torch.set_num_threads(config.threads)
     spec = TinySpec(hidden=config.hidden, layers=config.layers, heads=4, kv_heads=2, intermediate=2 * config.hidden,
@@ -220,10 +220,10 @@ def create_app(config: MiniConfig | None = None, *, web: WebConfig | None = None
     """The FastAPI app of a new `MiniServer`; its engine thread starts with the app's lifespan (or the first request).
 
     ``web`` adds basic auth outside ``/v1`` (``/v1`` takes API keys); a `kvguardian.Guard` gets the pool's cached
-    blocks after every engine step and is exported on ``/metrics``; ``oom`` (a `kvguardian.oom.OOMGuard`) wires
+    blocks after every engine step and is exported on ``/metrics``; ``oom`` (a `kvguardian.ops.oom.OOMGuard`) wires
     the engine and the app to the pre-OOM guard, ``oom_preempt`` adding preemption as its last eviction step.
     Details: docs/design/apps.md."""
-    from kvguardian.exporters.server import mount_metrics
+    from kvguardian.core.exporters.server import mount_metrics
 
     server = MiniServer(config or MiniConfig(), web, guard, oom, oom_preempt=oom_preempt)
 
@@ -275,7 +275,7 @@ def create_app(config: MiniConfig | None = None, *, web: WebConfig | None = None
         return await stream.whole()
 
     if oom is not None:  # inside basic auth: /drain stops the server, so it needs the credentials too
-        from kvguardian.oom.asgi import install
+        from kvguardian.ops.oom.asgi import install
 
         install(app, oom, exempt=("/metrics", "/health"))
     if server.web.auth:  # /v1 has its own keys; with none configured, basic auth guards it too
@@ -288,7 +288,7 @@ class _Stream:
     """One completion: submitted to the engine loop, its tokens read back on the event loop."""
 
     def __init__(self, server: MiniServer, tenant: str, comp: Completion) -> None:
-        from kvguardian.paged.engine import Request
+        from kvguardian.runtime.paged.engine import Request
 
         self.server = server
         self.comp = comp
@@ -350,8 +350,8 @@ class _Stream:
     def _stopped(self, stopped: Stopped) -> Any:
         if stopped.reason != "shed":
             return _error(500, stopped.message, "server_error")
-        from kvguardian.oom.asgi import overloaded_body, retry_after_header
-        from kvguardian.oom.guard import Overloaded
+        from kvguardian.ops.oom.asgi import overloaded_body, retry_after_header
+        from kvguardian.ops.oom.guard import Overloaded
 
         retry = self.server.retry_after()
         body = overloaded_body(Overloaded(stopped.message, retry_after=retry, reason="shed"))

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvguardian._errors import UsageError
 from kvguardian.apps.mini_server.tenancy import CACHE_MODES
+from kvguardian.core.errors import UsageError
 
 __all__ = ["MiniConfig"]
 

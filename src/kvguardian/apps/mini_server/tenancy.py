@@ -14,8 +14,8 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from kvguardian._errors import UsageError
-from kvguardian.input_file import read_input
+from kvguardian.core.errors import UsageError
+from kvguardian.core.input_file import read_input
 
 __all__ = ["CACHE_MODES", "KeyRing", "namespace_of"]
 

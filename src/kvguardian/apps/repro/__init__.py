@@ -3,7 +3,7 @@ runs the detector, and verifies the fix.
 
 Each reproduction module defines ``NAME``, ``SECTION``, ``TITLE``, ``add_arguments(parser)`` (its own
 options; ``kv-guardian repro`` adds ``--json`` to every one), ``run(args) -> ReproResult``,
-``render(data, out)`` (its measurements, through a `kvguardian.report.reporter.Reporter`) and
+``render(data, out)`` (its measurements, through a `kvguardian.core.report.reporter.Reporter`) and
 ``demo_row() -> DemoRow``. Register it in `REPROS` (the order is the
 demo table's order).
 """
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from kvguardian.report.reporter import Reporter
+from kvguardian.core.report.reporter import Reporter
 
 __all__ = ["ARTICLE_SECTIONS", "REPROS", "DemoRow", "Renderer", "ReproResult", "load", "not_built_rows",
            "section_order", "verdict_line"]

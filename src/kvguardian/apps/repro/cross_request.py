@@ -17,16 +17,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kvguardian._errors import UsageError
 from kvguardian.apps.repro import DemoRow, ReproResult
 from kvguardian.apps.repro.cross_request_report import demo_texts, render
 from kvguardian.apps.repro.models import GRAD_SPEC, TINY, TinySpec, build_llama
+from kvguardian.core.errors import UsageError
 
 if TYPE_CHECKING:
     from transformers import LlamaForCausalLM
 
-    from kvguardian.findings import Finding
-    from kvguardian.paged.model import PagedLlama
+    from kvguardian.core.findings import Finding
+    from kvguardian.runtime.paged.model import PagedLlama
 
 NAME = "cross-request"
 SECTION = "§2.2"
@@ -59,7 +59,7 @@ def make_workload(n: int, vocab: int, seed: int, sys_tokens: tuple[int, int]) ->
     """``n`` requests alternating between tenants acme and globex; every sixth has no system prompt."""
     import torch
 
-    from kvguardian.paged.engine import Request
+    from kvguardian.runtime.paged.engine import Request
 
     g = torch.Generator().manual_seed(seed)
 
@@ -114,8 +114,8 @@ class Timing:
 
 def run_variant(engine_model: PagedLlama, reqs: list[Any], variant: str, run: PoolRun) -> dict[str, Any]:
     from kvguardian.apps.repro.slot_scheduler import SlotScheduler
-    from kvguardian.paged import PagedKVPool
-    from kvguardian.paged.engine import Engine, OwnershipScheduler
+    from kvguardian.runtime.paged import PagedKVPool
+    from kvguardian.runtime.paged.engine import Engine, OwnershipScheduler
 
     caching = variant.startswith("sharing")
     pool = PagedKVPool(run.num_blocks, BLOCK_SIZE, engine_model.spec, prefix_caching=caching, debug=run.debug)
@@ -146,7 +146,7 @@ def _fault(f: Finding | None) -> dict[str, Any] | None:
 
 
 def measure(requests: int = DEFAULT_REQUESTS, *, seed: int = 0, timing: Timing | None = None) -> dict[str, Any]:
-    from kvguardian.paged.model import PagedLlama
+    from kvguardian.runtime.paged.model import PagedLlama
 
     t0 = time.perf_counter()
     with one_thread():
@@ -176,7 +176,7 @@ def measure(requests: int = DEFAULT_REQUESTS, *, seed: int = 0, timing: Timing |
 
 def measure_timing(timing: Timing, requests: int, seed: int) -> dict[str, Any]:
     """Isolation vs sharing (and sharing with the debug checks on), interleaved rounds, medians."""
-    from kvguardian.paged.model import PagedLlama
+    from kvguardian.runtime.paged.model import PagedLlama
 
     rounds, variants = timing.rounds, timing.variants
     model = build_llama(timing.spec)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvguardian.apps.repro import verdict_line
-from kvguardian.report.reporter import Reporter
+from kvguardian.core.report.reporter import Reporter
 
 __all__ = ["demo_texts", "render"]
 

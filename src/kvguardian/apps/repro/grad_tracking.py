@@ -15,11 +15,11 @@ import math
 import time
 from typing import TYPE_CHECKING, Any
 
-from kvguardian._errors import UsageError
 from kvguardian.apps.repro import DemoRow, ReproResult, verdict_line
 from kvguardian.apps.repro.fit import growth_exponent, local_exponent, quadratic_share
 from kvguardian.apps.repro.models import GRAD_SPEC, TinySpec, build_llama
-from kvguardian.report.reporter import Reporter
+from kvguardian.core.errors import UsageError
+from kvguardian.core.report.reporter import Reporter
 
 if TYPE_CHECKING:
     import torch
@@ -90,11 +90,11 @@ def measure_mode(model: LlamaForCausalLM, mode: str, steps: list[int]) -> dict[s
     import torch
     from transformers import DynamicCache
 
-    from kvguardian.detectors import DetectContext
-    from kvguardian.detectors.grad_tracked import detect as detect_grad
-    from kvguardian.guard import Guard
-    from kvguardian.hf.compat import cache_kwarg
-    from kvguardian.tensors.autograd import walk_graph
+    from kvguardian.core.detectors import DetectContext
+    from kvguardian.core.detectors.grad_tracked import detect as detect_grad
+    from kvguardian.core.tensors.autograd import walk_graph
+    from kvguardian.runtime.guard import Guard
+    from kvguardian.runtime.hf.compat import cache_kwarg
 
     kw = cache_kwarg()
     guard = Guard()
@@ -151,7 +151,7 @@ def measure_generate(model: LlamaForCausalLM) -> dict[str, Any]:
     """``generate()`` inside ``enable_grad()``: it is decorated ``no_grad``, so no graph, no KVG101."""
     import torch
 
-    from kvguardian.guard import Guard
+    from kvguardian.runtime.guard import Guard
 
     guard = Guard()
     guard.attach(model)

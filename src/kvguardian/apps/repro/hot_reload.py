@@ -12,9 +12,9 @@ import argparse
 import time
 from typing import Any
 
-from kvguardian._errors import UsageError
 from kvguardian.apps.repro import DemoRow, ReproResult, verdict_line
-from kvguardian.report.reporter import Reporter
+from kvguardian.core.errors import UsageError
+from kvguardian.core.report.reporter import Reporter
 
 NAME = "hot-reload"
 SECTION = "§2.5"

@@ -2,7 +2,7 @@
 
 A tiny LLaVA serves image+text sequences on 2 gloo ranks (CPU processes on loopback), rank 0 owning the
 vision tower. **buggy**: rank 0 keeps each image's visual KV in a reuse cache nothing releases; **broadcast**
-and **refcount**: the article's two fixes. `kvguardian.ranks.check_ranks` reports the divergence as KVG106,
+and **refcount**: the article's two fixes. `kvguardian.runtime.ranks.check_ranks` reports the divergence as KVG106,
 each rank's ``guard.check()`` adds KVG102; bytes and latency per sequence are measured for each variant.
 Details: docs/design/repro.md.
 """
@@ -14,11 +14,11 @@ import statistics
 import time
 from typing import Any
 
-from kvguardian._errors import UsageError
 from kvguardian.apps.repro import DemoRow, ReproResult, verdict_line
 from kvguardian.apps.repro.rank_server import VARIANTS, WORLD, launch
 from kvguardian.apps.repro.vlm import VLM_TINY, VlmSpec
-from kvguardian.report.reporter import Reporter
+from kvguardian.core.errors import UsageError
+from kvguardian.core.report.reporter import Reporter
 
 NAME = "multimodal-ranks"
 SECTION = "§2.4"

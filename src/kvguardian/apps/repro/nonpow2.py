@@ -12,9 +12,9 @@ import argparse
 import time
 from typing import TYPE_CHECKING, Any
 
-from kvguardian._errors import UsageError
 from kvguardian.apps.repro import DemoRow, ReproResult, verdict_line
-from kvguardian.report.reporter import Reporter
+from kvguardian.core.errors import UsageError
+from kvguardian.core.report.reporter import Reporter
 
 if TYPE_CHECKING:
     import torch
@@ -70,7 +70,7 @@ def measure(*, max_length: int, heads: int, repeats: int) -> dict[str, Any]:
     import torch
 
     from kvguardian.apps.repro.threads import torch_threads
-    from kvguardian.sweep import SweepConfig, Target, parse_lengths, resolve_targets, run_sweep
+    from kvguardian.runtime.sweep import SweepConfig, Target, parse_lengths, resolve_targets, run_sweep
 
     lengths = parse_lengths("pow2", max_length=max_length)
     cfg = SweepConfig(heads=heads, repeats=repeats)

@@ -12,15 +12,15 @@ import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
-from kvguardian._errors import UsageError
 from kvguardian.apps.repro import DemoRow, ReproResult
 from kvguardian.apps.repro.models import TINY, build_llama
-from kvguardian.report.reporter import Reporter
+from kvguardian.core.errors import UsageError
+from kvguardian.core.report.reporter import Reporter
 
 if TYPE_CHECKING:
     from transformers import Cache, LlamaForCausalLM
 
-    from kvguardian.guard import Guard
+    from kvguardian.runtime.guard import Guard
 
 NAME = "orphaned"
 SECTION = ""
@@ -56,7 +56,7 @@ class ChatServer:
             guard.retain(self.sessions, reason=f"follow-up sessions, LRU of {MAX_SESSIONS}")
 
     def handle(self, request_id: str, tenant: str, prompt: Any) -> Any:
-        from kvguardian.hf.compat import output_cache
+        from kvguardian.runtime.hf.compat import output_cache
 
         with self.guard.request(request_id, tenant=tenant):
             out = self.model.generate(
@@ -68,7 +68,7 @@ class ChatServer:
 
 def first_growth_flag(series: list[float]) -> int | None:
     """The request count at which the trend test first fires on the growing series (None: never)."""
-    from kvguardian.detectors.growth import trend_test
+    from kvguardian.core.detectors.growth import trend_test
 
     for n in range(2, len(series) + 1):
         if trend_test(series[:n]).growing:
@@ -79,7 +79,7 @@ def first_growth_flag(series: list[float]) -> int | None:
 def measure(requests: int) -> dict[str, Any]:
     import torch
 
-    from kvguardian.guard import Guard
+    from kvguardian.runtime.guard import Guard
 
     global SERVER
     model = build_llama(TINY)

@@ -18,14 +18,14 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from kvguardian._errors import InternalError
 from kvguardian.apps.repro.vlm import VLM_TINY, VlmSpec, build_vlm, image_features
+from kvguardian.core.errors import InternalError
 
 if TYPE_CHECKING:
     import torch
     from transformers import LlavaForConditionalGeneration
 
-    from kvguardian.guard import Guard
+    from kvguardian.runtime.guard import Guard
 
 __all__ = ["RANK_SERVER", "VARIANTS", "WORLD", "RankServer", "VisualKVStore", "launch"]
 
@@ -131,7 +131,7 @@ class RankServer:
         import torch
         from transformers import DynamicCache
 
-        from kvguardian.hf.compat import output_cache
+        from kvguardian.runtime.hf.compat import output_cache
 
         spec = self.spec
         if self.variant == "broadcast":
@@ -181,7 +181,7 @@ class RankServer:
     def run_sequence(self, seq: str, image_seed: int, new_tokens: int) -> dict[str, float]:
         import torch
 
-        from kvguardian.hf.compat import cache_kwarg
+        from kvguardian.runtime.hf.compat import cache_kwarg
 
         t0 = time.perf_counter()
         b0, s0 = self.comm_bytes, self.comm_seconds
@@ -210,7 +210,7 @@ def _ended_bytes(guard: Guard, *, settle: bool = True) -> tuple[int, int]:
     broadcasts a staging copy (`RankServer._broadcast`). tests/unit/repro/test_rank_server_gloo.py shows both.
     ``settle`` (a GC pass first) stays as a margin.
     """
-    from kvguardian.ledger import EntryState
+    from kvguardian.core.ledger import EntryState
 
     if settle:
         guard.settle()
@@ -230,8 +230,8 @@ class RankJob:
 
 
 def _run_variant(model: LlavaForConditionalGeneration, rank: int, variant: str, job: RankJob) -> dict[str, Any]:
-    from kvguardian.guard import Guard
-    from kvguardian.ranks import check_ranks
+    from kvguardian.runtime.guard import Guard
+    from kvguardian.runtime.ranks import check_ranks
 
     global RANK_SERVER
     guard = Guard()

@@ -24,7 +24,7 @@ from kvguardian.apps.repro.models import TINY, TinySpec, build_llama
 if TYPE_CHECKING:
     from transformers import LlamaForCausalLM
 
-    from kvguardian.guard import Guard
+    from kvguardian.runtime.guard import Guard
 
 __all__ = ["VARIANTS", "create_app", "serve"]
 
@@ -47,7 +47,7 @@ class _Service:
     def _encode(self, system: str) -> Any:
         import torch
 
-        from kvguardian.hf.compat import output_cache
+        from kvguardian.runtime.hf.compat import output_cache
 
         ids = torch.tensor([_ids(system, self.model.config.vocab_size)])
         with torch.no_grad():
@@ -59,7 +59,7 @@ class _Service:
     def generate(self, system: str, prompt: str, max_new_tokens: int) -> list[int]:
         import torch
 
-        from kvguardian.hf.compat import cache_kwarg
+        from kvguardian.runtime.hf.compat import cache_kwarg
 
         cache = copy.deepcopy(self.encode_prefix(system))  # the shared prefix is never written to
         kw = cache_kwarg()
@@ -161,7 +161,7 @@ def create_app(variant: str, *, spec: TinySpec = TINY, guard: "Guard | None" = N
     from fastapi import FastAPI, HTTPException
     from pydantic import BaseModel, Field
 
-    from kvguardian.guard import Guard
+    from kvguardian.runtime.guard import Guard
 
     # /check is a diagnostic endpoint: give the holder-chain search more time than the 3 s default, since the
     # process holds torch, transformers and the web stack (every search level scans every object)
@@ -214,7 +214,7 @@ def create_app(variant: str, *, spec: TinySpec = TINY, guard: "Guard | None" = N
 @contextlib.contextmanager
 def serve(app: Any, *, host: str = "127.0.0.1", timeout: float = 30.0) -> Iterator[str]:
     """Run ``app`` with uvicorn in a thread on a free loopback port; yield its base URL; stop it on exit."""
-    from kvguardian.exporters.webconfig import serve_asgi
+    from kvguardian.core.exporters.webconfig import serve_asgi
 
     with serve_asgi(app, host=host, timeout=timeout) as url:
         yield url

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvguardian._errors import UsageError
-from kvguardian.paged.engine import Sequence
-from kvguardian.paged.pool import PagedKVPool
+from kvguardian.core.errors import UsageError
+from kvguardian.runtime.paged.engine import Sequence
+from kvguardian.runtime.paged.pool import PagedKVPool
 
 __all__ = ["BUGS", "SlotScheduler"]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 __all__ = ["OP", "TYPE_CODES", "TYPE_NAMES", "RdbError"]
 
-from kvguardian._errors import UsageError
+from kvguardian.core.errors import UsageError
 
 
 class RdbError(UsageError):

@@ -11,7 +11,7 @@ import socket
 import ssl
 from urllib.parse import unquote, urlsplit
 
-from kvguardian._errors import EXIT_ENVIRONMENT, UsageError
+from kvguardian.core.errors import EXIT_ENVIRONMENT, UsageError
 
 __all__ = ["Snapshot", "open_snapshot"]
 

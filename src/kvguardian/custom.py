@@ -1,5 +1,0 @@
-"""Custom torch models: moved to `kvguardian.sources.custom` (this name stays importable)."""
-
-from kvguardian.sources.custom import DEFAULT_BUFFER_PATTERN, ModuleTracker, find_kv_buffers
-
-__all__ = ["DEFAULT_BUFFER_PATTERN", "ModuleTracker", "find_kv_buffers"]

@@ -1,0 +1,219 @@
+"""Decode-step sampling (`hf.sampling`): a cache's forwards observed one in ``decode_stride`` inside a request,
+and what that must not change - the ledger exact at the request's end and at every snapshot, no entry released
+while its cache still holds it, a cache dropped inside generate released when it died, a storage kept from an
+observed step still found - checked against ``decode_stride=1`` on the tiny model."""
+
+import pytest
+import torch
+from transformers import LogitsProcessor, LogitsProcessorList
+
+from kvguardian.core.errors import UsageError
+from kvguardian.core.ledger import EntryState
+from kvguardian.runtime.guard import Guard
+from kvguardian.runtime.hf.compat import cache_kwarg, transformers_version
+
+STEPS = 24
+
+
+def ids_of(n, seed=0):
+    return torch.randint(1, 60, (1, n), generator=torch.Generator().manual_seed(seed))
+
+
+class EachStep(LogitsProcessor):
+    """Calls ``fn()`` once per decode step, inside generate (between two forwards)."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __call__(self, input_ids, scores):
+        self.fn()
+        return scores
+
+
+def generate(model, guard, *, cache="dynamic", each_step=None, keep=True):
+    kw = {"max_new_tokens": STEPS, "min_new_tokens": STEPS, "do_sample": False, "return_dict_in_generate": keep}
+    if cache == "static":
+        kw["cache_implementation"] = "static"
+    elif cache == "fp8":
+        from transformers import QuantizedCache
+
+        kw[cache_kwarg()] = QuantizedCache(backend="fp8", config=model.config)
+    if each_step is not None:
+        kw["logits_processor"] = LogitsProcessorList([EachStep(each_step)])
+    return model.generate(ids_of(8), **kw)
+
+
+def counting(guard):
+    """Count the updates the tracker observes one by one."""
+    tracker = guard.hf_tracker()
+    inner = tracker.on_update
+    seen = [0]
+
+    def on_update(u):
+        seen[0] += 1
+        inner(u)
+
+    tracker.on_update = on_update
+    return seen
+
+
+def kv_view(snap, request_id):
+    return sorted((r.layer, r.kind, tuple(r.shape), r.storage_bytes, r.logical_bytes, r.state.value, r.filled_tokens)
+                  for r in snap.records if r.request_id == request_id)
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static", pytest.param("fp8", marks=pytest.mark.skipif(
+    transformers_version() < (5, 21), reason="QuantizedCache(backend='fp8') appears in transformers 5.21"))])
+def test_a_sampled_request_ends_exactly_as_an_observed_one(tiny_model, cache):
+    views, observed, counted = {}, {}, {}
+    for stride in (1, 8):
+        g = Guard(decode_stride=stride).attach(tiny_model)
+        seen = counting(g)
+        try:
+            out = generate(tiny_model, g, cache=cache)
+            snap = g.snapshot()
+            g.ledger.check_invariants()
+        finally:
+            g.detach()
+        layer = out.past_key_values.layers[0]
+        # a static layer that counts its filled tokens nowhere (transformers 5.0-5.4) is observed at every step
+        sampled = cache != "static" or hasattr(layer, "cumulative_length_int") or hasattr(layer, "cumulative_length")
+        (rid,) = [r for r in snap.requests if r.startswith("generate-")]
+        views[stride] = kv_view(snap, rid)
+        observed[stride] = seen[0]
+        counted[stride] = g.hf_tracker().updates
+        assert all(r.state is EntryState.ORPHANED for r in snap.records if r.request_id == rid)
+        del out
+    layers = tiny_model.config.num_hidden_layers
+    assert views[8] == views[1] and views[1]
+    assert counted[8] == counted[1] == layers * (STEPS + 0)  # every update counted (prefill + decode forwards)
+    # the sampled run observed the prefill, the first decode step and one forward in 8 after that
+    assert observed[1] == counted[1]
+    if sampled:
+        assert observed[8] <= layers * (2 + (STEPS - 2 + 7) // 8)
+    else:
+        assert observed[8] == counted[8]
+
+
+def test_a_crop_of_a_followed_cache_is_seen_exactly(tiny_model):
+    """A request driving the model by hand, cropping its cache mid-way (as assisted decoding does): the crop and
+    the steps after it end as with every step observed. (A crop between two forwards reaches the tracker through
+    the process audit; an attached model's own forwards are sampled.)"""
+    from transformers import DynamicCache
+
+    views = {}
+    for stride in (1, 8):
+        g = Guard(decode_stride=stride).attach(tiny_model).audit_process()
+        try:
+            cache = DynamicCache(config=tiny_model.config)
+            with g.request("r"), torch.inference_mode():
+                x = ids_of(8)
+                for step in range(20):
+                    x = tiny_model(x, use_cache=True, **{cache_kwarg(): cache}).logits[:, -1:].argmax(-1)
+                    if step == 14:
+                        cache.crop(-5)  # drop the last 5 tokens
+            snap = g.snapshot()
+            g.ledger.check_invariants()
+        finally:
+            g.stop_auditing_process()
+            g.detach()
+        views[stride] = kv_view(snap, "r")
+        assert [e.detail for e in g.events() if e.scope == "cache" and e.kind == "evict"] == ["crop(-5)"]
+        del cache
+    assert views[8] == views[1] and views[1]
+
+
+def test_nothing_is_released_while_the_cache_holds_it(tiny_model):
+    """Between observed forwards the entries follow their slots: reads that settle the ledger (a scrape, another
+    request starting) see them live, never a release, and never more than a stride of steps behind."""
+    g = Guard(decode_stride=8).attach(tiny_model)
+    live = []
+
+    def scrape():
+        t = g.ledger.totals()  # settles: applies whatever releases are queued
+        live.append(t.bytes_by_state["live"])
+
+    try:
+        out = generate(tiny_model, g, each_step=scrape)
+        events = g.ledger.events()
+        g.ledger.check_invariants()
+    finally:
+        g.detach()
+    assert live == sorted(live) and live[0] > 0  # only grows while generating
+    assert len(set(live)) < len(live) / 2  # between observed forwards the sizes stand still (sampled)
+    assert not [e for e in events if e.kind == "release"]
+    # the last scrape, one step before the end, lags the exact size by at most a stride of steps: 7 tokens
+    records = g.snapshot().records
+    final = sum(r.storage_bytes for r in records)
+    per_token = final / records[0].shape[2]
+    assert 0 <= final - live[-1] <= 7 * per_token
+    del out
+
+
+def test_a_cache_dropped_inside_generate_is_released_when_it_died(tiny_model):
+    g = Guard(decode_stride=8).attach(tiny_model)
+    try:
+        generate(tiny_model, g, keep=False)  # returns the tokens only: the cache dies before generate returns
+        snap = g.snapshot()
+        g.ledger.check_invariants()
+    finally:
+        g.detach()
+    assert [r for r in snap.records if r.source == "DynamicLayer"] == []
+    assert g.ledger.totals().bytes_by_state["live"] == 0
+
+
+def test_a_storage_kept_from_an_observed_step_is_still_found(tiny_model):
+    """A program keeping layer 0's keys tensor at every step: the ones of observed steps stay entries of their
+    own (superseded by the cache's newer storage, alive), owned by the request, after it ended."""
+    kept: list = []
+    g = Guard(decode_stride=8).attach(tiny_model)
+
+    def keep_keys():
+        for st in g.hf_tracker().caches.values():
+            cache = st.ref()
+            if cache is not None:
+                kept.append(cache.layers[0].keys)
+
+    try:
+        out = generate(tiny_model, g, each_step=keep_keys)
+        snap = g.snapshot()
+    finally:
+        g.detach()
+    superseded = [r for r in snap.records if r.superseded and r.layer == 0 and r.kind == "k"]
+    assert len(superseded) >= 2  # the observed steps' storages, still held by `kept`
+    assert all(r.state is EntryState.ORPHANED for r in superseded)
+    assert len(kept) == STEPS
+    del out
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, "8", True])
+def test_decode_stride_is_checked(bad):
+    with pytest.raises(UsageError, match="decode_stride"):
+        Guard(decode_stride=bad)
+
+
+@pytest.mark.parametrize("stride", [1, 8])
+def test_beam_search_outputs_kept_are_found(tiny_model, stride):
+    """Beam search reorders the cache after every step (``reorder_cache``: new tensors in every layer); the
+    tensors the kept outputs end with are the ones recorded, orphaned after the request, not released."""
+    g = Guard(decode_stride=stride).attach(tiny_model)
+    kept = []
+    try:
+        for i in range(3):
+            kept.append(tiny_model.generate(ids_of(6, seed=i), max_new_tokens=6, min_new_tokens=6, num_beams=2,
+                                            do_sample=False, return_dict_in_generate=True))
+        snap = g.snapshot()
+        g.ledger.check_invariants()
+        report = g.check()
+    finally:
+        g.detach()
+    rids = [r for r in snap.requests if r.startswith("generate-")]
+    assert len(rids) == 3
+    for rid, out in zip(rids, kept):
+        layers = out.past_key_values.layers
+        want = sorted((i, kind, tuple(t.shape)) for i, layer in enumerate(layers)
+                      for kind, t in (("k", layer.keys), ("v", layer.values)))
+        got = sorted((r.layer, r.kind, tuple(r.shape)) for r in snap.records
+                     if r.request_id == rid and r.state is EntryState.ORPHANED)
+        assert got == want, rid
+    assert sum(f.id == "KVG102" for f in report.findings) >= 3
