@@ -254,6 +254,11 @@ def _say_ending(topo: Topology, walk: Walk, result: ScanResult) -> None:
         result.warnings.extend(lost)
     if walk.interrupted:
         result.complete, result.incomplete_reason = False, "interrupted"
+    moved = sum(lane.moved for lane in walk.lanes)
+    if moved:
+        result.warnings.append(f"{moved} keys answered MOVED/ASK (a resharding was under way): they are counted as "
+                               "vanished here and may also be counted on their new shard; sweep again once "
+                               "redis-cli --cluster check HOST:PORT shows no open slots")
 
 
 def _mark_idle_unknown(topo: Topology, result: ScanResult) -> None:

@@ -155,3 +155,21 @@ def test_rdb_over_the_per_shard_dumps_equals_the_merged_scan(cluster, kv_cli, tm
     assert sorted(n["keys_scanned"] for n in offline["server"]["nodes"]) == sorted(
         n["keys_scanned"] for n in scanned["server"]["nodes"])
     assert [f["evidence"]["pattern"] for f in offline["findings"] if f["id"] == "KVG302"] == [LEAK]
+
+
+@pytest.mark.parametrize("mode", ["lua", "pipeline"])
+def test_keys_of_another_shard_answer_moved_and_count_as_vanished(cluster, mode):
+    from kvguardian.keyspace.connect import connect
+    from kvguardian.keyspace.probe import Lane
+
+    foreign = list(cluster[1].client().scan_iter(match="order:*", count=100))[:5]
+    client = connect(cluster[0].url)
+    client.script_flush()  # the script is reloaded on the way (NOSCRIPT), and fails on these keys
+    lane = Lane(client, "node0", mode=mode, sub="IDLETIME", batch=10, match=None)
+    try:
+        lane.send(foreign, scan=False)
+        keys, probe, _ = lane.receive()
+    finally:
+        lane.close()
+    assert keys == foreign and probe is not None and (probe[:, 0] == -1).all()
+    assert lane.moved == len(foreign)
