@@ -116,12 +116,22 @@ def test_replicas_mode_reads_the_replicas_only(cluster, kv_cli, tmp_path):
     assert any("KVG301" in w for w in data["warnings"])  # idle times on a replica: said so
 
 
-def test_a_shard_that_is_down_gives_one_line_and_the_other_shards(tmp_path, kv_cli):
+def test_a_shard_lost_mid_walk_or_down_gives_one_line_and_the_other_shards(tmp_path, kv_cli):
     nodes = cluster_nodes(tmp_path / "c", 3)
     try:
         _fill(nodes[0].port)
         kept = [n.client().dbsize() for n in nodes[:2]]
-        nodes[2].stop()
+
+        def kill_at_300(done: int, total: int) -> None:
+            if done >= 300:
+                nodes[2].stop()  # mid-walk: its lane meets a closed connection, the others go on
+
+        result = sweep(nodes[0].url, SweepOptions(batch=20, nice=0), progress=kill_at_300)
+        assert not result.complete and result.incomplete_reason.startswith("connection lost to 1 of 3 shards")
+        rows = {n["addr"]: n for n in result.server["nodes"]}
+        lost = rows[f"127.0.0.1:{nodes[2].port}"]
+        assert lost["error"] and lost["keys_scanned"] < lost["dbsize"]
+        assert sorted(r["keys_scanned"] for a, r in rows.items() if r is not lost) == sorted(kept)
         rc, data, err = _scan(kv_cli, nodes[0].url, tmp_path)
         assert rc == 3, err
         lines = [ln for ln in err.splitlines() if ln.strip()]

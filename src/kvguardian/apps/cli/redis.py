@@ -169,6 +169,9 @@ def run_scan(args: argparse.Namespace) -> int:
     from kvguardian.keyspace.sweep import sweep
 
     opts = _options(args)
+    if args.rdb and args.replicas:
+        raise UsageError("--rdb and --replicas: a snapshot comes from the one node of the URL; fix: drop --replicas "
+                         "and give a replica's URL, or read one dump per shard with: kv-guardian redis rdb FILE…")
     old = load_result(args.compare) if args.compare else None  # a bad file fails before the sweep
     with interrupting() as ending:  # SIGTERM and SIGHUP end the sweep as Ctrl-C does, with a partial result
         if args.rdb:
