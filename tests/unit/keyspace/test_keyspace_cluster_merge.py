@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import io
 
-from test_rdb_reader import rdb, st
+from kvg_rdb_files import rdb, st
 
 from kvguardian.keyspace.cluster import choose, parse_nodes, shards
 from kvguardian.keyspace.rdb.scan import RdbSource, scan_rdb, scan_rdbs
