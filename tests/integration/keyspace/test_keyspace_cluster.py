@@ -57,10 +57,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[RedisProc
             n.stop()
 
 
-def _scan(kv_cli, url: str, tmp_path: Path, *extra: str) -> tuple[int, dict, str]:
+def _scan(kv_cli, url: str, tmp_path: Path, *extra: str) -> tuple[int, dict, str, str]:
+    """Exit code, the JSON result, stdout and stderr."""
     out = tmp_path / f"scan-{uuid.uuid4().hex[:6]}.json"
-    rc, _, err = kv_cli("redis", "scan", url, "-o", str(out), "--fail-on", "never", "--no-progress", *extra)
-    return rc, (json.loads(out.read_text()) if out.exists() else {}), err
+    rc, shown, err = kv_cli("redis", "scan", url, "-o", str(out), "--fail-on", "never", "--no-progress", *extra)
+    return rc, (json.loads(out.read_text()) if out.exists() else {}), shown, err
 
 
 def _memory(node: RedisProc, match: str) -> int:
@@ -73,7 +74,7 @@ def test_a_leak_spread_over_every_shard_is_one_pattern_with_its_summed_size(clus
     per_shard = [m.client().dbsize() for m in masters]
     leak_per_shard = [sum(1 for _ in m.client().scan_iter(match="upload:*", count=500)) for m in masters]
     assert all(n > 0 for n in leak_per_shard) and sum(leak_per_shard) == LEAK_KEYS
-    rc, data, err = _scan(kv_cli, cluster[4].url, tmp_path)  # any node will do: here a replica
+    rc, data, shown, err = _scan(kv_cli, cluster[4].url, tmp_path)  # any node will do: here a replica
     assert rc == 0, err
     assert data["complete"] is True and data["server"]["cluster"] is True and data["server"]["shards"] == 3
     assert data["server"]["read_from"] == "masters"
@@ -86,6 +87,8 @@ def test_a_leak_spread_over_every_shard_is_one_pattern_with_its_summed_size(clus
     assert leak[0]["bytes"] == sum(_memory(m, "upload:*") for m in masters)
     assert [f["evidence"]["pattern"] for f in data["findings"] if f["id"] == "KVG302"] == [LEAK]
     assert sum(p["keys"] for p in data["patterns"]) == sum(per_shard)
+    table = shown[shown.index("per shard"):]  # the console output names every shard with its keys
+    assert all(f"127.0.0.1:{m.port}" in table and f"{n:,}" in table for m, n in zip(masters, per_shard))
 
 
 def test_the_sweep_never_writes_on_any_node(cluster, tmp_path):
@@ -103,7 +106,7 @@ def test_the_sweep_never_writes_on_any_node(cluster, tmp_path):
 def test_replicas_mode_reads_the_replicas_only(cluster, kv_cli, tmp_path):
     masters, replicas = cluster[:3], cluster[3:]
     before = [cmdstats(n) for n in cluster]
-    rc, data, err = _scan(kv_cli, cluster[0].url, tmp_path, "--replicas")
+    rc, data, _, err = _scan(kv_cli, cluster[0].url, tmp_path, "--replicas")
     assert rc == 0, err
     assert data["server"]["read_from"] == "replicas" and data["complete"] is True
     assert sorted(n["addr"] for n in data["server"]["nodes"]) == sorted(f"127.0.0.1:{r.port}" for r in replicas)
@@ -131,8 +134,8 @@ def test_a_shard_lost_mid_walk_or_down_gives_one_line_and_the_other_shards(tmp_p
         rows = {n["addr"]: n for n in result.server["nodes"]}
         lost = rows[f"127.0.0.1:{nodes[2].port}"]
         assert lost["error"] and lost["keys_scanned"] < lost["dbsize"]
-        assert sorted(r["keys_scanned"] for a, r in rows.items() if r is not lost) == sorted(kept)
-        rc, data, err = _scan(kv_cli, nodes[0].url, tmp_path)
+        assert sorted(r["keys_scanned"] for r in rows.values() if r is not lost) == sorted(kept)
+        rc, data, _, err = _scan(kv_cli, nodes[0].url, tmp_path)
         assert rc == 3, err
         lines = [ln for ln in err.splitlines() if ln.strip()]
         assert len(lines) == 1 and "Traceback" not in err, err
@@ -147,7 +150,7 @@ def test_a_shard_lost_mid_walk_or_down_gives_one_line_and_the_other_shards(tmp_p
 
 
 def test_rdb_over_the_per_shard_dumps_equals_the_merged_scan(cluster, kv_cli, tmp_path):
-    rc, scanned, err = _scan(kv_cli, cluster[0].url, tmp_path)
+    rc, scanned, _, err = _scan(kv_cli, cluster[0].url, tmp_path)
     assert rc == 0, err
     dumps = []
     for m in cluster[:3]:
