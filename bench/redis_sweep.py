@@ -60,15 +60,16 @@ def resp(*args: str | bytes) -> bytes:
     return b"".join(out)
 
 
-def load(port: int, n: int) -> dict[str, int]:
-    """Eight patterns, some leaking (no TTL, timestamps in names), some healthy; returns keys per pattern."""
+def commands(n: int) -> tuple[dict[str, int], list[tuple[bytes, bytes]]]:
+    """Eight patterns, some leaking (no TTL, timestamps in names), some healthy: keys per pattern, and each
+    key's name with the command that writes it (in the Redis protocol)."""
     rnd = random.Random(7)
     counts: dict[str, int] = {}
-    chunks: list[bytes] = []
+    chunks: list[tuple[bytes, bytes]] = []
 
     def add(pattern: str, cmd: bytes) -> None:
         counts[pattern] = counts.get(pattern, 0) + 1
-        chunks.append(cmd)
+        chunks.append((cmd.split(b"\r\n")[4], cmd))  # *N, $len, verb, $len, key
 
     for i in range(n):
         r = i % 20
@@ -89,9 +90,20 @@ def load(port: int, n: int) -> dict[str, int]:
             add("rate:{str}:{int}", resp("INCR", f"rate:{rnd.choice(['api', 'web', 'cli'])}:{i}"))
         else:
             add("job:{int}:{rand}", resp("SET", f"job:{i}:{''.join(rnd.choices('abcdefXYZ0123456789', k=14))}", "j"))
+    return counts, chunks
+
+
+def pipe(port: int, chunks: list[bytes]) -> None:
+    """Write ``chunks`` (commands in the Redis protocol) to the server on ``port`` with ``redis-cli --pipe``."""
     proc = subprocess.run(["redis-cli", "-p", str(port), "--pipe"], input=b"".join(chunks), capture_output=True)
     if proc.returncode != 0 or b"errors: 0" not in proc.stdout:
         raise SystemExit(f"loading failed: {proc.stdout[-300:]!r} {proc.stderr[-300:]!r}")
+
+
+def load(port: int, n: int) -> dict[str, int]:
+    """`commands` written to the server on ``port``; keys per pattern."""
+    counts, chunks = commands(n)
+    pipe(port, [cmd for _, cmd in chunks])
     return counts
 
 

@@ -17,8 +17,10 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from kvguardian.core.errors import EXIT_ENVIRONMENT, UsageError, require
-from kvguardian.core.report import secrets
+from kvguardian._errors import EXIT_ENVIRONMENT, UsageError, require
+from kvguardian.keyspace import cluster
+from kvguardian.keyspace.cluster import ClusterNode
+from kvguardian.report import secrets
 
 __all__ = ["AUTH_ENV", "Node", "Topology", "connect", "discover", "display_url", "node_client", "url_db"]
 
@@ -194,6 +196,8 @@ class Topology:
     nodes: list[Node] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     idle_unknown: str | None = None  # why idle times (or LFU counters) cannot be read, e.g. an ACL without them
+    unreachable: list[str] = field(default_factory=list)  # Cluster shards not read, one line each
+    shards: int = 1  # shards the key space is split over (Cluster masters serving slots)
 
     @property
     def idle_metric(self) -> str:
@@ -222,13 +226,16 @@ def _info(client: Any, section: str, where: str) -> dict[str, Any]:
                          exit_code=EXIT_ENVIRONMENT) from None
 
 
-def node_client(seed: Any, host: str, port: int) -> Any:
-    """A client for another node with the seed's credentials, TLS settings and timeouts."""
+def node_client(seed: Any, host: str, port: int, *, readonly: bool = False) -> Any:
+    """A client for another node with the seed's credentials, TLS settings and timeouts; ``readonly``: every
+    connection sends READONLY first (reads from a Cluster replica)."""
     import redis
 
     kwargs = dict(seed.connection_pool.connection_kwargs)
     kwargs.pop("path", None)
     kwargs.update(host=host, port=port, db=0)
+    if readonly:
+        kwargs["redis_connect_func"] = _readonly_on_connect
     cls = seed.connection_pool.connection_class
     if cls is redis.UnixDomainSocketConnection:
         cls = redis.Connection
@@ -245,8 +252,9 @@ def _raw(client: Any, *args: Any) -> Any:
         client.connection_pool.release(conn)
 
 
-def _cluster_masters(seed: Any, where: str) -> list[tuple[str, int]]:
-    """Masters that serve slots, from CLUSTER NODES."""
+def _cluster_nodes(seed: Any, where: str, *, replicas: bool) -> tuple[list[ClusterNode], list[str]]:
+    """The node to read for each shard, from CLUSTER NODES (`kvguardian.keyspace.cluster`), and one line for
+    each shard that cannot be read."""
     import redis
 
     try:
@@ -255,20 +263,17 @@ def _cluster_masters(seed: Any, where: str) -> list[tuple[str, int]]:
         raise UsageError(f"Redis Cluster at {where}: the ACL user may not run CLUSTER NODES ({exc}); grant "
                          "+cluster|nodes", exit_code=EXIT_ENVIRONMENT) from None
     if isinstance(text, bytes):
-        text = text.decode()
+        text = text.decode(errors="replace")
     seed_host = seed.connection_pool.connection_kwargs.get("host", "127.0.0.1")
-    out = []
-    for line in str(text).splitlines():
-        parts = line.split()
-        if len(parts) < 8:
-            continue
-        flags = parts[2].split(",")
-        if "master" not in flags or "fail" in flags or "noaddr" in flags or len(parts) < 9:
-            continue  # a master without slots has no keys
-        addr = parts[1].split("@")[0].split(",")[0]
-        host, _, port = addr.rpartition(":")
-        out.append((host or seed_host, int(port)))
-    return sorted(out)
+    return cluster.choose(cluster.shards(cluster.parse_nodes(str(text), seed_host)), replicas=replicas)
+
+
+def _readonly_on_connect(conn: Any) -> None:
+    """Connect as usual, then READONLY: a Cluster replica serves reads of its master's slots on this connection."""
+    conn.on_connect()
+    conn.send_command("READONLY")
+    if conn.read_response() not in (b"OK", "OK"):
+        raise ConnectionError("READONLY was refused")
 
 
 def _dbsize(client: Any, where: str, topo: Topology) -> int:
@@ -300,37 +305,37 @@ def _idle_denied(client: Any, metric: str, where: str) -> str | None:
     return None
 
 
-def discover(seed: Any, url: str) -> Topology:
-    """Facts of the server behind ``seed`` and the nodes to sweep (all masters of a Cluster)."""
+def discover(seed: Any, url: str, *, replicas: bool = False) -> Topology:
+    """Facts of the server behind ``seed`` and the nodes to sweep: the server itself, or one node per shard
+    of a Cluster (its master; with ``replicas`` a replica, read through READONLY). A Cluster node that cannot
+    be reached is named in ``unreachable`` and the others are swept.
+
+    Raises:
+        UsageError: no node can be read, a refused permission, ``replicas`` on a server that is no Cluster.
+    """
     where = display_url(url)
     topo = Topology(url=where)
     server = _info(seed, "server", where)
     memory = _info(seed, "memory", where)
     topo.version = str(server.get("redis_version", ""))
     topo.policy = str(memory.get("maxmemory_policy", "noeviction"))
-    cluster = _info(seed, "cluster", where)
-    topo.cluster = bool(int(cluster.get("cluster_enabled", 0) or 0))
+    cluster_info = _info(seed, "cluster", where)
+    topo.cluster = bool(int(cluster_info.get("cluster_enabled", 0) or 0))
     if topo.cluster:
-        for host, port in _cluster_masters(seed, where):
-            topo.nodes.append(Node(addr=f"{host}:{port}", client=node_client(seed, host, port)))
-        if not topo.nodes:
-            raise UsageError(f"Redis Cluster at {where} reports no master serving slots; is the cluster created?",
-                             exit_code=EXIT_ENVIRONMENT)
+        _cluster_topology(seed, where, topo, replicas=replicas)
     else:
+        if replicas:
+            raise UsageError(f"--replicas reads the replicas of a Redis Cluster, and {where} is not a Cluster; "
+                             "fix: give a replica's own URL to sweep it, or drop --replicas",
+                             exit_code=EXIT_ENVIRONMENT)
         kw = seed.connection_pool.connection_kwargs
         addr = kw.get("path") or f"{kw.get('host')}:{kw.get('port')}"
         topo.nodes.append(Node(addr=str(addr), client=seed, db=int(kw.get("db", 0) or 0)))
-    for node in topo.nodes:
-        node_where = node.addr if topo.cluster else where
-        if node.client is not seed:
-            ping(node.client, node_where)
-        info = _info(node.client, "server", node_where) if node.client is not seed else server
-        node.uptime_s = int(info.get("uptime_in_seconds", 0) or 0)
-        repl = _info(node.client, "replication", node_where)
-        node.role = str(repl.get("role", "master"))
-        node.dbsize = _dbsize(node.client, node_where, topo)
-        topo.idle_unknown = topo.idle_unknown or _idle_denied(node.client, topo.idle_metric, node_where)
-    if any(n.role != "master" for n in topo.nodes):
+        _node_facts(topo.nodes[0], where, topo, server=server)
+    if replicas:
+        topo.warnings.append("read from replicas (--replicas): idle times there count from the last replicated "
+                             "write, not the last read, so the cold-key verdict (KVG301) is off")
+    elif any(n.role != "master" for n in topo.nodes):
         topo.warnings.append("the server is a replica: idle times there count from the last replicated write, "
                              "not the last read, so the cold-key verdict (KVG301) is off; sweep the master")
     if not topo.cluster:
@@ -340,3 +345,38 @@ def discover(seed: Any, url: str) -> Topology:
             topo.warnings.append(f"other databases hold keys too ({', '.join(sorted(others))}); this sweep reads "
                                  f"db{topo.nodes[0].db} only (pick one with redis://HOST:PORT/N)")
     return topo
+
+
+def _node_facts(node: Node, where: str, topo: Topology, *, server: dict[str, Any] | None = None) -> None:
+    """Uptime, role and DBSIZE of one node; whether its idle times can be read."""
+    info = server if server is not None else _info(node.client, "server", where)
+    node.uptime_s = int(info.get("uptime_in_seconds", 0) or 0)
+    repl = _info(node.client, "replication", where)
+    node.role = str(repl.get("role", "master"))
+    node.dbsize = _dbsize(node.client, where, topo)
+    topo.idle_unknown = topo.idle_unknown or _idle_denied(node.client, topo.idle_metric, where)
+
+
+def _cluster_topology(seed: Any, where: str, topo: Topology, *, replicas: bool) -> None:
+    """One node per shard into ``topo.nodes``; a shard that cannot be read into ``topo.unreachable``."""
+    import redis
+
+    picked, problems = _cluster_nodes(seed, where, replicas=replicas)
+    topo.shards = len(picked) + len(problems)
+    topo.unreachable.extend(problems)
+    for found in picked:
+        node = Node(addr=found.addr, client=node_client(seed, found.host, found.port, readonly=replicas))
+        try:
+            node.client.ping()
+            _node_facts(node, found.addr, topo)
+        except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+            topo.unreachable.append(f"{'replica' if replicas else 'master'} {found.addr} cannot be reached "
+                                    f"({type(exc).__name__}: {exc}): its keys were not read")
+            continue
+        except redis.RedisError:
+            ping(node.client, found.addr)  # one line naming the node and the fix (a password, an ACL)
+            raise
+        topo.nodes.append(node)
+    if not topo.nodes:
+        raise UsageError(f"Redis Cluster at {where}: no shard can be read ({'; '.join(problems or topo.unreachable)})"
+                         "; is the cluster up (redis-cli --cluster check HOST:PORT)?", exit_code=EXIT_ENVIRONMENT)

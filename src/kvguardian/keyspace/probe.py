@@ -167,6 +167,7 @@ class Lane:
         self._conn = client.connection_pool.get_connection()
         self._sent: tuple[list[bytes], bool] | None = None  # (keys probed, scan sent) of the request in flight
         self._scan_probe = False  # the request in flight is a LUA_SCAN_PROBE call
+        self.moved = 0  # keys that answered MOVED or ASK (a Cluster resharding): counted as vanished
 
     def close(self, *, broken: bool = False) -> None:
         """Give the connection back; drop it if replies are still unread or the sweep broke off."""
@@ -271,10 +272,17 @@ class Lane:
     def _redo(self, keys: list[bytes], failed: Exception) -> np.ndarray:
         """The script failed for this batch: reload it (NOSCRIPT after SCRIPT FLUSH or a restart), or probe
         command by command (a key that moved to another Cluster node answers MOVED and counts as gone)."""
+        import redis
+
         if _no_script(failed):
-            probe, self.last_call_s = _split_timing(
-                self.client.execute_command("EVAL_RO", LUA_PROBE, 0, self.sub, *keys))
-            return probe
+            try:
+                probe, self.last_call_s = _split_timing(
+                    self.client.execute_command("EVAL_RO", LUA_PROBE, 0, self.sub, *keys))
+                return probe
+            except redis.exceptions.NoPermissionError:
+                raise
+            except redis.ResponseError:
+                pass  # reloaded, and failed for a key of this batch (one that moved): command by command
         cmds = [c for k in keys for c in (("TYPE", k), ("MEMORY", "USAGE", k), ("PTTL", k), ("OBJECT", self.sub, k))]
         self._conn.send_packed_command([b"".join(_resp(c) for c in cmds)], check_health=False)
         return self._read_pipeline(len(keys))
@@ -291,7 +299,9 @@ class Lane:
                 except redis.exceptions.NoPermissionError as exc:
                     denied = exc
                     continue
-                except redis.ResponseError:
+                except redis.ResponseError as exc:
+                    if j == 0 and isinstance(exc, redis.exceptions.AskError):  # MovedError too
+                        self.moved += 1
                     continue  # e.g. OBJECT on a key that vanished, MOVED: stays -1
                 if j == 0:
                     out[i, 0] = TYPE_CODE.get(v, 6) if v != b"none" else -1

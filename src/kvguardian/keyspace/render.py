@@ -47,9 +47,19 @@ def print_scan(result: ScanResult, out: Reporter, *, top: int = 20) -> None:
         ["pattern", "keys", "bytes", "p50 / max", "no TTL", "cold", "idle p50/p90/max" if idle_key == "idle_s"
          else "LFU p50/p90/max", "TTL", "types"],
         rows)
+    if len(nodes) > 1:
+        _print_shards(nodes, out)
     for w in result.warnings:
         out.text(f"warning: {w}", tone="warning")
     out.findings(Report(findings=list(result.findings)))
+
+
+def _print_shards(nodes: list[dict[str, Any]], out: Reporter) -> None:
+    """One row per Cluster shard swept (or RDB file read): its keys and bytes, and why it stopped early."""
+    out.table("per shard" if nodes[0].get("role") != "rdb" else "per file",
+              ["node" if nodes[0].get("role") != "rdb" else "file", "role", "keys", "bytes", "stopped early"],
+              [[str(n.get("addr")), str(n.get("role")), f"{n.get('keys_scanned') or 0:,}",
+                human_bytes(n.get("bytes")), n.get("error") or "—"] for n in nodes])
 
 
 def print_diff(rows: list[dict[str, Any]], report: Report, warnings: list[str], out: Reporter, *,

@@ -25,6 +25,7 @@ from kvguardian.keyspace.patterns import OVERFLOW, OVERFLOW_ID, PatternMiner
 from kvguardian.keyspace.probe import Lane, choose_mode
 from kvguardian.keyspace.result import ScanResult, key_text
 from kvguardian.keyspace.stats import PatternStats
+from kvguardian.keyspace.walk import Bounds, Walk
 
 __all__ = ["SweepOptions", "mine_and_count", "parse_duration", "sweep", "warn_overflow"]
 
@@ -50,6 +51,7 @@ class SweepOptions:
     collapse_after: int = 20
     match: str | None = None  # SCAN MATCH glob
     timeout: float = 10.0  # socket timeout: a dead server ends the sweep, never hangs it
+    replicas: bool = False  # a Cluster: read each shard's replica (READONLY) instead of its master
 
     def check(self) -> None:
         """Raises `UsageError` naming the option, the value and the range."""
@@ -174,7 +176,7 @@ def sweep(url: str, options: SweepOptions | None = None, *, progress: Progress |
 def _sweep(url: str, opts: SweepOptions, progress: Progress | None, stop: threading.Event | None,
            client: Any) -> ScanResult:
     seed = client if client is not None else connect(url, timeout=opts.timeout)
-    topo = discover(seed, url)
+    topo = discover(seed, url, replicas=opts.replicas)
     sub = "FREQ" if topo.idle_metric == "freq" else "IDLETIME"
     mode, why = choose_mode(topo.nodes[0].client, topo.version_tuple, sub, opts.mode)
     cold = float(opts.cold_freq) if topo.idle_metric == "freq" else opts.cold_after
@@ -186,71 +188,29 @@ def _sweep(url: str, opts: SweepOptions, progress: Progress | None, stop: thread
     sizers = [BatchSizer(opts.max_call_ms / 1000) for _ in topo.nodes] if opts.batch == 0 else []
     lanes = [Lane(n.client, n.addr, mode=mode, sub=sub, batch=opts.batch or sizers[i].batch, match=match)
              for i, n in enumerate(topo.nodes)]
-    scanned = [0] * len(lanes)
     total = min(topo.dbsize, opts.sample) if opts.sample else topo.dbsize
-    t0 = time.monotonic()
-    done = 0
-    broken = False
     make = functools.partial(_Count, opts, topo.idle_metric)
     counting: Counting = MinerProcess(make, opts.nice) if opts.nice > 0 and can_fork() else InProcess(make)
+    walk = Walk(lanes, sizers, counting, Bounds(sample=opts.sample, rate=opts.max_keys_per_sec, progress=progress,
+                                                total=total, stop=stop))
     try:
-        import redis
-
-        for lane in lanes:
-            lane.send([], scan=True)
-        active = list(range(len(lanes)))
-        while active:
-            for li in list(active):
-                lane = lanes[li]
-                keys, probe, next_keys = lane.receive()
-                if sizers:
-                    lane.batch = sizers[li].observe(len(keys), lane.last_call_s)
-                more = lane.cursor != 0
-                if opts.sample is not None and done + len(keys) >= opts.sample:
-                    keys = keys[: opts.sample - done]
-                    probe = probe[: len(keys)] if probe is not None else None
-                    next_keys, more = [], False
-                    result.complete, result.incomplete_reason = False, "sample"
-                if next_keys or more:
-                    _throttle(opts.max_keys_per_sec, done + len(keys), t0)
-                    lane.send(next_keys, scan=more)
-                else:
-                    active.remove(li)
-                if keys and probe is not None:
-                    counting.add(keys, probe)
-                    done += len(keys)
-                    scanned[li] += len(keys)
-                    if progress is not None:
-                        progress(done, total)
-                if stop is not None and stop.is_set():
-                    raise KeyboardInterrupt
-            if opts.sample is not None and done >= opts.sample:
-                break
-    except KeyboardInterrupt:
-        result.complete, result.incomplete_reason = False, "interrupted"
-        broken = True
-    except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
-        result.complete = False
-        result.incomplete_reason = f"connection lost after {done} keys: {type(exc).__name__}: {exc}"
-        broken = True
-    except BaseException:  # e.g. a refused permission: no result, and no mining child left behind
-        counting.close()
-        raise
-    finally:
-        for lane in lanes:
-            lane.close(broken=broken)
-    try:
+        walk.run()
         patterns, vanished = counting.finish()  # what was probed before an interruption counts too
     finally:
-        counting.close()
+        counting.close()  # a refused permission: no result, and no mining child left behind
     result.finished = time.time()
-    result.keys_scanned = done
+    result.keys_scanned = walk.done
     result.keys_vanished = vanished
+    _say_ending(topo, walk, result)
     result.server = {
         "version": topo.version, "cluster": topo.cluster, "maxmemory_policy": topo.policy,
         "nodes": [{"addr": n.addr, "role": n.role, "dbsize": n.dbsize, "uptime_s": n.uptime_s,
-                   "keys_scanned": scanned[i]} for i, n in enumerate(topo.nodes)],
+                   "keys_scanned": walk.totals[i].keys, "bytes": walk.totals[i].bytes,
+                   "error": walk.totals[i].error} for i, n in enumerate(topo.nodes)],
     }
+    if topo.cluster:
+        result.server.update(shards=topo.shards, read_from="replicas" if opts.replicas else "masters",
+                             unreachable=list(topo.unreachable))
     result.server["pacing"] = _pacing(opts, sizers, lanes)
     _mark_idle_unknown(topo, result)
     result.patterns = patterns
@@ -277,6 +237,30 @@ def _pacing(opts: SweepOptions, sizers: list[BatchSizer], lanes: list[Lane]) -> 
             "server_us_per_key": round(1e6 * sum(per_key) / len(per_key), 2) if per_key else None}
 
 
+def _say_ending(topo: Topology, walk: Walk, result: ScanResult) -> None:
+    """How the sweep ended, in ``complete``/``incomplete_reason``: the sample, an interruption, or shards lost
+    (at the start or mid-walk: one line naming the first, the others in the warnings)."""
+    if walk.sampled:
+        result.complete, result.incomplete_reason = False, "sample"
+    lost = list(topo.unreachable) + [f"{topo.nodes[i].addr} lost after {t.keys} of its keys ({t.error})"
+                                     for i, t in enumerate(walk.totals) if t.error is not None]
+    if lost and not topo.cluster:
+        result.complete = False
+        result.incomplete_reason = f"connection lost after {walk.done} keys: {walk.totals[0].error}"
+    elif lost:
+        result.complete = False
+        result.incomplete_reason = (f"connection lost to {len(lost)} of {topo.shards} shards ({lost[0]}); the "
+                                    "keys of the other shards are counted")
+        result.warnings.extend(lost)
+    if walk.interrupted:
+        result.complete, result.incomplete_reason = False, "interrupted"
+    moved = sum(lane.moved for lane in walk.lanes)
+    if moved:
+        result.warnings.append(f"{moved} keys answered MOVED/ASK (a resharding was under way): they are counted as "
+                               "vanished here and may also be counted on their new shard; sweep again once "
+                               "redis-cli --cluster check HOST:PORT shows no open slots")
+
+
 def _mark_idle_unknown(topo: Topology, result: ScanResult) -> None:
     """Without idle times the sweep saw every key but cannot judge coldness: warn and mark it incomplete."""
     if topo.idle_unknown is None:
@@ -293,13 +277,6 @@ def _warn_uptime(topo: Topology, result: ScanResult, opts: SweepOptions) -> None
             result.warnings.append(
                 f"{young[0].addr} has been up {young[0].uptime_s} s, less than --cold-after {opts.cold_after:g} s: "
                 "idle times restart at a restart, so no key there can look cold yet")
-
-
-def _throttle(rate: float | None, done: int, t0: float) -> None:
-    if rate:
-        ahead = done / rate - (time.monotonic() - t0)
-        if ahead > 0:
-            time.sleep(ahead)
 
 
 def build_patterns(miner: PatternMiner, stats: PatternStats) -> list[dict[str, Any]]:

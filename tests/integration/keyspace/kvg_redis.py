@@ -125,28 +125,41 @@ def keep_hot(r: redis.Redis) -> Iterator[None]:
         t.join(5)
 
 
-def cluster_nodes(tmp: Path, n: int = 3) -> list[RedisProc]:
-    """``n`` cluster-enabled servers joined into one cluster of ``n`` masters by redis-cli --cluster create."""
+def cluster_nodes(tmp: Path, n: int = 3, *, replicas: int = 0) -> list[RedisProc]:
+    """``n`` masters (and ``replicas`` replicas each) of one Redis Cluster, joined by redis-cli --cluster create
+    and waited for: cluster_state ok everywhere, every replica's link to its master up. Masters come first."""
     cli = require_binary("redis-cli")
     nodes: list[RedisProc] = []
     try:
-        for i in range(n):
+        for i in range(n * (1 + replicas)):
             bus = free_port()
             nodes.append(RedisProc(tmp / f"node{i}", "--cluster-enabled", "yes", "--cluster-config-file",
                                    str(tmp / f"node{i}" / "nodes.conf"), "--cluster-port", str(bus),
                                    "--cluster-node-timeout", "5000"))
         addrs = [f"127.0.0.1:{node.port}" for node in nodes]
-        out = subprocess.run([cli, "--cluster", "create", *addrs, "--cluster-replicas", "0", "--cluster-yes"],
-                             capture_output=True, text=True, timeout=60)
+        out = subprocess.run([cli, "--cluster", "create", *addrs, "--cluster-replicas", str(replicas),
+                              "--cluster-yes"], capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, out.stdout + out.stderr
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            states = [str(node.client().cluster("INFO").get("cluster_state")) for node in nodes]
-            if all(s in ("ok", "b'ok'") for s in states):
-                return nodes
-            time.sleep(0.2)
-        raise RuntimeError("cluster did not reach cluster_state:ok")
+            if all(_settled(node) for node in nodes):
+                return sorted(nodes, key=lambda node: node.client().info("replication")["role"] != "master")
+            time.sleep(0.1)
+        raise RuntimeError("cluster did not reach cluster_state:ok with every replica linked")
     except BaseException:
         for node in nodes:  # never leave servers behind
             node.stop()
         raise
+
+
+def _settled(node: RedisProc) -> bool:
+    c = node.client()
+    if str(c.cluster("INFO").get("cluster_state")) not in ("ok", "b'ok'"):
+        return False
+    repl = c.info("replication")
+    return repl["role"] == "master" or repl.get("master_link_status") == "up"
+
+
+def cmdstats(node: RedisProc) -> dict[str, int]:
+    """Calls per command on ``node`` (INFO commandstats; the INFO that reads them counts too)."""
+    return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in node.client().info("commandstats").items()}

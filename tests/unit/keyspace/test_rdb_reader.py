@@ -7,36 +7,13 @@ import io
 import struct
 
 import pytest
+from kvg_rdb_files import ln, rdb, st, st_aux
 
 from kvguardian.keyspace.pacing import BatchSizer
 from kvguardian.keyspace.rdb.format import RdbError
 from kvguardian.keyspace.rdb.reader import RdbReader, lzf_decompress
 from kvguardian.keyspace.rdb.scan import RdbSource, scan_rdb
 from kvguardian.keyspace.rdb.size import je, sds
-
-
-def ln(n: int) -> bytes:
-    if n < 64:
-        return bytes([n])
-    if n < 16384:
-        return bytes([0x40 | (n >> 8), n & 0xFF])
-    if n < 2**32:
-        return b"\x80" + n.to_bytes(4, "big")
-    return b"\x81" + n.to_bytes(8, "big")
-
-
-def st(b: bytes | str) -> bytes:
-    b = b.encode() if isinstance(b, str) else b
-    return ln(len(b)) + b
-
-
-def rdb(*records: bytes, version: int = 12) -> bytes:
-    return b"REDIS%04d" % version + st_aux("redis-ver", "7.4.0") + b"\xfe\x00\xfb\x02\x00" + b"".join(records) \
-        + b"\xff" + bytes(8)
-
-
-def st_aux(k: str, v: str) -> bytes:
-    return b"\xfa" + st(k) + st(v)
 
 
 def read(data: bytes) -> tuple[RdbReader, list]:

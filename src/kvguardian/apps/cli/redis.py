@@ -36,8 +36,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                           epilog=example("kv-guardian redis scan redis://127.0.0.1:6379/0 --json -o today.json",
                                          "kv-guardian redis scan redis://127.0.0.1:6379/0 --compare yesterday.json"))
     scan.add_argument("url", help="redis://[USER:PASSWORD@]HOST:PORT[/DB], rediss://…, or unix:///path.sock "
-                                  "(no password in the URL: $REDISCLI_AUTH, as for redis-cli)")
+                                  "(no password in the URL: $REDISCLI_AUTH, as for redis-cli); any node of a "
+                                  "Redis Cluster: every shard is swept, in parallel")
     _sweep_arguments(scan)
+    _replicas_argument(scan)
     _output_arguments(scan)
     scan.add_argument("--rdb", action="store_true",
                       help="read a snapshot through the replication handshake instead of probing keys (no server "
@@ -70,6 +72,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     exp.add_argument("--interval", default="5m", help="pause between sweeps (default 5m)")
     exp.add_argument("--top", type=int, default=50, help="patterns with their own label; the rest sum under {other}")
     _sweep_arguments(exp)
+    _replicas_argument(exp)
     exp.add_argument("--min-keys", type=int, default=10, help="keys a pattern needs for a finding (default 10)")
     add_web_config(exp)
     exp.set_defaults(redis_run=run_exporter)
@@ -107,6 +110,12 @@ def _sweep_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--redact", action="store_true", help="replace key-name literals with stable hashes everywhere")
 
 
+def _replicas_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--replicas", "--read-from-replicas", dest="replicas", action="store_true",
+                   help="Redis Cluster: read each shard's replica (READONLY) instead of its master; a shard "
+                        "without a healthy replica is not read")
+
+
 def _verdict_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-keys", type=int, default=10, help="keys a pattern needs for a finding (default 10)")
     p.add_argument("--fail-on", default="error", choices=("error", "warning", "info", "never"),
@@ -124,7 +133,7 @@ def _options(args: argparse.Namespace) -> Any:
                         max_keys_per_sec=args.max_keys_per_sec, sample=args.sample, mode=args.mode,
                         cold_after=parse_duration(args.cold_after, "--cold-after"), cold_freq=args.cold_freq,
                         max_patterns=args.max_patterns, collapse_after=args.collapse_after, match=args.match,
-                        timeout=args.timeout)
+                        timeout=args.timeout, replicas=getattr(args, "replicas", False))
     opts.check()
     for flag, value, low in (("--top", args.top, 1), ("--min-keys", args.min_keys, 0)):
         if value < low:
@@ -132,8 +141,8 @@ def _options(args: argparse.Namespace) -> Any:
     # checked before the sweep, so a finished sweep is never thrown away for a bad path, nor its input replaced
     check_outputs([(flag, getattr(args, name, None)) for flag, name in (
         ("--output", "output"), ("--prometheus", "prometheus"), ("--html", "html"))],
-        [("the RDB file read", getattr(args, "file", None)), ("the scan compared with (--compare)",
-                                                             getattr(args, "compare", None))])
+        [*[("the RDB file read", f) for f in getattr(args, "file", None) or []],
+         ("the scan compared with (--compare)", getattr(args, "compare", None))])
     return opts
 
 
@@ -160,6 +169,9 @@ def run_scan(args: argparse.Namespace) -> int:
     from kvguardian.keyspace.sweep import sweep
 
     opts = _options(args)
+    if args.rdb and args.replicas:
+        raise UsageError("--rdb and --replicas: a snapshot comes from the one node of the URL; fix: drop --replicas "
+                         "and give a replica's URL, or read one dump per shard with: kv-guardian redis rdb FILE…")
     old = load_result(args.compare) if args.compare else None  # a bad file fails before the sweep
     with interrupting() as ending:  # SIGTERM and SIGHUP end the sweep as Ctrl-C does, with a partial result
         if args.rdb:

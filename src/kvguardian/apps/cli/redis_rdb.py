@@ -9,6 +9,7 @@ single key: the server spends no CPU per key. Output, JSON schema, verdicts and 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import threading
 from collections.abc import Callable
@@ -34,11 +35,15 @@ class ScanHooks:
 
 
 def add_rdb_command(sub: Any, hooks: ScanHooks) -> None:
-    rdb = sub.add_parser("rdb", help="analyze an RDB snapshot file offline (no server involved)",
-                         description="Read an RDB file (Redis 5.0-8.x, RDB versions 9-12) and report key patterns, "
-                                     "TTLs, idle times (under LRU/LFU policies) and leaks, as redis scan does.",
-                         epilog=example("kv-guardian redis rdb /var/lib/redis/dump.rdb --json -o today.json"))
-    rdb.add_argument("file", metavar="FILE", help="the RDB file (dump.rdb, a backup, redis-cli --rdb output)")
+    rdb = sub.add_parser("rdb", help="analyze RDB snapshot files offline (no server involved)",
+                         description="Read RDB files (Redis 5.0-8.x, RDB versions 9-12) and report key patterns, "
+                                     "TTLs, idle times (under LRU/LFU policies) and leaks, as redis scan does. "
+                                     "Several files (one per Cluster shard) are read in parallel processes into "
+                                     "one report.",
+                         epilog=example("kv-guardian redis rdb /var/lib/redis/dump.rdb --json -o today.json",
+                                        "kv-guardian redis rdb shard1.rdb shard2.rdb shard3.rdb"))
+    rdb.add_argument("file", metavar="FILE", nargs="+",
+                     help="the RDB file (dump.rdb, a backup, redis-cli --rdb output); several: one per shard")
     hooks.sweep_arguments(rdb)
     rdb.add_argument("--db", type=_database, default=None, help="only keys of this database (default: all)")
     hooks.output_arguments(rdb)
@@ -65,25 +70,28 @@ def _progress_and_stop(args: argparse.Namespace) -> tuple[Any, threading.Event]:
 
 def run_rdb(args: argparse.Namespace, hooks: ScanHooks) -> int:
     from kvguardian.keyspace.rdb.format import RdbError
-    from kvguardian.keyspace.rdb.scan import RdbSource, scan_rdb
+    from kvguardian.keyspace.rdb.scan import RdbSource, scan_rdbs
     from kvguardian.keyspace.result import load_result
 
     opts = hooks.options(args)
     old = load_result(args.compare) if args.compare else None
-    path = Path(args.file)
-    try:
-        f = path.open("rb")
-    except OSError as exc:
-        raise UsageError(f"cannot read RDB file {str(path)!r}: {exc.strerror or exc}") from None
-    bar, stop = _progress_and_stop(args)
-    with f, bar as progress:
-        size = path.stat().st_size if path.is_file() else 0
-        try:
-            result = scan_rdb(RdbSource(f, str(path), total_bytes=size), opts, db=args.db, progress=progress,
-                              stop=stop)
-        except RdbError as exc:  # the header: nothing was read yet
-            raise UsageError(f"RDB file {str(path)!r}: {exc}; fix: pass a snapshot written by Redis 5.0 or "
-                             "later (dump.rdb, redis-cli --rdb FILE)") from None
+    paths = [Path(p) for p in args.file]
+    with contextlib.ExitStack() as opened:
+        sources = []
+        for path in paths:
+            try:
+                f = opened.enter_context(path.open("rb"))
+            except OSError as exc:
+                raise UsageError(f"cannot read RDB file {str(path)!r}: {exc.strerror or exc}") from None
+            sources.append(RdbSource(f, str(path), total_bytes=path.stat().st_size if path.is_file() else 0))
+        bar, stop = _progress_and_stop(args)
+        with bar as progress:
+            try:
+                result = scan_rdbs(sources, opts, db=args.db, progress=progress, stop=stop)
+            except RdbError as exc:  # a header: nothing was read yet
+                named = f"RDB file {str(paths[0])!r}: " if len(paths) == 1 else "RDB files: "
+                raise UsageError(f"{named}{exc}; fix: pass snapshots written by Redis 5.0 or later (dump.rdb, "
+                                 "redis-cli --rdb FILE)") from None
     return hooks.emit(args, result, old, command="rdb")
 
 

@@ -15,6 +15,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -27,7 +28,7 @@ from kvguardian.keyspace.result import ScanResult
 from kvguardian.keyspace.stats import PatternStats
 from kvguardian.keyspace.sweep import SweepOptions, build_patterns, mine_and_count, warn_overflow
 
-__all__ = ["RdbSource", "scan_rdb"]
+__all__ = ["RdbSource", "scan_rdb", "scan_rdbs"]
 
 Progress = Callable[[int, int], None]  # (bytes read, total bytes or 0)
 
@@ -74,53 +75,101 @@ def aux_int(aux: dict[str, str], name: str, top: int) -> int | None:
     return int(text)
 
 
-class _Run:
-    """One pass over a file: stats are built when the first key says which idle metric the file carries."""
+class _File:
+    """One snapshot being read: its reader, its batches and what it gave (keys, bytes, why it ended early)."""
 
-    def __init__(self, reader: RdbReader | ReaderProcess, opts: SweepOptions) -> None:
-        self.reader, self.opts = reader, opts
+    def __init__(self, reader: RdbReader | ReaderProcess, target: str) -> None:
+        self.reader, self.target = reader, target
+        self.batches = iter(reader.batches())  # a ReaderProcess forks its child at the first batch
+        self.now_ms = 0  # the snapshot's ctime (ms): TTLs are relative to it
+        self.keys = 0
+        self.bytes = 0
+        self.error: str | None = None
+        self.per_db: Counter[int] = Counter()
+
+    def close(self) -> None:
+        """End the reader (a child still running after a sample or a stop is ended by its handle)."""
+        close = getattr(self.batches, "close", None)
+        if close is not None:
+            close()
+
+    def next_batch(self) -> Batch | None:
+        """The next batch, None at the end; `RdbError` for a damaged file."""
+        batch = next(self.batches, None)
+        if batch is not None and not self.now_ms:  # AUX fields come before the first key
+            self.now_ms = (aux_int(self.reader.aux, "ctime", _MAX_CTIME) or int(time.time())) * 1000
+        return batch
+
+
+class _Run:
+    """One pass over one or more files, their batches taken in turn so that every reader child works at once;
+    one miner and one set of statistics for all, built when the first key says which idle metric the files
+    carry (one miner sees every key: a pattern spread over per-shard dumps is one pattern)."""
+
+    def __init__(self, files: list[_File], opts: SweepOptions) -> None:
+        self.files, self.opts = files, opts
         self.stats: PatternStats | None = None
         self.miner: PatternMiner | None = None
         self.done = 0
         self.per_db: Counter[int] = Counter()
-        self.seen_dbs: set[int] = set()  # every database the file holds keys of, kept or not
+        self.seen_dbs: set[int] = set()  # every database the files hold keys of, kept or not
 
     def metric(self) -> str:
-        return "freq" if self.reader.saw_freq else "idletime"
+        return "freq" if any(f.reader.saw_freq for f in self.files) else "idletime"
 
     def cold(self) -> float:
         return float(self.opts.cold_freq) if self.metric() == "freq" else self.opts.cold_after
 
-    def add(self, b: Batch, now_ms: int) -> None:
+    def add(self, f: _File, b: Batch) -> None:
         if self.stats is None:
             self.stats = PatternStats(cold_after=int(self.cold()), idle_metric=self.metric())
             self.miner = PatternMiner(max_patterns=self.opts.max_patterns, collapse_after=self.opts.collapse_after,
                                       on_merge=self.stats.merge)
         assert self.miner is not None
-        mine_and_count(self.miner, self.stats, b.keys, _probe(b, now_ms))
+        mine_and_count(self.miner, self.stats, b.keys, _probe(b, f.now_ms))
         self.done += len(b)
         self.per_db[b.db] += len(b)
+        f.keys += len(b)
+        f.per_db[b.db] += len(b)
+        f.bytes += int(np.clip(b.sizes, 0, None).sum())
 
     def read(self, result: ScanResult, keep: _Filter, *, progress: Progress | None, total: int,
              stop: threading.Event | None) -> None:
-        reader, sample = self.reader, self.opts.sample
-        now_ms = 0
-        for batch in reader.batches():
-            if not now_ms:  # AUX fields come before the first key
-                now_ms = (aux_int(reader.aux, "ctime", _MAX_CTIME) or int(time.time())) * 1000
-            if len(batch):
-                self.seen_dbs.add(batch.db)
-            b = keep.apply(batch)
-            if sample is not None and self.done + len(b) >= sample:
-                self.add(_take(b, range(sample - self.done)), now_ms)
-                result.complete, result.incomplete_reason = False, "sample"
-                return
-            if len(b):
-                self.add(b, now_ms)
-            if progress is not None:
-                progress(reader.offset, total)
-            if stop is not None and stop.is_set():
-                raise KeyboardInterrupt
+        """Batches of every file in turn until all end; a damaged file ends alone (`RdbError` when it is the
+        only one, so the single-file result reads as before)."""
+        active = list(self.files)
+        while active:
+            for f in list(active):
+                try:
+                    batch = f.next_batch()
+                except RdbError as exc:
+                    if len(self.files) == 1:
+                        raise
+                    f.error = f"damaged or truncated RDB {f.target} at byte {exc.offset}: {exc}"
+                    active.remove(f)
+                    continue
+                if batch is None:
+                    active.remove(f)
+                elif self._add_batch(f, batch, result, keep):
+                    return
+                if progress is not None:
+                    progress(sum(g.reader.offset for g in self.files), total)
+                if stop is not None and stop.is_set():
+                    raise KeyboardInterrupt
+
+    def _add_batch(self, f: _File, batch: Batch, result: ScanResult, keep: _Filter) -> bool:
+        """Count one batch; True when ``--sample`` is reached."""
+        if len(batch):
+            self.seen_dbs.add(batch.db)
+        b = keep.apply(batch)
+        sample = self.opts.sample
+        if sample is not None and self.done + len(b) >= sample:
+            self.add(f, _take(b, range(sample - self.done)))
+            result.complete, result.incomplete_reason = False, "sample"
+            return True
+        if len(b):
+            self.add(f, b)
+        return False
 
 
 @dataclass
@@ -142,79 +191,142 @@ def scan_rdb(source: RdbSource, options: SweepOptions | None = None, *, db: int 
     Raises:
         RdbError: the stream is not an RDB at all (a damaged file after its header gives a partial result).
     """
+    return scan_rdbs([source], options, db=db, progress=progress, stop=stop)
+
+
+def scan_rdbs(sources: list[RdbSource], options: SweepOptions | None = None, *, db: int | None = None,
+              progress: Progress | None = None, stop: threading.Event | None = None) -> ScanResult:
+    """Read several RDBs (one per Cluster shard, say) into one `ScanResult`, each read by a child process of
+    its own while this process mines them all; ``server.nodes`` has one row per file.
+
+    Raises:
+        RdbError: a stream is not an RDB at all, naming it when there are several (a damaged file after its
+            header ends alone, and the result is partial).
+    """
     opts = options or SweepOptions()
-    result = ScanResult(target=source.target, started=time.time(), mode="rdb")
-    reader: RdbReader | ReaderProcess
-    if source.parallel and worth_forking(source.stream):
-        reader = ReaderProcess.open(source.stream, limit=source.limit)
-    else:
-        reader = RdbReader(source.stream, limit=source.limit)
-        reader.header()
-    run = _Run(reader, opts)
+    target = sources[0].target if len(sources) == 1 else ", ".join(s.target for s in sources)
+    result = ScanResult(target=target, started=time.time(), mode="rdb")
+    files = [_File(_open(s, named=len(sources) > 1), s.target) for s in sources]
+    run = _Run(files, opts)
     try:
-        run.read(result, _Filter(opts.match, db), progress=progress, total=source.total_bytes, stop=stop)
+        run.read(result, _Filter(opts.match, db), progress=progress, total=sum(s.total_bytes for s in sources),
+                 stop=stop)
     except RdbError as exc:
         result.complete = False
         result.incomplete_reason = f"damaged or truncated RDB at byte {exc.offset}: {exc}"
     except KeyboardInterrupt:
         result.complete, result.incomplete_reason = False, "interrupted"
-    _finish(result, reader, run, opts, db)
+    finally:
+        for f in files:
+            f.close()
+    _finish(result, run, opts, db)
     return result
 
 
-def _say_checksum(result: ScanResult, verdict: str) -> None:
-    """The trailing CRC64 (`checksum.Verdict`) in the result: a mismatch makes it incomplete."""
-    result.server["rdb"]["checksum"] = verdict
-    if verdict == Verdict.MISMATCH and result.complete:
-        result.complete = False
-        result.incomplete_reason = ("damaged RDB: its CRC64 does not match its bytes, so keys, sizes or names may "
-                                    "be wrong (redis-check-rdb FILE says where)")
-    elif verdict == Verdict.UNCHECKED:
-        result.warnings.append("the file's CRC64 was not checked (pip install anycrc, or kv-guardian[redis])")
+def _open(source: RdbSource, *, named: bool) -> RdbReader | ReaderProcess:
+    """A reader past the file's header: in a forked child where that helps (`rdb.parallel`)."""
+    try:
+        if source.parallel and worth_forking(source.stream):
+            return ReaderProcess.open(source.stream, limit=source.limit)
+        reader = RdbReader(source.stream, limit=source.limit)
+        reader.header()
+        return reader
+    except RdbError as exc:
+        if not named:
+            raise
+        raise RdbError(f"{source.target}: {exc}", exc.offset) from None
 
 
-def _finish(result: ScanResult, reader: RdbReader | ReaderProcess, run: _Run, opts: SweepOptions,
-            db: int | None) -> None:
-    aux = reader.aux
+_WORST_FIRST = (Verdict.MISMATCH, Verdict.UNREAD, Verdict.UNCHECKED, Verdict.NONE, Verdict.OK)
+
+
+def _file_facts(f: _File, db: int | None) -> tuple[dict[str, Any], list[str]]:
+    """``server.rdb`` of one file, and the warnings about that file alone."""
+    reader, aux = f.reader, f.reader.aux
+    facts = {"version": reader.version, "ctime": aux_int(aux, "ctime", _MAX_CTIME) or 0,
+             "used_mem": aux_int(aux, "used-mem", 2**63 - 1) or 0, "bytes_read": reader.offset,
+             "databases": {str(k): v for k, v in sorted(f.per_db.items())}, "db": db,
+             "modules_skipped": reader.modules_skipped, "functions": reader.functions, "checksum": reader.checksum}
+    warnings = []
+    for name, top in (("ctime", _MAX_CTIME), ("used-mem", 2**63 - 1)):
+        if name in aux and aux_int(aux, name, top) is None:
+            warnings.append(f"the file's AUX field {name} is {aux[name][:40]!r}, not a number in 0-{top}: ignored"
+                            + (" (TTLs are measured from now)" if name == "ctime" else ""))
+    if reader.checksum == Verdict.UNCHECKED:
+        warnings.append("the file's CRC64 was not checked (pip install anycrc, or kv-guardian[redis])")
+    if reader.version not in VERSIONS:
+        warnings.append(f"RDB version {reader.version} is newer than the 9-12 this reader was tested on")
+    if f.keys and not (reader.saw_idle or reader.saw_freq):
+        warnings.append("the file carries no idle times (maxmemory-policy was neither LRU nor LFU when it "
+                        "was saved): no key can be called cold")
+    if reader.modules_skipped:
+        warnings.append(f"{reader.modules_skipped} module value(s) skipped; their bytes are the serialized size")
+    return facts, warnings
+
+
+def _merged_facts(files: list[dict[str, Any]], targets: list[str]) -> dict[str, Any]:
+    """``server.rdb`` of several files: sums, the newest version, the oldest ctime, the worst checksum
+    verdict, and each file's own facts under ``files``."""
+    databases: Counter[str] = Counter()
+    for facts in files:
+        databases.update(facts["databases"])
+    return {"version": max(f["version"] for f in files), "ctime": min(f["ctime"] for f in files),
+            **{k: sum(f[k] for f in files) for k in ("used_mem", "bytes_read", "modules_skipped", "functions")},
+            "databases": dict(sorted(databases.items())), "db": files[0]["db"],
+            "checksum": min((f["checksum"] for f in files), key=_WORST_FIRST.index),
+            "files": [{"file": t, **f} for t, f in zip(targets, files)]}
+
+
+def _policy(readers: list[RdbReader | ReaderProcess]) -> str:
+    return ("an LFU policy (FREQ records)" if any(r.saw_freq for r in readers) else "an LRU policy (IDLE records)"
+            if any(r.saw_idle for r in readers) else "no LRU/LFU policy (no idle records)")
+
+
+def _finish(result: ScanResult, run: _Run, opts: SweepOptions, db: int | None) -> None:
+    """The result's server facts, warnings and patterns, once every file is read."""
+    files, many = run.files, len(run.files) > 1
     result.finished = time.time()
     result.idle_metric = run.metric()
     result.cold_after = run.cold()
-    result.keys_scanned = run.done
-    result.dbsize = run.done
-    writer = aux.get("redis-ver", "?")
-    result.mode_reason = f"RDB version {reader.version} written by Redis {writer}: no server CPU per key"
-    policy = ("an LFU policy (FREQ records)" if reader.saw_freq else "an LRU policy (IDLE records)"
-              if reader.saw_idle else "no LRU/LFU policy (no idle records)")
+    result.keys_scanned = result.dbsize = run.done
+    writers = sorted({f.reader.aux.get("redis-ver", "?") for f in files})
+    versions = sorted({f.reader.version for f in files})
+    result.mode_reason = (f"RDB version {'/'.join(map(str, versions))} written by Redis {', '.join(writers)}: no "
+                          "server CPU per key" + (f"; {len(files)} files read by {len(files)} processes" if many
+                                                  else ""))
+    per_file = [_file_facts(f, db) for f in files]
     result.server = {
-        "version": writer, "cluster": False, "maxmemory_policy": policy,
-        "nodes": [{"addr": result.target, "role": "rdb", "dbsize": run.done, "uptime_s": None,
-                   "keys_scanned": run.done}],
-        "rdb": {"version": reader.version, "ctime": aux_int(aux, "ctime", _MAX_CTIME) or 0,
-                "used_mem": aux_int(aux, "used-mem", 2**63 - 1) or 0, "bytes_read": reader.offset,
-                "databases": {str(k): v for k, v in sorted(run.per_db.items())}, "db": db,
-                "modules_skipped": reader.modules_skipped, "functions": reader.functions},
+        "version": ", ".join(writers), "cluster": False, "maxmemory_policy": _policy([f.reader for f in files]),
+        "nodes": [{"addr": f.target, "role": "rdb", "dbsize": f.keys, "uptime_s": None, "keys_scanned": f.keys,
+                   "bytes": f.bytes, "error": f.error} for f in files],
+        "rdb": _merged_facts([p[0] for p in per_file], [f.target for f in files]) if many else per_file[0][0],
     }
-    for name, top in (("ctime", _MAX_CTIME), ("used-mem", 2**63 - 1)):
-        if name in aux and aux_int(aux, name, top) is None:
-            result.warnings.append(f"the file's AUX field {name} is {aux[name][:40]!r}, not a number "
-                                   f"in 0-{top}: ignored" + (" (TTLs are measured from now)" if name == "ctime"
-                                                             else ""))
-    _say_checksum(result, reader.checksum)
-    if reader.version not in VERSIONS:
-        result.warnings.append(f"RDB version {reader.version} is newer than the 9-12 this reader was tested on")
-    if run.done and not (reader.saw_idle or reader.saw_freq):
-        result.warnings.append("the file carries no idle times (maxmemory-policy was neither LRU nor LFU when it "
-                               "was saved): no key can be called cold")
+    for f, (_, warnings) in zip(files, per_file):
+        result.warnings.extend(f"{f.target}: {w}" if many else w for w in warnings)
+    _say_ending(result, files, [p[0]["checksum"] for p in per_file])
     if db is None and len(run.per_db) > 1:
         result.warnings.append(f"keys of {len(run.per_db)} databases are counted together; pick one with --db N "
                                "(redis rdb) or /N at the end of the URL (redis scan --rdb)")
     if db is not None and db not in run.seen_dbs and result.complete:
         held = ", ".join(str(k) for k in sorted(run.seen_dbs)) or "none (the file holds no keys)"
         result.warnings.append(f"the snapshot holds no keys of database {db}; its databases: {held}")
-    if reader.modules_skipped:
-        result.warnings.append(f"{reader.modules_skipped} module value(s) skipped; their bytes are the serialized size")
     if run.stats is not None and run.miner is not None:
         result.keys_vanished = run.stats.keys_vanished
         result.patterns = build_patterns(run.miner, run.stats)
         result.bytes = sum(p["bytes"] for p in result.patterns)
         warn_overflow(result, opts)
+
+
+def _say_ending(result: ScanResult, files: list[_File], verdicts: list[str]) -> None:
+    """A damaged file (read only in part, or its CRC64 not matching its bytes) makes the result incomplete:
+    one line naming the first, the others in the warnings."""
+    bad = [f.error for f in files if f.error]
+    bad += [f"damaged RDB{' ' + f.target if len(files) > 1 else ''}: its CRC64 does not match its bytes, so keys, "
+            "sizes or names may be wrong (redis-check-rdb FILE says where)"
+            for f, v in zip(files, verdicts) if v == Verdict.MISMATCH]
+    if bad and result.complete:
+        result.complete = False
+        rest = len(files) - sum(1 for f in files if f.error)
+        result.incomplete_reason = bad[0] + (f"; the keys of the other {rest} files are counted" if len(files) > 1
+                                             else "")
+    result.warnings.extend(bad[1:] if len(bad) > 1 else [])
