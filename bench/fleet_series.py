@@ -5,12 +5,12 @@
 Starts, on 127.0.0.1, each exporter a replica (or a Redis shard) runs, serves it over HTTP and counts the
 samples of ``GET /metrics`` per family, once at rest and once after traffic that would blow up an unbounded
 exporter: ``--requests`` requests with distinct ids and tenants through a ledger and a paged pool (half of them
-orphaned), the same through the pre-OOM guard's admission, and ``--redis-keys`` keys of 80 distinct key
+orphaned), and ``--redis-keys`` keys of 80 distinct key
 patterns in a real redis-server (when ``redis-server`` is installed). The exporters:
 
 - ``guard``: `KVGuardianCollector` over a ledger and one attached `PagedKVPool` (an HF/custom-model replica);
-- ``oom_guard``: the ``kv-guardian oom-guard`` sidecar (`Sidecar` over an `OOMGuard` reading this process's
-  memory cgroup, the one signal a CPU pod has; each GPU adds one ``nvml:N`` signal);
+- ``oom_guard``: the ``kv-guardian oom-guard`` sidecar, its own process as in a pod, watching this process's
+  memory cgroup with a 4 GiB limit (the one signal a CPU pod has; each GPU adds one ``nvml:N`` signal);
 - ``watch``: ``kv-guardian watch vllm`` with a KV-event subscription (`WatchCollector`);
 - ``redis``: ``kv-guardian redis exporter`` after one sweep (one per Redis shard, not per replica).
 
@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -43,11 +45,14 @@ MARK = "q7z"  # in every request id and tenant the traffic uses: no label value 
 PATTERNS = 80  # distinct key patterns written to Redis: more than the exporter's --top (50)
 
 
+def fetch(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        return str(resp.read().decode())
+
+
 def scrape(url: str) -> list[tuple[str, dict[str, str]]]:
     """Every sample of one ``GET url``: (sample name, labels)."""
-    with urllib.request.urlopen(url, timeout=10) as resp:
-        text = resp.read().decode()
-    return [(s.name, dict(s.labels)) for fam in text_string_to_metric_families(text) for s in fam.samples]
+    return [(s.name, dict(s.labels)) for fam in text_string_to_metric_families(fetch(url)) for s in fam.samples]
 
 
 def counts(samples: list[tuple[str, dict[str, str]]]) -> dict[str, int]:
@@ -63,24 +68,17 @@ class Replica:
         from kvguardian.engines.watch_exporter import WatchCollector
         from kvguardian.exporters.prometheus import KVGuardianCollector
         from kvguardian.ledger import Ledger
-        from kvguardian.oom.guard import OOMGuard
-        from kvguardian.oom.sidecar import Sidecar
-        from kvguardian.oom.signals.cgroup import cgroup_signal_for_pid
         from kvguardian.paged import KVSpec, PagedKVPool
 
         self.ledger = Ledger()
         self.pool = PagedKVPool(num_blocks=4096, block_size=16, kv=KVSpec(num_layers=1, kv_heads=1, head_dim=4))
         self.collector = KVGuardianCollector(self.ledger, pools={"paged": self.pool})
-        self.oom = OOMGuard([cgroup_signal_for_pid("self")], interval=3600)
-        self.sidecar = Sidecar(self.oom)
         self.watch = Watch("vllm", "http://127.0.0.1:9/metrics", events="tcp://127.0.0.1:9", interval=3600)
         self.exporters: dict[str, Exporter] = {
             "guard": start_exporter(collector=self.collector, port=0),
             "watch": start_exporter(collector=WatchCollector(self.watch), port=0),
         }
-        host, port = self.sidecar.serve("127.0.0.1", 0)
         self.urls = {name: e.url for name, e in self.exporters.items()}
-        self.urls["oom_guard"] = f"http://{host}:{port}/metrics"
         self.redis: Any = None
         if redis_url is not None:
             from kvguardian.keyspace.exporter import Exporter as RedisExporter
@@ -89,13 +87,14 @@ class Replica:
             self.redis = RedisExporter(redis_url, SweepOptions(), interval=3600, top=top)
             rhost, rport = self.redis.serve(0)
             self.urls["redis"] = f"http://{rhost}:{rport}/metrics"
-        self.oom.sample()
         if self.redis is not None:
             self.redis.sweep_once()
+        self.sidecar = _Sidecar()  # last: nothing after it can fail and leave its process running
+        self.urls["oom_guard"] = self.sidecar.url
 
     def traffic(self, requests: int, first: int = 0) -> list[str]:
-        """``requests`` requests with distinct ids and tenants through the ledger, the pool and the guard's
-        admission, half of them left orphaned; returns every id and tenant used (none may become a label)."""
+        """``requests`` requests with distinct ids and tenants through the ledger and the pool, half of them
+        left orphaned; returns every id and tenant used (none may become a label)."""
         used = []
         for i in range(first, first + requests):
             rid, tenant = f"req-{MARK}-{i:06d}", f"tenant-{MARK}-{i:06d}"
@@ -108,9 +107,6 @@ class Replica:
             self.pool.open(rid, tenant=tenant)
             self.pool.append(rid, list(range(i % 50)))
             self.pool.free(rid)
-            with self.oom.admit(4096):
-                pass
-        self.oom.sample()
         if self.redis is not None:
             self.redis.sweep_once()
         return used
@@ -121,10 +117,42 @@ class Replica:
     def close(self) -> None:
         for e in self.exporters.values():
             e.close()
-        self.sidecar.close()
+        self.sidecar.stop()
         self.watch.close()
         if self.redis is not None:
             self.redis.close()
+
+
+class _Sidecar:
+    """``kv-guardian oom-guard`` as a pod runs it (its own process, the cgroup signal with a memory limit),
+    watching this process; its series do not depend on traffic (it admits nothing)."""
+
+    def __init__(self) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}/metrics"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "kvguardian", "oom-guard", "--pid", str(os.getpid()), "--memory-limit-mb", "4096",
+             "--port", str(port), "--interval", "0.5"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if "kvguardian_memory_pressure_ratio" in urllib.request.urlopen(self.url, timeout=2).read().decode():
+                    return
+            except OSError:
+                pass
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                self.stop()
+                raise RuntimeError(f"kv-guardian oom-guard did not serve {self.url}")
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+        if self.proc.stderr is not None:
+            self.proc.stderr.close()
 
 
 @contextlib.contextmanager
@@ -134,8 +162,6 @@ def redis_server(binary: str | None, keys: int) -> Iterator[tuple[str | None, li
     if binary is None or keys <= 0:
         yield None, []
         return
-    import socket
-
     import redis
 
     with socket.socket() as s:
@@ -167,10 +193,12 @@ def redis_server(binary: str | None, keys: int) -> Iterator[tuple[str | None, li
             proc.wait(10)
 
 
-def measure(requests: int, redis_keys: int, redis_binary: str | None, *, top: int = 50) -> dict[str, Any]:
+def measure(requests: int, redis_keys: int, redis_binary: str | None, *, top: int = 50,
+            sizes: bool = False) -> dict[str, Any]:
     """The samples of every exporter at rest, after ``requests`` requests and after as many again (an
     exporter whose series grow with traffic differs between the last two), and every id, tenant and key name
-    used (for the checks of the tests). ``top``: the Redis exporter's pattern cap (``--top``)."""
+    used (for the checks of the tests). ``top``: the Redis exporter's pattern cap (``--top``); ``sizes``: also
+    the bytes of one exposition of each."""
     with redis_server(redis_binary, redis_keys) as (url, key_names):
         replica = Replica(url, top=top)
         try:
@@ -179,9 +207,11 @@ def measure(requests: int, redis_keys: int, redis_binary: str | None, *, top: in
             loaded = replica.scrape_all()
             used += replica.traffic(requests, first=requests)
             loaded_twice = replica.scrape_all()
+            size = {name: len(fetch(url).encode()) for name, url in replica.urls.items()} if sizes else {}
         finally:
             replica.close()
-    return {"at_rest": at_rest, "loaded": loaded, "loaded_twice": loaded_twice, "used": used + key_names}
+    return {"at_rest": at_rest, "loaded": loaded, "loaded_twice": loaded_twice, "used": used + key_names,
+            "bytes": size}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -191,10 +221,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-o", "--output", type=Path, default=HERE / "results" / "fleet_series.json")
     args = p.parse_args(argv)
     binary = shutil.which("redis-server")
-    m = measure(args.requests, args.redis_keys, binary)
+    m = measure(args.requests, args.redis_keys, binary, sizes=True)
     per = {name: {"series_at_rest": sum(counts(m["at_rest"][name]).values()),
                   "series_after_traffic": sum(counts(m["loaded"][name]).values()),
                   "series_after_twice_the_traffic": sum(counts(samples).values()),
+                  "exposition_bytes": m["bytes"][name],
                   "families": counts(samples)} for name, samples in m["loaded_twice"].items()}
     replica = sum(per[n]["series_after_twice_the_traffic"] for n in ("oom_guard", "watch") if n in per)
     from results_io import write_json
