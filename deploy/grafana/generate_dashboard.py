@@ -76,6 +76,42 @@ ROWS: list[tuple[str, list[Panel]]] = [
               description="Retained + orphaned bytes. A sawtooth with a level floor is healthy; a rising floor is "
                           "growth (KVGuardianKVGrowth)."),
     ]),
+    ("Fleet: by model and by replica (recording rules of group kvguardian-fleet)", [
+        Panel("KV bytes by model and state", [
+            Q("sum by (model, state) (model:kvguardian_kv_bytes:sum)", "{{model}} {{state}}"),
+        ], unit="bytes", stack=True,
+            description="Every replica's KV summed per model (model:kvguardian_kv_bytes:sum). The model label is a "
+                        "target label (docs/notes/fleet.md)."),
+        Panel("KV bytes: the 10 largest replicas", [
+            Q('topk(10, sum without (state) (instance:kvguardian_kv_bytes:sum))', "{{instance}} {{pod}} {{model}}"),
+        ], unit="bytes", description="All KV a replica tracks (live, retained, orphaned)."),
+        Panel("Orphaned KV bytes by model", [
+            Q("sum by (model) (model:kvguardian_kv_orphaned_bytes:sum)", "{{model}}"),
+        ], unit="bytes", thresholds=[(1, "red")],
+            description="KV alive after its request ended, summed over each model's replicas (KVG102)."),
+        Panel("Orphaned KV bytes: the 10 worst replicas", [
+            Q("topk(10, instance:kvguardian_kv_orphaned_bytes:sum)", "{{instance}} {{pod}} {{model}}"),
+        ], unit="bytes", thresholds=[(1, "red")],
+            description="Per replica (instance, pod): the one that leaks stands out; KVGuardianOrphanedKV names it."),
+        Panel("KV floor growth over 3 h: the 10 worst replicas", [
+            Q("topk(10, instance:kvguardian_kv_ended_bytes:floor_growth3h)", "{{instance}} {{pod}} {{model}}"),
+            Q("sum by (model) (model:kvguardian_kv_ended_bytes:floor_growth3h)", "{{model}} (all replicas)"),
+        ], unit="bytes", thresholds=[(64 * 1024 * 1024, "orange")],
+            description="How far the 1-hour floor of ended-owner KV rose in 3 hours; KVGuardianKVGrowth fires above "
+                        "64 MiB."),
+        Panel("Pre-OOM headroom: the 10 replicas closest to OOM", [
+            Q("bottomk(10, instance:kvguardian_memory_headroom_ratio:min)", "{{instance}} {{pod}} {{model}}"),
+        ], unit="percentunit",
+            description="1 - the worst memory signal's used/limit (cgroup, GPU, pool, KV budget) per replica."),
+        Panel("Pre-OOM headroom by model (its worst replica)", [
+            Q("min by (model) (model:kvguardian_memory_headroom_ratio:min)", "{{model}}"),
+        ], unit="percentunit", description="The smallest headroom among each model's replicas, as a share of the limit."),
+        Panel("Pre-OOM headroom bytes, by model and the 10 lowest replicas", [
+            Q("min by (model) (model:kvguardian_memory_headroom_bytes:min)", "{{model}} (its worst replica)"),
+            Q("bottomk(10, instance:kvguardian_memory_headroom_bytes:min)", "{{instance}} {{pod}} {{model}}"),
+        ], unit="bytes", width=24, description="The fewest bytes left before a limit: per model, and the 10 replicas "
+                                               "with the fewest."),
+    ]),
     ("Findings", [
         Panel("Findings by id and severity", [
             Q("sum by (id, name, severity) (kvguardian_findings) > 0", "{{id}} {{name}} ({{severity}})"),

@@ -210,7 +210,7 @@ def _code(text: str) -> str:
 
 def metrics_page() -> str:
     """Every exported metric (`markdown_table`), then every recording rule and alert with its expression."""
-    from kvguardian.core.exporters.catalog import METRICS, markdown_table
+    from kvguardian.exporters.catalog import METRICS, label_table, markdown_table
 
     owners = sorted({m.owner for m in METRICS}, key=[m.owner for m in METRICS].index)
     rules = _rules()
@@ -232,6 +232,14 @@ def metrics_page() -> str:
         "## Metrics",
         "",
         markdown_table(),
+        "",
+        "## Labels",
+        "",
+        "Every label's bound: the most values it takes in one family of one exporter (with the defaults, where "
+        "the configuration sets it). instance, job, pod, namespace, model and tenant are never exported: "
+        "Prometheus adds them as target labels when it scrapes (fleets: [Fleets](../notes/fleet.md)).",
+        "",
+        label_table(),
         "",
         "## Recording rules and alerts",
         "",

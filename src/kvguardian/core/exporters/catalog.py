@@ -3,17 +3,57 @@
 Collectors build their families from it (`kvguardian.core.exporters.prometheus.family` refuses other names), the
 docs site's metrics reference is generated from it (``python -m kvguardian.core.exporters.catalog``) and the Grafana
 dashboard's ``--check`` reads it. Names follow Prometheus conventions, and labels never carry request ids,
-key names or tenants. Naming rules and owners: docs/design/exporters.md.
+key names or tenants: every label has a stated bound (`LABEL_BOUNDS`). The labels a fleet groups by (instance,
+pod, namespace, model, tenant) are target labels Prometheus adds when it scrapes, never exported here.
+Naming rules and owners: docs/design/exporters.md; fleets: docs/notes/fleet.md.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["FORBIDDEN_LABELS", "METRICS", "MetricSpec", "by_name", "markdown_table", "names"]
+__all__ = ["FORBIDDEN_LABELS", "LABEL_BOUNDS", "METRICS", "LabelBound", "MetricSpec", "by_name", "label_table",
+           "markdown_table", "names"]
 
 #: Labels that would carry unbounded values (one series per request / key / tenant).
 FORBIDDEN_LABELS = frozenset({"request", "request_id", "rid", "key", "key_name", "tenant", "prompt", "salt"})
+
+
+@dataclass(frozen=True)
+class LabelBound:
+    """How many values one exporter can give a label, and where they come from."""
+
+    values: int  # the most distinct values one exporter exports (with the defaults, when ``configured``)
+    source: str  # where the values come from
+    configured: bool = False  # True: the bound follows the deployment's configuration (pools, GPUs, --top)
+
+
+#: Every exported label and its bound. Values are closed sets in the code or capped by it; no label value is
+#: derived from a request, a tenant, a prompt or a key name (a Redis key *pattern* is, capped at --top + 1).
+LABEL_BOUNDS: dict[str, LabelBound] = {
+    "state": LabelBound(3, "live, retained, orphaned (KV); free, cached, referenced (pool blocks)"),
+    "kind": LabelBound(6, "the ledger's EVENT_KINDS; the prefix audit's ANOMALIES"),
+    "site": LabelBound(32, "kv-guardian's hook sites (_faults.SITES) and the pre-OOM guard's contained sites"),
+    "id": LabelBound(64, "finding ids of the catalog (kvguardian.findings.CATALOG)"),
+    "name": LabelBound(64, "finding names of the catalog, one per id"),
+    "severity": LabelBound(3, "error, warning, info"),
+    "source": LabelBound(3, "ledger, pool, findings"),
+    "pool": LabelBound(1, "one per pool the program attaches by name (attach_pool): a constant of the code",
+                       configured=True),
+    "engine": LabelBound(2, "vllm, sglang"),
+    "type": LabelBound(4, "BlockStored, BlockRemoved, AllBlocksCleared, unknown"),
+    "reason": LabelBound(8, "KV-event decode reasons (kv_events.REASONS); eviction reasons pool_prefix:POOL, "
+                            "retained:REASON (declared in code), preempt", configured=True),
+    "medium": LabelBound(16, "KV-event media, capped by the prefix audit (16 kept)"),
+    "signal": LabelBound(4, "cgroup, kv_budget, cuda:N or nvml:N per GPU, pool:NAME per attached pool",
+                         configured=True),
+    "action": LabelBound(3, "evict, drain, shed"),
+    "cause": LabelBound(3, "interval, allocate, manual"),
+    "db": LabelBound(16, "non-empty Redis databases (16 by default; a cluster has only db 0)", configured=True),
+    "pattern": LabelBound(51, "mined key patterns: the top --top (50) by bytes, the rest summed under {other}",
+                          configured=True),
+    "stat": LabelBound(3, "p50, p90, max"),
+}
 
 
 @dataclass(frozen=True)
@@ -234,6 +274,15 @@ def markdown_table() -> str:
     for m in METRICS:
         labels = ", ".join(m.labels) if m.labels else "—"
         rows.append(f"| `{m.name}` | {m.kind} | {labels} | {m.owner} | {m.help} |")
+    return "\n".join(rows)
+
+
+def label_table() -> str:
+    """The label table (Markdown): each label's bound and where its values come from, generated from
+    `LABEL_BOUNDS`."""
+    rows = ["| label | most values per family | set by the configuration | values |", "|---|---|---|---|"]
+    for label, b in LABEL_BOUNDS.items():
+        rows.append(f"| `{label}` | {b.values} | {'yes' if b.configured else 'no'} | {b.source} |")
     return "\n".join(rows)
 
 

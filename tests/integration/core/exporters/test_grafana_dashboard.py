@@ -85,3 +85,23 @@ def test_a_stale_committed_file_fails_the_check(gen):
     out.write_text(COMMITTED.read_text().replace("kv-guardian: KV-cache", "edited by hand: KV-cache"))
     problems = module.check(module.build(), out, require_binary("promtool"))
     assert problems == [f"{out.name} is not current; fix: run python generate_dashboard.py and commit it"]
+
+
+def test_fleet_panels_read_the_fleet_recording_rules_by_model_and_by_replica():
+    import yaml
+
+    rules = yaml.safe_load((ROOT / "deploy" / "prometheus" / "kvguardian-rules.yml").read_text())
+    fleet = {r["record"] for g in rules["groups"] if g["name"] == "kvguardian-fleet" for r in g["rules"]}
+    dash = json.loads(COMMITTED.read_text())
+    row = next(i for i, p in enumerate(dash["panels"]) if p["type"] == "row" and p["title"].startswith("Fleet"))
+    panels = []
+    for p in dash["panels"][row + 1:]:
+        if p["type"] == "row":
+            break
+        panels.append(p)
+    exprs = [t["expr"] for p in panels for t in p["targets"]]
+    used = {name for name in fleet if any(name in e for e in exprs)}
+    assert used == fleet  # every fleet view has a panel
+    assert any("by (model" in e for e in exprs)
+    replica = [t for p in panels for t in p["targets"] if "instance:" in t["expr"]]
+    assert replica and all("{{instance}} {{pod}}" in t["legendFormat"] for t in replica)  # names the replica

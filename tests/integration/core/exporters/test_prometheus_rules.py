@@ -123,7 +123,8 @@ def test_every_kvguardian_metric_the_rules_read_is_in_the_exporter_catalog():
     from kvguardian.core.exporters.catalog import names
 
     exported = set(names())
-    read = {m for r in (*ALERTS.values(), *RECORDS.values()) for m in re.findall(r"\bkvguardian_\w+", r["expr"])}
+    read = {m for r in (*ALERTS.values(), *RECORDS.values())
+            for m in re.findall(r"(?<![\w:])kvguardian_\w+(?![\w:])", r["expr"])}  # not inside a rule's name
     assert read and read <= exported, sorted(read - exported)
 
 
@@ -156,3 +157,58 @@ def test_a_pressure_alert_without_the_floor_fails_the_sawtooth_test(tmp_path):
     proc = subprocess.run([promtool, "test", "rules", str(test)], capture_output=True, text=True)
     assert proc.returncode != 0
     assert "alertname: KVGuardianMemoryPressureHigh, time: 39m" in proc.stdout + proc.stderr  # the sawtooth fired
+
+
+# Fleet: the labels an operator groups by survive the rules (docs/notes/fleet.md).
+REPLICA = {"namespace", "pod", "instance", "model", "engine", "tenant"}
+FLEET_TEST = ROOT / "deploy" / "prometheus" / "tests" / "Fleet.test.yml"
+FLEET = {r["record"]: r for g in DOC["groups"] if g["name"] == "kvguardian-fleet" for r in g["rules"]}
+
+
+def grouping(expr: str) -> list[tuple[str, set[str]]]:
+    """Every ``by (...)`` / ``without (...)`` clause of ``expr``: (keyword, labels)."""
+    return [(kw, {x.strip() for x in labels.split(",") if x.strip()})
+            for kw, labels in re.findall(r"\b(by|without)\s*\(([^)]*)\)", expr)]
+
+
+@pytest.mark.parametrize("name", sorted(FLEET))
+def test_fleet_rule_names_are_level_metric_operations_and_keep_the_replica(name):
+    level, metric, *ops = name.split(":")
+    assert ops and level in ("instance", "model") and re.fullmatch(r"kvguardian_[a-z0-9_]+", metric), name
+    expr = FLEET[name]["expr"]
+    if level == "instance":  # a replica view: every replica label kept, nothing else
+        assert grouping(expr) and all(kw == "by" and labels - {"state"} == REPLICA for kw, labels in grouping(expr))
+    elif level == "model":  # a fleet view: no replica label left
+        assert grouping(expr) and all(kw == "by" and not labels & {"pod", "instance"} for kw, labels in grouping(expr))
+
+
+@pytest.mark.parametrize("name", sorted(ALERTS))
+def test_alerts_keep_and_name_the_replica(name):
+    rule = ALERTS[name]
+    for kw, labels in grouping(rule["expr"]):
+        assert kw == "without" and not labels & REPLICA, f"{name} aggregates a replica label away"
+    summary = rule["annotations"]["summary"]
+    assert "{{ $labels.instance }}{{ with $labels.pod }} (pod {{ . }}){{ end }}" in summary
+
+
+def test_the_fleet_views_cover_kv_orphans_growth_and_headroom_by_model_and_by_replica():
+    for metric in ("kvguardian_kv_bytes", "kvguardian_kv_orphaned_bytes", "kvguardian_kv_ended_bytes",
+                   "kvguardian_memory_headroom_ratio", "kvguardian_memory_headroom_bytes"):
+        assert {r.split(":")[0] for r in FLEET if r.split(":")[1] == metric} == {"instance", "model"}, metric
+
+
+def test_the_fleet_test_fails_when_an_alert_forgets_the_pod(tmp_path):
+    """The multi-replica test can fail: an orphaned-KV alert summed over the replicas (a fleet-wide alert that
+    cannot say which replica leaks) fails it."""
+    promtool = require_binary("promtool")
+    fleetwide = RULES.read_text().replace(
+        'expr: min_over_time(kvguardian_kv_bytes{state="orphaned"}[15m]) > 0',
+        'expr: sum by (model, state) (min_over_time(kvguardian_kv_bytes{state="orphaned"}[15m])) > 0')
+    assert fleetwide != RULES.read_text()
+    (tmp_path / "kvguardian-rules.yml").write_text(fleetwide)
+    test = tmp_path / "tests" / FLEET_TEST.name
+    test.parent.mkdir()
+    test.write_text(FLEET_TEST.read_text())
+    proc = subprocess.run([promtool, "test", "rules", str(test)], capture_output=True, text=True)
+    assert proc.returncode != 0
+    assert "alertname: KVGuardianOrphanedKV, time: 30m" in proc.stdout + proc.stderr

@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from kvguardian.core.exporters.catalog import FORBIDDEN_LABELS, METRICS, by_name, markdown_table, names
+from kvguardian.exporters.catalog import FORBIDDEN_LABELS, METRICS, by_name, label_table, markdown_table, names
 
 
 @pytest.mark.parametrize("spec", METRICS, ids=lambda m: m.name)
@@ -40,4 +40,49 @@ def test_redis_names_the_dashboard_and_rules_rely_on_are_exported():
 def test_docs_metric_table_is_generated_from_the_catalog():
     from kvg_testing import docs_reference
 
-    assert markdown_table() in docs_reference().metrics_page()  # reference/metrics.md of the documentation site
+    page = docs_reference().metrics_page()  # reference/metrics.md of the documentation site
+    assert markdown_table() in page and label_table() in page
+
+
+# Bounded cardinality (issue 29): the catalog side; tests/integration/exporters/test_fleet_series.py checks the
+# bounds on real scrapes under traffic.
+PER_REQUEST = re.compile(r"request|^rid$|session|prompt|tenant|user|trace|span|hash|salt|uuid|^key|token|seq|addr|"
+                         r"^ip$|path|url|^pid$")
+
+
+@pytest.mark.parametrize("spec", METRICS, ids=lambda m: m.name)
+def test_every_label_is_bounded_and_none_is_per_request(spec):
+    from kvguardian.exporters.catalog import LABEL_BOUNDS
+
+    for label in spec.labels:
+        assert not PER_REQUEST.search(label), f"{spec.name}: {label!r} looks per-request, per-key or per-tenant"
+        assert label in LABEL_BOUNDS, f"{spec.name}: label {label!r} has no bound in LABEL_BOUNDS"
+        assert 0 < LABEL_BOUNDS[label].values <= 64
+
+
+def test_the_fleet_labels_are_left_to_prometheus():
+    """instance, pod, namespace, job, model and tenant are target labels: an exporter that set them would see
+    them renamed exported_* by Prometheus (honor_labels: false) or override the target's (true)."""
+    from kvguardian.exporters.catalog import LABEL_BOUNDS
+
+    target = {"instance", "pod", "namespace", "job", "model", "tenant", "container", "node"}
+    assert not target & set(LABEL_BOUNDS)
+    assert not target & {label for m in METRICS for label in m.labels}
+    assert not set(LABEL_BOUNDS) & FORBIDDEN_LABELS
+
+
+def test_closed_label_sets_in_the_code_fit_their_stated_bounds():
+    from kvguardian._faults import SITES
+    from kvguardian.engines.kv_events import REASONS
+    from kvguardian.engines.prefix_audit import ANOMALIES
+    from kvguardian.exporters.catalog import LABEL_BOUNDS
+    from kvguardian.findings import CATALOG
+    from kvguardian.ledger.events import EVENT_KINDS
+
+    bound = {label: b.values for label, b in LABEL_BOUNDS.items()}
+    assert len(EVENT_KINDS) <= bound["kind"] and len(ANOMALIES) <= bound["kind"]
+    assert len(SITES) < bound["site"]  # and the pre-OOM guard's few contained sites
+    assert len(CATALOG) <= bound["id"] == bound["name"]
+    assert len(REASONS) <= bound["reason"]
+    unbounded = [label for label, b in LABEL_BOUNDS.items() if not b.source]
+    assert not unbounded
