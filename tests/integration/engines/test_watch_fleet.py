@@ -155,11 +155,37 @@ def test_cli_one_unreachable_replica_exits_3_naming_it(servers):
     assert json.loads(proc.stdout)["summary"]["replicas"][0]["scrapes"] >= 1
 
 
+def test_cli_binds_only_the_events_endpoint_named_by_events_bind(servers, publisher):
+    """A fleet whose replicas publish both ways: one binds (the watcher connects), one connects (it binds)."""
+    (_, a), (_, b) = servers(), servers(OtherModel)
+    pub_a = publisher()
+    bound = f"tcp://127.0.0.1:{free_port()}"
+    proc = subprocess.Popen([sys.executable, "-m", "kvguardian", "watch", "vllm", "--metrics", a.url, "--metrics",
+                             b.url, "--events", pub_a.endpoint, "--events", bound, "--events-bind", bound,
+                             "--interval", "0.1", "--duration", "4", "--json"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pub_b = publisher(connect=bound)  # as vLLM given tcp://HOST:PORT: it connects, retrying until bound
+    try:
+        pub_a.wait_for_subscriber(timeout=30)
+        pub_b.wait_for_subscriber(timeout=30)
+        pub_a.publish([stored([1, 2])])
+        pub_b.publish([stored([7])])
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    replicas = json.loads(out)["summary"]["replicas"]
+    assert [(r["kv_events"]["bound"], r["kv_events"]["batches"]) for r in replicas] == [(False, 1), (True, 1)]
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["--events", "tcp://127.0.0.1:5557"], "2 --metrics but 1 --events"),
     (["--events", "tcp://127.0.0.1:5557", "--events", "tcp://127.0.0.1:5559", "--replay", "tcp://127.0.0.1:5558"],
      "2 --events but 1 --replay"),
     (["--metrics", "http://127.0.0.1:9/metrics"], "names replica 127.0.0.1:9 twice"),
+    (["--events", "tcp://127.0.0.1:5557", "--events", "tcp://127.0.0.1:5559", "--events-bind", "tcp://127.0.0.1:1"],
+     "--events-bind 'tcp://127.0.0.1:1' is none of the --events"),
 ])
 def test_cli_mismatched_replica_flags_are_one_line(args, message):
     proc = _cli("--metrics", "http://127.0.0.1:9/metrics", "--metrics", "http://127.0.0.1:10/metrics", *args)

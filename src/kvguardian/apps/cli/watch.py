@@ -69,9 +69,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="vLLM's KV-event publisher (ZMQ PUB), connected to; vLLM's own bind form tcp://*:P "
                         "connects to the --metrics host; ipc://PATH as given. With several --metrics: one "
                         "--events per --metrics, in the same order")
-    v.add_argument("--events-bind", action="store_true",
+    v.add_argument("--events-bind", action="append", nargs="?", const="*", metavar="ENDPOINT",
                    help="bind --events instead (for a vLLM endpoint tcp://HOST:P with a concrete host, which "
-                        "makes vLLM connect to it)")
+                        "makes vLLM connect to it); with ENDPOINT (repeatable) bind only that --events, for a "
+                        "fleet whose replicas publish both ways")
     v.add_argument("--replay", action="append", metavar="tcp://HOST:5558",
                    help="vLLM's KV-event replay socket (ZMQ ROUTER, always bound by vLLM); one per --events, "
                         "in the same order")
@@ -111,6 +112,17 @@ def _replicas(args: argparse.Namespace) -> list[tuple[str, str | None, str | Non
     return [(m, events[i] if events else None, replay[i] if replay else None) for i, m in enumerate(metrics)]
 
 
+def _binds(args: argparse.Namespace, events: str | None) -> bool:
+    """Whether ``--events-bind`` asks to bind this replica's ``--events`` (bare: every one). Raises `UsageError`
+    for an ENDPOINT that is none of the --events."""
+    asked: list[str] = getattr(args, "events_bind", None) or []
+    for endpoint in asked:
+        if endpoint != "*" and endpoint not in (args.events or []):
+            raise UsageError(f"--events-bind {endpoint!r} is none of the --events; fix: repeat the --events "
+                             "address exactly, or give --events-bind alone to bind every --events")
+    return bool(asked) and ("*" in asked or events in asked)
+
+
 def _make(args: argparse.Namespace, metrics: str, events: str | None, replay: str | None) -> Any:
     from kvguardian.engines.watch import Watch
 
@@ -122,7 +134,7 @@ def _make(args: argparse.Namespace, metrics: str, events: str | None, replay: st
         index_limit=args.index_limit if vllm else 1_000_000,
         max_salts_per_prefix=args.max_salts_per_prefix if vllm else 64,
         tolerance=0 if vllm else args.tolerance, confirm=2 if vllm else args.confirm,
-        events_bind=args.events_bind if vllm else False,
+        events_bind=_binds(args, events) if vllm else False,
     )
 
 
