@@ -88,6 +88,29 @@ def test_a_gap_on_one_replica_touches_only_its_index_and_findings_name_the_repli
     assert report.summary["incomplete"] is True
 
 
+def test_a_partial_history_on_one_replica_leaves_the_others_history_whole(servers, publisher):
+    (_, a), (_, b) = servers(), servers(OtherModel)
+    pub_a, pub_b = publisher(), publisher(replay_limit=2)  # b's replay socket stalls after 2 of 3 batches
+    for pub in (pub_a, pub_b):
+        for h in (1, 2, 3):
+            pub.publish([stored([h])])  # history: published before the watch joined, kept for replay
+    run = RunningFleet((a.url, pub_a.endpoint, pub_a.replay_endpoint), (b.url, pub_b.endpoint, pub_b.replay_endpoint))
+    wa, wb = run.fleet.watches
+    try:
+        pub_a.wait_for_subscriber()
+        pub_b.wait_for_subscriber()
+        for pub in (pub_a, pub_b):
+            pub.publish([stored([4])])
+        assert wait_until(lambda: wa.subscriber.history_complete is not None
+                          and wb.subscriber.history_complete is not None)
+    finally:
+        report = run.stop()
+    ra, rb = (r["kv_events"] for r in report.summary["replicas"])
+    assert (ra["history_complete"], ra["index_blocks"], ra["replayed"]) == (True, 4, 3)
+    assert (rb["history_complete"], rb["index_blocks"]) == (False, 1)  # b's live block only
+    assert ra["gaps"] == rb["gaps"] == 0 and report.findings == []
+
+
 def test_the_fleet_exporter_names_each_replica_and_model_on_every_series(servers, publisher):
     promtool = require_binary("promtool")
     (_, a), (_, b) = servers(), servers(OtherModel, running=0, usage=0.5)
