@@ -13,6 +13,7 @@ import os
 import re
 import signal
 import subprocess
+import tempfile
 import time
 import urllib.parse
 from pathlib import Path
@@ -43,8 +44,8 @@ def scaled(text: str, scale: int = SCALE) -> str:
 
 class Prometheus:
     def __init__(self, run_dir: Path, targets: dict[str, list[dict[str, Any]]], interval: str = "1s") -> None:
-        self.dir = run_dir / f"prometheus-{os.getpid()}-{free_port()}"
-        (self.dir / "targets").mkdir(parents=True)
+        self.dir = Path(tempfile.mkdtemp(prefix="prometheus-", dir=run_dir))
+        (self.dir / "targets").mkdir()
         config = yaml.safe_load((DEPLOY / "prometheus.yml").read_text())
         config["global"].update(scrape_interval=interval, evaluation_interval=interval)  # the only overrides
         (self.dir / "prometheus.yml").write_text(yaml.safe_dump(config, sort_keys=False))
