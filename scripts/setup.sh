@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent set-up: a virtualenv in .venv, torch (the CPU wheel) when absent, kv-guardian with extras,
-# and - with --services - the system packages the test suite starts for real (redis, promtool, chromium).
+# and - with --services - the system packages the test suite starts for real (redis, prometheus and promtool,
+# chromium).
 #
 #   scripts/setup.sh             # what `kv-guardian demo` needs
 #   scripts/setup.sh --dev       # plus test and lint tools
@@ -188,7 +189,8 @@ if [ "$SERVICES" = 1 ]; then
   need=()
   command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
   command -v redis-cli >/dev/null 2>&1 || need+=(redis-tools)
-  command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+  # Debian's prometheus package: promtool (rule tests) and the server itself (tests/integration/vllm_real)
+  { command -v promtool && command -v prometheus; } >/dev/null 2>&1 || need+=(prometheus)
   # the HTML report's browser tests drive Debian's chromium at this path through Playwright (from PyPI, with
   # --dev); Playwright's own browser download is never used (it needs the network at test time)
   [ -x /usr/bin/chromium ] || need+=(chromium)

@@ -36,7 +36,9 @@ def _positive(kind: type, *, zero: bool = False) -> Any:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--metrics", required=True, metavar="URL", help="the server's Prometheus endpoint (…/metrics)")
+    p.add_argument("--metrics", required=True, action="append", metavar="URL",
+                   help="the server's Prometheus endpoint (…/metrics); repeat it to watch several replicas at once "
+                        "(findings and exported series then name each replica)")
     add_html_option(p)
     p.add_argument("--interval", type=_positive(float), default=5.0, metavar="S",
                    help="seconds between scrapes (default 5)")
@@ -63,14 +65,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                    "--events the prefix-cache index (KVG208, KVG105) with gap repair (KVG209).",
                        epilog=example(EXAMPLE + " --replay tcp://127.0.0.1:5558 --exporter-port 9465"))
     _common(v)
-    v.add_argument("--events", metavar="tcp://HOST:5557",
+    v.add_argument("--events", action="append", metavar="tcp://HOST:5557",
                    help="vLLM's KV-event publisher (ZMQ PUB), connected to; vLLM's own bind form tcp://*:P "
-                        "connects to the --metrics host; ipc://PATH as given")
-    v.add_argument("--events-bind", action="store_true",
+                        "connects to the --metrics host; ipc://PATH as given. With several --metrics: one "
+                        "--events per --metrics, in the same order")
+    v.add_argument("--events-bind", action="append", nargs="?", const="*", metavar="ENDPOINT",
                    help="bind --events instead (for a vLLM endpoint tcp://HOST:P with a concrete host, which "
-                        "makes vLLM connect to it)")
-    v.add_argument("--replay", metavar="tcp://HOST:5558",
-                   help="vLLM's KV-event replay socket (ZMQ ROUTER, always bound by vLLM)")
+                        "makes vLLM connect to it); with ENDPOINT (repeatable) bind only that --events, for a "
+                        "fleet whose replicas publish both ways")
+    v.add_argument("--replay", action="append", metavar="tcp://HOST:5558",
+                   help="vLLM's KV-event replay socket (ZMQ ROUTER, always bound by vLLM); one per --events, "
+                        "in the same order")
     v.add_argument("--topic", default="", help="KV-event topic to subscribe to (vLLM's default: empty)")
     v.add_argument("--num-blocks", type=_positive(int), default=None, metavar="N",
                    help="GPU blocks of the pool (default: num_gpu_blocks from vllm:cache_config_info)")
@@ -90,11 +95,71 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="consecutive scrapes an over-count must persist (default 2)")
 
 
-def run(args: argparse.Namespace) -> int:
-    from kvguardian.core.report import secrets
-    from kvguardian.runtime.engines.watch import Watch
+def _replicas(args: argparse.Namespace) -> list[tuple[str, str | None, str | None]]:
+    """``(metrics, events, replay)`` per replica: ``--events`` and ``--replay`` pair with ``--metrics`` by
+    position. Raises `UsageError` when the counts do not match."""
+    metrics: list[str] = args.metrics
+    events: list[str] = getattr(args, "events", None) or []
+    replay: list[str] = getattr(args, "replay", None) or []
+    if len(metrics) == 1 and len(events) <= 1 and len(replay) <= 1:
+        return [(metrics[0], next(iter(events), None), next(iter(replay), None))]
+    if len(events) not in (0, len(metrics)):
+        raise UsageError(f"{len(metrics)} --metrics but {len(events)} --events; fix: give one --events per "
+                         "--metrics, in the same order (or none)")
+    if replay and len(replay) != len(events):
+        raise UsageError(f"{len(events)} --events but {len(replay)} --replay; fix: give one --replay per --events, "
+                         "in the same order")
+    return [(m, events[i] if events else None, replay[i] if replay else None) for i, m in enumerate(metrics)]
 
-    for url in (args.metrics, getattr(args, "events", None), getattr(args, "replay", None)):
+
+def _binds(args: argparse.Namespace, events: str | None) -> bool:
+    """Whether ``--events-bind`` asks to bind this replica's ``--events`` (bare: every one). Raises `UsageError`
+    for an ENDPOINT that is none of the --events."""
+    asked: list[str] = getattr(args, "events_bind", None) or []
+    for endpoint in asked:
+        if endpoint != "*" and endpoint not in (args.events or []):
+            raise UsageError(f"--events-bind {endpoint!r} is none of the --events; fix: repeat the --events "
+                             "address exactly, or give --events-bind alone to bind every --events")
+    return bool(asked) and ("*" in asked or events in asked)
+
+
+def _make(args: argparse.Namespace, metrics: str, events: str | None, replay: str | None) -> Any:
+    from kvguardian.engines.watch import Watch
+
+    vllm = args.engine == "vllm"
+    return Watch(
+        args.engine, metrics, interval=args.interval, grace=args.grace, timeout=args.timeout,
+        events=events if vllm else None, replay=replay if vllm else None,
+        topic=args.topic if vllm else "", num_blocks=args.num_blocks if vllm else None,
+        index_limit=args.index_limit if vllm else 1_000_000,
+        max_salts_per_prefix=args.max_salts_per_prefix if vllm else 64,
+        tolerance=0 if vllm else args.tolerance, confirm=2 if vllm else args.confirm,
+        events_bind=_binds(args, events) if vllm else False,
+    )
+
+
+def _watcher(args: argparse.Namespace) -> Any:
+    """One `Watch`, or a `Fleet` of them when several --metrics are given."""
+    from kvguardian.engines.fleet import Fleet
+
+    replicas = _replicas(args)
+    if len(replicas) == 1:
+        return _make(args, *replicas[0])
+    watches: list[Any] = []
+    try:
+        for replica in replicas:
+            watches.append(_make(args, *replica))
+        return Fleet(watches)
+    except BaseException:
+        for w in watches:
+            w.close()
+        raise
+
+
+def run(args: argparse.Namespace) -> int:
+    from kvguardian.report import secrets
+
+    for url in (*args.metrics, *(getattr(args, "events", None) or ()), *(getattr(args, "replay", None) or ())):
         secrets.remember_url(url)  # http://user:PASSWORD@…, ?token=…: never in a line, the JSON or the page
     if args.exporter_port is not None and not 0 <= args.exporter_port < 65536:
         raise UsageError(f"--exporter-port {args.exporter_port} is not a TCP port; fix: use 0-65535 (0 picks a "
@@ -102,16 +167,7 @@ def run(args: argparse.Namespace) -> int:
     web = web_config(args)  # a bad --web-config fails before the watch starts
     if args.html:
         check_writable(args.html, "--html")
-    vllm = args.engine == "vllm"
-    watch = Watch(
-        args.engine, args.metrics, interval=args.interval, grace=args.grace, timeout=args.timeout,
-        events=args.events if vllm else None, replay=args.replay if vllm else None,
-        topic=args.topic if vllm else "", num_blocks=args.num_blocks if vllm else None,
-        index_limit=args.index_limit if vllm else 1_000_000,
-        max_salts_per_prefix=args.max_salts_per_prefix if vllm else 64,
-        tolerance=0 if vllm else args.tolerance, confirm=2 if vllm else args.confirm,
-        events_bind=args.events_bind if vllm else False,
-    )
+    watch = _watcher(args)
     out = make_reporter("json" if args.format == "json" else "console", html=args.html)
     with stopping(watch.stop) as ending:  # Ctrl-C, SIGTERM and SIGHUP end the watch; the report is still printed
         report = _watch(args, watch, out, web)
@@ -120,13 +176,15 @@ def run(args: argparse.Namespace) -> int:
         out.text(line)
     out.result(report.to_dict())
     out.close()
-    # tried, never reached the server (a scrape in flight when a signal ended the watch was cut off: not counted)
-    failed = sum(watch.scrape_errors.values()) - (1 if ending.signum is not None else 0)
-    if watch.scrapes == 0 and failed > 0:
-        raise UsageError(
-            f"no scrape of {args.metrics} succeeded ({watch.last_scrape_error}); fix: check that the server "
-            "runs and --metrics points at its /metrics", exit_code=EXIT_ENVIRONMENT,
-        )
+    for w in getattr(watch, "watches", [watch]):
+        # tried, never reached the server (a scrape in flight when a signal ended the watch was cut off: not
+        # counted)
+        failed = sum(w.scrape_errors.values()) - (1 if ending.signum is not None else 0)
+        if w.scrapes == 0 and failed > 0:
+            raise UsageError(
+                f"no scrape of {w.metrics_url} succeeded ({w.last_scrape_error}); fix: check that the server "
+                "runs and --metrics points at its /metrics", exit_code=EXIT_ENVIRONMENT,
+            )
     return report.exit_code(args.fail_on)
 
 
@@ -154,15 +212,17 @@ def _watch(args: argparse.Namespace, watch: Any, out: Reporter, web: Any) -> Any
 
 
 def _banner(args: argparse.Namespace, exporter: Any) -> str:
-    where = f" and KV events at {args.events}" if args.engine == "vllm" and args.events else ""
+    events = args.events if args.engine == "vllm" and args.events else []
+    where = f" and KV events at {', '.join(events)}" if events else ""
     until = f"for {args.duration:g} s" if args.duration else "until Ctrl-C"
     served = f"; metrics on {exporter.url}" if exporter is not None else ""
-    return f"watching {args.engine} at {args.metrics}{where} {until}{served}"
+    return f"watching {args.engine} at {', '.join(args.metrics)}{where} {until}{served}"
 
 
 def _serve(watch: Any, host: str, port: int, web: Any = None) -> Any:
-    from kvguardian.core.exporters.server import start_exporter
-    from kvguardian.runtime.engines.watch_exporter import WatchCollector
+    from kvguardian.engines.fleet import Fleet
+    from kvguardian.engines.watch_exporter import FleetCollector, WatchCollector
+    from kvguardian.exporters.server import start_exporter
 
-    return start_exporter(collector=WatchCollector(watch), host=host, port=port, check_interval=None,
-                          web_config=web)
+    collector = FleetCollector(watch) if isinstance(watch, Fleet) else WatchCollector(watch)
+    return start_exporter(collector=collector, host=host, port=port, check_interval=None, web_config=web)

@@ -33,7 +33,9 @@ __all__ = [
     "by_label",
     "family",
     "findings_families",
+    "merged",
     "one_sample",
+    "with_labels",
 ]
 
 log = logging.getLogger("kvguardian")
@@ -109,6 +111,28 @@ def findings_families(findings: Sequence[Finding], checked_at: float | None) -> 
     ts = family("kvguardian_last_check_timestamp_seconds")
     ts.add_metric([], float(checked_at or 0.0))
     yield ts
+
+
+def with_labels(metrics: Iterable[Metric], labels: Mapping[str, str]) -> Iterator[Metric]:
+    """The families with ``labels`` added to every sample (values made safe, as `family` does): how one
+    exporter speaking for several targets (a fleet watch) names the target of each series."""
+    extra = {k: visible(v) for k, v in labels.items()}
+    for m in metrics:
+        out = Metric(m.name, m.documentation, m.type, m.unit)
+        out.samples = [s._replace(labels={**extra, **s.labels}) for s in m.samples]
+        yield out
+
+
+def merged(metrics: Iterable[Metric]) -> list[Metric]:
+    """Families of the same name joined into one (first seen first): an exposition names each family once."""
+    by_name: dict[str, Metric] = {}
+    for m in metrics:
+        if m.name in by_name:
+            by_name[m.name].samples.extend(m.samples)
+        else:
+            by_name[m.name] = out = Metric(m.name, m.documentation, m.type, m.unit)
+            out.samples = list(m.samples)
+    return list(by_name.values())
 
 
 class ScrapeCollector(Collector):

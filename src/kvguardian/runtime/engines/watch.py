@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+import urllib.parse
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -22,9 +23,28 @@ from kvguardian.runtime.engines.promtext import Scrape, ScrapeError, check_url, 
 from kvguardian.runtime.engines.sglang_metrics import SglangConservationCheck
 from kvguardian.runtime.engines.vllm_metrics import VllmMetricsCheck
 
-__all__ = ["ENGINES", "Watch"]
+__all__ = ["ENGINES", "Watch", "replica_name"]
 
 ENGINES = ("vllm", "sglang")
+
+
+def replica_name(metrics_url: str) -> str:
+    """``host:port`` of a metrics URL, without credentials or path: the name a fleet watch gives a replica in
+    its findings and series (the address Prometheus would give the same target as ``instance``)."""
+    parts = urllib.parse.urlsplit(metrics_url)
+    host = parts.hostname or ""
+    host = f"[{host}]" if ":" in host else host
+    return f"{host}:{parts.port or (443 if parts.scheme == 'https' else 80)}"
+
+
+def _model_name(engine: str, scrape: Scrape) -> str | None:
+    """The ``model_name`` label of the engine's own series in a scrape (vLLM and SGLang both set it)."""
+    for name, samples in scrape.items():
+        if name.startswith(f"{engine}:"):
+            for sample in samples:
+                if sample.labels.get("model_name"):
+                    return sample.labels["model_name"]
+    return None
 
 
 class Watch:
@@ -60,6 +80,8 @@ class Watch:
         require("prometheus_client", "prometheus")  # its parser reads the metrics pages
         self.engine = engine
         self.metrics_url = check_url(metrics_url)
+        self.replica = replica_name(self.metrics_url)
+        self.model_name = ""  # the served model, from the engine's metrics (known after the first scrape)
         self.interval = interval
         self.timeout = timeout
         self.num_blocks = num_blocks
@@ -110,6 +132,7 @@ class Watch:
             return False
         self.scrapes += 1
         self.last_scrape_time = time.time()
+        self.model_name = _model_name(self.engine, scrape) or self.model_name
         if self.vllm is not None:
             self._observe_vllm(self.vllm, scrape, now)
         if self.sglang is not None:

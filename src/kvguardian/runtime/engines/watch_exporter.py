@@ -1,7 +1,9 @@
 """The watch's metrics: active findings (``kvguardian_findings``) and the ``kvguardian_watch_*`` families.
 
-Families come from `kvguardian.core.exporters.catalog`; label values are closed sets (event types, decode reasons,
-anomaly kinds, media capped by the audit), never hashes, salts or request ids.
+Families come from `kvguardian.exporters.catalog`; label values are closed sets (event types, decode reasons,
+anomaly kinds, media capped by the audit), never hashes, salts or request ids. A fleet watch (`FleetCollector`)
+exports every replica's families with ``replica`` (its metrics host:port) and ``model_name`` first on each
+series: one series set per replica, never per request.
 """
 
 from __future__ import annotations
@@ -10,12 +12,21 @@ from collections.abc import Iterator
 
 from prometheus_client.core import Metric
 
-from kvguardian.core.exporters.prometheus import ScrapeCollector, by_label, family, findings_families, one_sample
-from kvguardian.runtime.engines.kv_events import REASONS
-from kvguardian.runtime.engines.prefix_audit import ANOMALIES
-from kvguardian.runtime.engines.watch import Watch
+from kvguardian.engines.fleet import Fleet
+from kvguardian.engines.kv_events import REASONS
+from kvguardian.engines.prefix_audit import ANOMALIES
+from kvguardian.engines.watch import Watch
+from kvguardian.exporters.prometheus import (
+    ScrapeCollector,
+    by_label,
+    family,
+    findings_families,
+    merged,
+    one_sample,
+    with_labels,
+)
 
-__all__ = ["WatchCollector"]
+__all__ = ["FleetCollector", "WatchCollector"]
 
 _EVENT_TYPES = ("BlockStored", "BlockRemoved", "AllBlocksCleared")
 
@@ -59,3 +70,15 @@ class WatchCollector(ScrapeCollector):
             ("kvguardian_watch_prefix_clears_total", audit.clears),
         ):
             yield one_sample(name, value)
+
+
+class FleetCollector(ScrapeCollector):
+    """Reads every replica's `Watch` of a `Fleet` at each scrape; each series names its replica and model."""
+
+    def __init__(self, fleet: Fleet) -> None:
+        self.collectors = [WatchCollector(w) for w in fleet.watches]
+
+    def collect(self) -> Iterator[Metric]:
+        yield from merged(
+            m for c in self.collectors
+            for m in with_labels(c.collect(), {"replica": c.watch.replica, "model_name": c.watch.model_name}))
