@@ -41,7 +41,7 @@ REPLICAS_PER_MODEL = 4
 
 def _series(replica: int) -> list[tuple[str, dict[str, str], str]]:
     """(name, labels, shape) of one replica's series the rules read; shape: how its value moves."""
-    from kvguardian.findings import CATALOG
+    from kvguardian.core.findings import CATALOG
 
     leak = replica % 10 == 0
     out: list[tuple[str, dict[str, str], str]] = [

@@ -38,7 +38,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvguardian.exporters.server import Exporter, start_exporter
+from kvguardian.core.exporters.server import Exporter, start_exporter
 
 HERE = Path(__file__).resolve().parent
 MARK = "q7z"  # in every request id and tenant the traffic uses: no label value may contain it
@@ -64,11 +64,11 @@ class Replica:
     """The exporters of one replica and one Redis shard, started on loopback; `traffic` loads them."""
 
     def __init__(self, redis_url: str | None, top: int = 50) -> None:
-        from kvguardian.engines.watch import Watch
-        from kvguardian.engines.watch_exporter import WatchCollector
-        from kvguardian.exporters.prometheus import KVGuardianCollector
-        from kvguardian.ledger import Ledger
-        from kvguardian.paged import KVSpec, PagedKVPool
+        from kvguardian.core.exporters.prometheus import KVGuardianCollector
+        from kvguardian.core.ledger import Ledger
+        from kvguardian.runtime.engines.watch import Watch
+        from kvguardian.runtime.engines.watch_exporter import WatchCollector
+        from kvguardian.runtime.paged import KVSpec, PagedKVPool
 
         self.ledger = Ledger()
         self.pool = PagedKVPool(num_blocks=4096, block_size=16, kv=KVSpec(num_layers=1, kv_heads=1, head_dim=4))

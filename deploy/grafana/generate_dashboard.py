@@ -289,9 +289,9 @@ def _targets(dashboard: dict[str, Any]) -> list[tuple[str, str]]:
 def exported_names(rule_files: Iterable[Path] = ()) -> dict[str, str]:
     """Every metric name some component exports, mapped to who exports it: kv-guardian's catalog, the vLLM and
     SGLang metrics the watchers read, and the recording rules of ``rule_files``."""
-    from kvguardian.runtime.engines import sglang_metrics, vllm_metrics
     from kvguardian.core.exporters.catalog import METRICS
     from kvguardian.core.exporters.promql import recording_rule_names
+    from kvguardian.runtime.engines import sglang_metrics, vllm_metrics
 
     out = {m.name: f"kv-guardian ({m.owner})" for m in METRICS}
     out.update({n: "vLLM" for n in vllm_metrics.METRICS_READ})

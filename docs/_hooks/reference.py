@@ -210,7 +210,7 @@ def _code(text: str) -> str:
 
 def metrics_page() -> str:
     """Every exported metric (`markdown_table`), then every recording rule and alert with its expression."""
-    from kvguardian.exporters.catalog import METRICS, label_table, markdown_table
+    from kvguardian.core.exporters.catalog import METRICS, label_table, markdown_table
 
     owners = sorted({m.owner for m in METRICS}, key=[m.owner for m in METRICS].index)
     rules = _rules()

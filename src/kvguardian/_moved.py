@@ -74,8 +74,8 @@ class MovedFinder(importlib.abc.MetaPathFinder):
         target_name = new_name(fullname)
         if target_name is None:
             return None
-        warnings.warn(f"{fullname} moved to {target_name}; import it from there (the old path goes after the next release)",
-                      DeprecationWarning, stacklevel=2)
+        warnings.warn(f"{fullname} moved to {target_name}; import it from there (the old path goes after the next "
+                      "release)", DeprecationWarning, stacklevel=2)
         return importlib.machinery.ModuleSpec(fullname, _Alias(target_name))
 
 

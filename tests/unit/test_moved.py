@@ -11,7 +11,7 @@ from kvg_testing import ROOT
 from kvguardian._moved import MOVED, new_name
 
 sys.path.insert(0, str(ROOT / "scripts"))
-import rewrite_imports  # noqa: E402
+import rewrite_imports
 
 
 @pytest.mark.parametrize("old", sorted(MOVED))

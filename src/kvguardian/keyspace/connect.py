@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from kvguardian._errors import EXIT_ENVIRONMENT, UsageError, require
+from kvguardian.core.errors import EXIT_ENVIRONMENT, UsageError, require
+from kvguardian.core.report import secrets
 from kvguardian.keyspace import cluster
 from kvguardian.keyspace.cluster import ClusterNode
-from kvguardian.report import secrets
 
 __all__ = ["AUTH_ENV", "Node", "Topology", "connect", "discover", "display_url", "node_client", "url_db"]
 

@@ -12,8 +12,8 @@ import time
 from relay import Relay
 
 from engine_fakes import wait_until
-from kvguardian.engines.fleet import Fleet
-from kvguardian.engines.watch import Watch
+from kvguardian.runtime.engines.fleet import Fleet
+from kvguardian.runtime.engines.watch import Watch
 
 
 def _prompt(seed: int) -> list[int]:

@@ -124,7 +124,7 @@ def _binds(args: argparse.Namespace, events: str | None) -> bool:
 
 
 def _make(args: argparse.Namespace, metrics: str, events: str | None, replay: str | None) -> Any:
-    from kvguardian.engines.watch import Watch
+    from kvguardian.runtime.engines.watch import Watch
 
     vllm = args.engine == "vllm"
     return Watch(
@@ -140,7 +140,7 @@ def _make(args: argparse.Namespace, metrics: str, events: str | None, replay: st
 
 def _watcher(args: argparse.Namespace) -> Any:
     """One `Watch`, or a `Fleet` of them when several --metrics are given."""
-    from kvguardian.engines.fleet import Fleet
+    from kvguardian.runtime.engines.fleet import Fleet
 
     replicas = _replicas(args)
     if len(replicas) == 1:
@@ -157,7 +157,7 @@ def _watcher(args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvguardian.report import secrets
+    from kvguardian.core.report import secrets
 
     for url in (*args.metrics, *(getattr(args, "events", None) or ()), *(getattr(args, "replay", None) or ())):
         secrets.remember_url(url)  # http://user:PASSWORD@…, ?token=…: never in a line, the JSON or the page
@@ -220,9 +220,9 @@ def _banner(args: argparse.Namespace, exporter: Any) -> str:
 
 
 def _serve(watch: Any, host: str, port: int, web: Any = None) -> Any:
-    from kvguardian.engines.fleet import Fleet
-    from kvguardian.engines.watch_exporter import FleetCollector, WatchCollector
-    from kvguardian.exporters.server import start_exporter
+    from kvguardian.core.exporters.server import start_exporter
+    from kvguardian.runtime.engines.fleet import Fleet
+    from kvguardian.runtime.engines.watch_exporter import FleetCollector, WatchCollector
 
     collector = FleetCollector(watch) if isinstance(watch, Fleet) else WatchCollector(watch)
     return start_exporter(collector=collector, host=host, port=port, check_interval=None, web_config=web)

@@ -34,7 +34,7 @@ LABEL_BOUNDS: dict[str, LabelBound] = {
     "state": LabelBound(3, "live, retained, orphaned (KV); free, cached, referenced (pool blocks)"),
     "kind": LabelBound(6, "the ledger's EVENT_KINDS; the prefix audit's ANOMALIES"),
     "site": LabelBound(32, "kv-guardian's hook sites (_faults.SITES) and the pre-OOM guard's contained sites"),
-    "id": LabelBound(64, "finding ids of the catalog (kvguardian.findings.CATALOG)"),
+    "id": LabelBound(64, "finding ids of the catalog (kvguardian.core.findings.CATALOG)"),
     "name": LabelBound(64, "finding names of the catalog, one per id"),
     "severity": LabelBound(3, "error, warning, info"),
     "source": LabelBound(3, "ledger, pool, findings"),

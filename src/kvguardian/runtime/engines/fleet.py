@@ -14,9 +14,9 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from kvguardian._errors import UsageError
-from kvguardian.engines.watch import Watch
-from kvguardian.findings import Finding, Report
+from kvguardian.core.errors import UsageError
+from kvguardian.core.findings import Finding, Report
+from kvguardian.runtime.engines.watch import Watch
 
 __all__ = ["Fleet", "attributed"]
 

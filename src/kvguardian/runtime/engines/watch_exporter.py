@@ -1,6 +1,6 @@
 """The watch's metrics: active findings (``kvguardian_findings``) and the ``kvguardian_watch_*`` families.
 
-Families come from `kvguardian.exporters.catalog`; label values are closed sets (event types, decode reasons,
+Families come from `kvguardian.core.exporters.catalog`; label values are closed sets (event types, decode reasons,
 anomaly kinds, media capped by the audit), never hashes, salts or request ids. A fleet watch (`FleetCollector`)
 exports every replica's families with ``replica`` (its metrics host:port) and ``model_name`` first on each
 series: one series set per replica, never per request.
@@ -12,11 +12,7 @@ from collections.abc import Iterator
 
 from prometheus_client.core import Metric
 
-from kvguardian.engines.fleet import Fleet
-from kvguardian.engines.kv_events import REASONS
-from kvguardian.engines.prefix_audit import ANOMALIES
-from kvguardian.engines.watch import Watch
-from kvguardian.exporters.prometheus import (
+from kvguardian.core.exporters.prometheus import (
     ScrapeCollector,
     by_label,
     family,
@@ -25,6 +21,10 @@ from kvguardian.exporters.prometheus import (
     one_sample,
     with_labels,
 )
+from kvguardian.runtime.engines.fleet import Fleet
+from kvguardian.runtime.engines.kv_events import REASONS
+from kvguardian.runtime.engines.prefix_audit import ANOMALIES
+from kvguardian.runtime.engines.watch import Watch
 
 __all__ = ["FleetCollector", "WatchCollector"]
 

@@ -18,9 +18,9 @@ import pytest
 import yaml
 
 from kvg_testing import ROOT, free_port, require_binary
-from kvguardian.exporters.prometheus import KVGuardianCollector
-from kvguardian.exporters.server import start_exporter
-from kvguardian.ledger import Ledger
+from kvguardian.core.exporters.prometheus import KVGuardianCollector
+from kvguardian.core.exporters.server import start_exporter
+from kvguardian.core.ledger import Ledger
 
 pytestmark = pytest.mark.services  # prometheus
 

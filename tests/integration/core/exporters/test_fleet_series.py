@@ -10,7 +10,7 @@ from collections import defaultdict
 import pytest
 
 from kvg_testing import IN_CI, ROOT
-from kvguardian.exporters.catalog import LABEL_BOUNDS, by_name
+from kvguardian.core.exporters.catalog import LABEL_BOUNDS, by_name
 
 sys.path.insert(0, str(ROOT / "bench"))
 import fleet_series
@@ -45,7 +45,7 @@ def test_every_label_is_declared_and_within_its_bound(measured):
             for label, value in labels.items():
                 values[(sample, label)].add(value)
     for (sample, label), seen in values.items():  # a bound holds in each family
-        assert label in LABEL_BOUNDS, f"label {label!r} has no bound in kvguardian.exporters.catalog.LABEL_BOUNDS"
+        assert label in LABEL_BOUNDS, f"label {label!r} has no bound in kvguardian.core.exporters.catalog.LABEL_BOUNDS"
         assert len(seen) <= LABEL_BOUNDS[label].values, (sample, label, sorted(seen))
     if "redis" in measured["loaded"]:  # the cap binds: the top patterns and {other}
         assert len(values[("kvguardian_redis_pattern_keys", "pattern")]) == TOP + 1

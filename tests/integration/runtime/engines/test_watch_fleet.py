@@ -12,10 +12,10 @@ import pytest
 
 from engine_fakes import MetricsServer, VllmMetrics, VllmPublisher, stored, wait_until
 from kvg_testing import ROOT, closing_factory, free_port, require_binary
-from kvguardian.engines.fleet import Fleet
-from kvguardian.engines.watch import Watch, replica_name
-from kvguardian.engines.watch_exporter import FleetCollector
-from kvguardian.exporters.server import start_exporter
+from kvguardian.core.exporters.server import start_exporter
+from kvguardian.runtime.engines.fleet import Fleet
+from kvguardian.runtime.engines.watch import Watch, replica_name
+from kvguardian.runtime.engines.watch_exporter import FleetCollector
 
 
 class OtherModel(VllmMetrics):

@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from kvguardian.exporters.catalog import FORBIDDEN_LABELS, METRICS, by_name, label_table, markdown_table, names
+from kvguardian.core.exporters.catalog import FORBIDDEN_LABELS, METRICS, by_name, label_table, markdown_table, names
 
 
 @pytest.mark.parametrize("spec", METRICS, ids=lambda m: m.name)
@@ -44,7 +44,7 @@ def test_docs_metric_table_is_generated_from_the_catalog():
     assert markdown_table() in page and label_table() in page
 
 
-# Bounded cardinality (issue 29): the catalog side; tests/integration/exporters/test_fleet_series.py checks the
+# Bounded cardinality (issue 29): the catalog side; tests/integration/core/exporters/test_fleet_series.py checks the
 # bounds on real scrapes under traffic.
 PER_REQUEST = re.compile(r"request|^rid$|session|prompt|tenant|user|trace|span|hash|salt|uuid|^key|token|seq|addr|"
                          r"^ip$|path|url|^pid$")
@@ -52,7 +52,7 @@ PER_REQUEST = re.compile(r"request|^rid$|session|prompt|tenant|user|trace|span|h
 
 @pytest.mark.parametrize("spec", METRICS, ids=lambda m: m.name)
 def test_every_label_is_bounded_and_none_is_per_request(spec):
-    from kvguardian.exporters.catalog import LABEL_BOUNDS
+    from kvguardian.core.exporters.catalog import LABEL_BOUNDS
 
     for label in spec.labels:
         assert not PER_REQUEST.search(label), f"{spec.name}: {label!r} looks per-request, per-key or per-tenant"
@@ -63,7 +63,7 @@ def test_every_label_is_bounded_and_none_is_per_request(spec):
 def test_the_fleet_labels_are_left_to_prometheus():
     """instance, pod, namespace, job, model and tenant are target labels: an exporter that set them would see
     them renamed exported_* by Prometheus (honor_labels: false) or override the target's (true)."""
-    from kvguardian.exporters.catalog import LABEL_BOUNDS
+    from kvguardian.core.exporters.catalog import LABEL_BOUNDS
 
     target = {"instance", "pod", "namespace", "job", "model", "tenant", "container", "node"}
     assert not target & set(LABEL_BOUNDS)
@@ -72,12 +72,12 @@ def test_the_fleet_labels_are_left_to_prometheus():
 
 
 def test_closed_label_sets_in_the_code_fit_their_stated_bounds():
-    from kvguardian._faults import SITES
-    from kvguardian.engines.kv_events import REASONS
-    from kvguardian.engines.prefix_audit import ANOMALIES
-    from kvguardian.exporters.catalog import LABEL_BOUNDS
-    from kvguardian.findings import CATALOG
-    from kvguardian.ledger.events import EVENT_KINDS
+    from kvguardian.core.exporters.catalog import LABEL_BOUNDS
+    from kvguardian.core.faults import SITES
+    from kvguardian.core.findings import CATALOG
+    from kvguardian.core.ledger.events import EVENT_KINDS
+    from kvguardian.runtime.engines.kv_events import REASONS
+    from kvguardian.runtime.engines.prefix_audit import ANOMALIES
 
     bound = {label: b.values for label, b in LABEL_BOUNDS.items()}
     assert len(EVENT_KINDS) <= bound["kind"] and len(ANOMALIES) <= bound["kind"]

@@ -4,7 +4,7 @@ on its series and still writes every family once."""
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvguardian.exporters.prometheus import ScrapeCollector, merged, one_sample, with_labels
+from kvguardian.core.exporters.prometheus import ScrapeCollector, merged, one_sample, with_labels
 
 
 class _Static(ScrapeCollector):

@@ -235,7 +235,7 @@ def test_device_plugin_daemonset_mounts_the_kubelet_socket_dir_and_probes_its_so
     assert pod["volumes"][0]["hostPath"]["path"] == "/var/lib/kubelet/device-plugins"
     import inspect
 
-    from kvguardian.k8s.plugin import PluginServer
+    from kvguardian.ops.k8s.plugin import PluginServer
 
     endpoint = inspect.signature(PluginServer).parameters["endpoint"].default  # the CLI's default too
     assert c["livenessProbe"]["exec"]["command"] == ["test", "-S", f"/var/lib/kubelet/device-plugins/{endpoint}"]
