@@ -53,6 +53,9 @@ LABEL_BOUNDS: dict[str, LabelBound] = {
     "pattern": LabelBound(51, "mined key patterns: the top --top (50) by bytes, the rest summed under {other}",
                           configured=True),
     "stat": LabelBound(3, "p50, p90, max"),
+    "replica": LabelBound(1, "one per replica a `watch` follows (its metrics host:port, from --metrics): only "
+                             "when it follows several", configured=True),
+    "model_name": LabelBound(1, "the model each followed replica serves (one per replica)", configured=True),
 }
 
 
