@@ -1,7 +1,7 @@
-"""How often `kv-guardian audit cache-sharing` is right, and how many samples it uses, on the mini server in
+"""How often `kv-guardian isolation cache-sharing` is right, and how many samples it uses, on the mini server in
 every cache mode: writes bench/results/audit_accuracy.json.
 
-For each mode a real ``kv-guardian serve-mini`` subprocess is started once, then the audit runs ``--runs``
+For each mode a real ``kv-guardian serve-mini`` subprocess is started once, then the probe runs ``--runs``
 times against it over loopback HTTP (fresh random prompts and salts each time). A verdict is correct when it
 equals the mode's truth; "undecided" counts as not correct. Target (issue 17): every verdict correct at
 alpha = 1e-3 with power >= 0.95, <= 60 samples per procedure (the paper used 250).
@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from results_io import save_json
 
 from kvg_tenancy import KEY_ARGS, KEYS, mini_server
-from kvguardian.isolation.cache_sharing import LEVELS, AuditOptions, CacheSharingAudit
+from kvguardian.isolation.cache_sharing import LEVELS, CacheSharingProbe, ProbeOptions
 
 #: (mode, send a salt, truth of caching / within / across)
 CASES = [
@@ -49,12 +49,12 @@ def main() -> int:
         with mini_server("--cache-mode", mode, *KEY_ARGS) as (url, _):
             runs = []
             for _ in range(args.runs):
-                opts = AuditOptions(url=url, model="kvg-mini", keys=[KEYS["acme"], KEYS["globex"], KEYS["acme2"]],
+                opts = ProbeOptions(url=url, model="kvg-mini", keys=[KEYS["acme"], KEYS["globex"], KEYS["acme2"]],
                                     salt_field="cache_salt" if salt else None, alpha=args.alpha, beta=args.beta,
                                     max_rps=args.max_rps)
-                res = CacheSharingAudit(opts).run()
+                res = CacheSharingProbe(opts).run()
                 if res.error:
-                    raise SystemExit(f"audit failed: {res.error}")
+                    raise SystemExit(f"probe failed: {res.error}")
                 d = res.to_dict()
                 runs.append({lv: (d[lv], d["levels"][lv]["samples"]) for lv in LEVELS} | {"seconds": res.seconds})
         row: dict[str, object] = {"mode": mode + (" + cache_salt" if salt else ""), "runs": len(runs)}

@@ -151,9 +151,9 @@ def redis_cli_all(cluster: Cluster, flag: str) -> int:
 
 
 def kvg_scan(cluster: Cluster) -> int:
-    from kvguardian.keyspace.sweep import SweepOptions, sweep
+    from kvguardian.keyspace.scan import ScanOptions, scan
 
-    result = sweep(f"redis://127.0.0.1:{cluster.ports[0]}/0", SweepOptions())
+    result = scan(f"redis://127.0.0.1:{cluster.ports[0]}/0", ScanOptions())
     if not result.complete or len(result.server["nodes"]) != len(cluster.ports):
         raise SystemExit(f"the sweep did not cover the cluster: {result.incomplete_reason}")
     return result.keys_scanned

@@ -143,11 +143,11 @@ def memkeys(port: int) -> dict[str, Any]:
 def kvg_sweep(url: str, mode: str, batch: int = 0, port: int = 0, *, max_call_ms: float = 0.5,
               nice: int = 10) -> dict[str, Any]:
     """One sweep at the given pacing (batch 0: adaptive to max_call_ms; nice: the client thread's nice)."""
-    from kvguardian.keyspace.sweep import SweepOptions, sweep
+    from kvguardian.keyspace.scan import ScanOptions, scan
 
     s0, c0 = (server_cpu(port), client_cpu()) if port else (0.0, 0.0)
     t0 = time.perf_counter()
-    result = sweep(url, SweepOptions(mode=mode, batch=batch, max_call_ms=max_call_ms, nice=nice))
+    result = scan(url, ScanOptions(mode=mode, batch=batch, max_call_ms=max_call_ms, nice=nice))
     dt = time.perf_counter() - t0
     out = {"mode": result.mode, "batch": batch, "max_call_ms": max_call_ms, "nice": nice, "seconds": round(dt, 3),
            "keys": result.keys_scanned, "keys_per_s": round(result.keys_scanned / dt),
@@ -164,8 +164,8 @@ def mining(port: int, limit: int) -> dict[str, Any]:
     import redis
 
     from kvguardian.keyspace.patterns import PatternMiner
+    from kvguardian.keyspace.scan import mine_and_count
     from kvguardian.keyspace.stats import PatternStats
-    from kvguardian.keyspace.sweep import mine_and_count
 
     r = redis.Redis(port=port)
     names = list(r.scan_iter(count=1000))[:limit]

@@ -1,6 +1,6 @@
 """``kv-guardian serve-mini``: the OpenAI-compatible mini server (paged engine, API keys as tenants).
 
-A target for ``kv-guardian audit cache-sharing``, ``kv-guardian run``, the exporter (``/metrics``) and the
+A target for ``kv-guardian isolation cache-sharing``, ``kv-guardian run``, the exporter (``/metrics``) and the
 pre-OOM guard, that needs no GPU and no download: a tiny random-weight Llama with a byte-level tokenizer.
 
 With ``--oom`` the server runs the in-process pre-OOM guard (`kvguardian.ops.oom`): this process's memory cgroup
