@@ -12,7 +12,7 @@ patterns in a real redis-server (when ``redis-server`` is installed). The export
 - ``oom_guard``: the ``kv-guardian oom-guard`` sidecar, its own process as in a pod, watching this process's
   memory cgroup with a 4 GiB limit (the one signal a CPU pod has; each GPU adds one ``nvml:N`` signal);
 - ``watch``: ``kv-guardian watch vllm`` with a KV-event subscription (`WatchCollector`);
-- ``redis``: ``kv-guardian redis exporter`` after one sweep (one per Redis shard, not per replica).
+- ``redis``: ``kv-guardian redis exporter`` after one scan (one per Redis shard, not per replica).
 
 The series of a replica are what its exporters export; Prometheus adds its target labels (instance, job, pod,
 namespace, model) to each, which changes no count. vLLM's own ``vllm:*`` series and the in-process vLLM audit

@@ -37,7 +37,7 @@ MAX_SECONDS = 3650 * 86400.0  # longest duration accepted (ten years; Redis idle
 @dataclass
 class ScanOptions:
     """How to scan. Defaults bound what one call costs the server (adaptive batch, ≤ 0.5 ms a call) and run
-    the client work at a lower CPU priority, so a concurrent load keeps its latency (bench/redis_sweep.py)."""
+    the client work at a lower CPU priority, so a concurrent load keeps its latency (bench/redis_scan.py)."""
 
     batch: int = 0  # keys per SCAN COUNT and probe call; 0: adapt to max_call_ms (kvguardian.keyspace.pacing)
     max_call_ms: float = 0.5  # with batch 0: the longest a probe call may hold the server

@@ -24,7 +24,7 @@ from kvguardian.apps.mini_server.tenancy import CACHE_MODES
 from kvguardian.core.errors import EXIT_OK, UsageError, require
 
 NAME = "serve-mini"
-HELP = "serve the paged mini engine as an OpenAI-compatible server (127.0.0.1:8000) for audits and tests"
+HELP = "serve the paged mini engine as an OpenAI-compatible server (127.0.0.1:8000) for probes and tests"
 EXAMPLE = "kv-guardian serve-mini --cache-mode per-tenant --api-key acme=sk-a --api-key globex=sk-b"
 
 #: The pool's and the model's sizes: each a `MiniConfig` field of the same name -> its help.

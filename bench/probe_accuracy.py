@@ -1,12 +1,12 @@
 """How often `kv-guardian isolation cache-sharing` is right, and how many samples it uses, on the mini server in
-every cache mode: writes bench/results/audit_accuracy.json.
+every cache mode: writes bench/results/probe_accuracy.json.
 
 For each mode a real ``kv-guardian serve-mini`` subprocess is started once, then the probe runs ``--runs``
 times against it over loopback HTTP (fresh random prompts and salts each time). A verdict is correct when it
 equals the mode's truth; "undecided" counts as not correct. Target (issue 17): every verdict correct at
 alpha = 1e-3 with power >= 0.95, <= 60 samples per procedure (the paper used 250).
 
-    nice .venv/bin/python bench/audit_accuracy.py [--runs 10] [--out bench/results/audit_accuracy.json]
+    nice .venv/bin/python bench/probe_accuracy.py [--runs 10] [--out bench/results/probe_accuracy.json]
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def main() -> int:
     ap.add_argument("--alpha", type=float, default=1e-3)
     ap.add_argument("--beta", type=float, default=1e-3)
     ap.add_argument("--max-rps", type=float, default=60.0)
-    ap.add_argument("--out", default="bench/results/audit_accuracy.json")
+    ap.add_argument("--out", default="bench/results/probe_accuracy.json")
     args = ap.parse_args()
     rows = []
     for mode, salt, truth in CASES:
@@ -65,12 +65,12 @@ def main() -> int:
                        "wrong": sum(g == (not want) for g in got),
                        "undecided": sum(g is None for g in got), "samples_median": statistics.median(samples),
                        "samples_max": max(samples)}
-        row["seconds_per_audit"] = round(statistics.median(r["seconds"] for r in runs), 2)
+        row["seconds_per_probe"] = round(statistics.median(r["seconds"] for r in runs), 2)
         rows.append(row)
         print(json.dumps(row), flush=True)
     verdicts = [row[lv] for row in rows for lv in LEVELS]
     out = {
-        "bench": "audit_accuracy", "alpha": args.alpha, "beta": args.beta, "runs_per_mode": args.runs,
+        "bench": "probe_accuracy", "alpha": args.alpha, "beta": args.beta, "runs_per_mode": args.runs,
         "rows": rows,
         "all_correct": all(v["correct"] == args.runs for v in verdicts),  # type: ignore[index]
         "max_samples_used": max(v["samples_max"] for v in verdicts),  # type: ignore[index]
