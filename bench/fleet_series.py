@@ -12,7 +12,7 @@ patterns in a real redis-server (when ``redis-server`` is installed). The export
 - ``oom_guard``: the ``kv-guardian oom-guard`` sidecar, its own process as in a pod, watching this process's
   memory cgroup with a 4 GiB limit (the one signal a CPU pod has; each GPU adds one ``nvml:N`` signal);
 - ``watch``: ``kv-guardian watch vllm`` with a KV-event subscription (`WatchCollector`);
-- ``redis``: ``kv-guardian redis exporter`` after one sweep (one per Redis shard, not per replica).
+- ``redis``: ``kv-guardian redis exporter`` after one scan (one per Redis shard, not per replica).
 
 The series of a replica are what its exporters export; Prometheus adds its target labels (instance, job, pod,
 namespace, model) to each, which changes no count. vLLM's own ``vllm:*`` series and the in-process vLLM audit
@@ -82,13 +82,13 @@ class Replica:
         self.redis: Any = None
         if redis_url is not None:
             from kvguardian.keyspace.exporter import Exporter as RedisExporter
-            from kvguardian.keyspace.sweep import SweepOptions
+            from kvguardian.keyspace.scan import ScanOptions
 
-            self.redis = RedisExporter(redis_url, SweepOptions(), interval=3600, top=top)
+            self.redis = RedisExporter(redis_url, ScanOptions(), interval=3600, top=top)
             rhost, rport = self.redis.serve(0)
             self.urls["redis"] = f"http://{rhost}:{rport}/metrics"
         if self.redis is not None:
-            self.redis.sweep_once()
+            self.redis.scan_once()
         self.sidecar = _Sidecar()  # last: nothing after it can fail and leave its process running
         self.urls["oom_guard"] = self.sidecar.url
 
@@ -108,7 +108,7 @@ class Replica:
             self.pool.append(rid, list(range(i % 50)))
             self.pool.free(rid)
         if self.redis is not None:
-            self.redis.sweep_once()
+            self.redis.scan_once()
         return used
 
     def scrape_all(self) -> dict[str, list[tuple[str, dict[str, str]]]]:

@@ -4,7 +4,7 @@ inside kvguardian per layer update, counted with ``sys.settrace`` over steady-st
 On a shared machine, timings of a few microseconds per layer drift by tens of percent between runs; the count of
 executed bytecodes does not, so two versions of the hook can be compared exactly (run it once per checkout).
 Both paths are counted: ``attached`` (``guard.attach(model)``: updates queued during the forward and observed
-when it returns) and ``direct`` (``guard.audit_process()``: each update observed at once). No model compute:
+when it returns) and ``direct`` (``guard.attach_process()``: each update observed at once). No model compute:
 the small config's cache layers are updated directly, one token per step, as a decode step does.
 
     .venv/bin/python bench/hook_ops.py [--steps 20] [--out bench/results/hook_ops.json]
@@ -38,7 +38,7 @@ def count(cache_kind: str, path: str, steps: int) -> dict[str, Any]:
     pkg = os.path.dirname(kvguardian.__file__)
     guard = Guard()
     if path == "direct":
-        guard.audit_process(generate=False)
+        guard.attach_process(generate=False)
     else:
         instrument.install_cache_patch()
     tracker = guard.hf_tracker()
@@ -85,7 +85,7 @@ def count(cache_kind: str, path: str, steps: int) -> dict[str, Any]:
                 sys.settrace(None)
     finally:
         if path == "direct":
-            guard.stop_auditing_process()
+            guard.detach_process()
         else:
             instrument.uninstall_cache_patch()
     n = steps * layers

@@ -4,7 +4,7 @@
     nice .venv/bin/python bench/redis_cluster.py --keys 200000   # a quicker look
 
 Starts a Redis Cluster of ``--masters`` cluster-enabled redis-servers on free loopback ports (``allkeys-lru``,
-so the dumps carry idle times), loads ``--keys`` keys of bench/redis_sweep.py's eight patterns, each key
+so the dumps carry idle times), loads ``--keys`` keys of bench/redis_scan.py's eight patterns, each key
 written to the master owning its slot with ``redis-cli --pipe``, saves one ``dump.rdb`` per master, then
 measures, interleaved, ``--reps`` times each (medians; the order turns every rep):
 
@@ -38,7 +38,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from redis_sweep import commands, free_port, pipe  # noqa: E402
+from redis_scan import commands, free_port, pipe  # noqa: E402
 from results_io import save_json  # noqa: E402
 
 
@@ -89,7 +89,7 @@ class Cluster:
         raise SystemExit("the cluster did not come up in 30 s")
 
     def load(self, n: int) -> dict[str, int]:
-        """`redis_sweep.commands` sent to the master owning each key's slot."""
+        """`redis_scan.commands` sent to the master owning each key's slot."""
         from redis.crc import key_slot
 
         owner: dict[int, int] = {}
@@ -151,11 +151,11 @@ def redis_cli_all(cluster: Cluster, flag: str) -> int:
 
 
 def kvg_scan(cluster: Cluster) -> int:
-    from kvguardian.keyspace.sweep import SweepOptions, sweep
+    from kvguardian.keyspace.scan import ScanOptions, scan
 
-    result = sweep(f"redis://127.0.0.1:{cluster.ports[0]}/0", SweepOptions())
+    result = scan(f"redis://127.0.0.1:{cluster.ports[0]}/0", ScanOptions())
     if not result.complete or len(result.server["nodes"]) != len(cluster.ports):
-        raise SystemExit(f"the sweep did not cover the cluster: {result.incomplete_reason}")
+        raise SystemExit(f"the scan did not cover the cluster: {result.incomplete_reason}")
     return result.keys_scanned
 
 

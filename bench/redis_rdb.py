@@ -4,7 +4,7 @@
     nice .venv/bin/python bench/redis_rdb.py --keys 100000   # a quicker look
 
 Starts its own redis-server (``allkeys-lru``, so the snapshot carries idle times) on a free loopback port,
-loads ``--keys`` keys of bench/redis_sweep.py's eight patterns, saves ``dump.rdb``, then measures,
+loads ``--keys`` keys of bench/redis_scan.py's eight patterns, saves ``dump.rdb``, then measures,
 interleaved, ``--reps`` times each (medians):
 
 1. ``redis-cli --memkeys`` (the anchor): keys/s, server CPU per key, redis-cli CPU per key;
@@ -37,7 +37,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from redis_sweep import free_port, load, memkeys  # noqa: E402
+from redis_scan import free_port, load, memkeys  # noqa: E402
 from results_io import save_json  # noqa: E402
 
 # peak memory from VmHWM (this process's own address space: ru_maxrss would carry over the bench's, which

@@ -150,9 +150,9 @@ def findings_page() -> str:
         "## Exit codes",
         "",
         "Commands exit `0` when no finding reaches `--fail-on` (default `error`), `1` when one does, `2` for a "
-        "usage error (one line: what, where, the fix), `3` when something the command needs is missing; `audit` "
-        "exits `4` when it cannot decide within its sample cap; `kv-guardian run` exits with the program's own "
-        "code when that is not 0.",
+        "usage error (one line: what, where, the fix), `3` when something the command needs is missing; `isolation "
+        "cache-sharing` exits `4` when it cannot decide within its sample cap; `kv-guardian run` exits with the "
+        "program's own code when that is not 0.",
         "",
         "## All ids",
         "",

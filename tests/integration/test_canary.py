@@ -57,16 +57,16 @@ def test_mini_server_audit_metrics_logs_and_events(kv_cli):
         assert_clean("/metrics", fetch(url + "/metrics"))
         assert_clean("/health", fetch(url + "/health"))
         for fmt in ((), ("--json",)):
-            rc, out, err = kv_cli("audit", "cache-sharing", "--url", url, "--model", "kvg-mini", "--key", key_a,
+            rc, out, err = kv_cli("isolation", "cache-sharing", "--url", url, "--model", "kvg-mini", "--key", key_a,
                                   "--key", key_b, "--salt-field", "cache_salt", "--max-rps", "100",
                                   "--max-samples", "4", "--prompt-tokens", "128", *fmt)
             assert rc in (0, 1, 4), err  # outputs, not verdicts, are under test here
-            assert_clean(f"audit {fmt} stdout", out)
-            assert_clean(f"audit {fmt} stderr", err)
-        rc, out, err = kv_cli("audit", "cache-sharing", "--url", url, "--model", "kvg-mini", "--key", key_a,
+            assert_clean(f"probe {fmt} stdout", out)
+            assert_clean(f"probe {fmt} stderr", err)
+        rc, out, err = kv_cli("isolation", "cache-sharing", "--url", url, "--model", "kvg-mini", "--key", key_a,
                               "--key", f"{CANARY}-refused", "--json")
         assert rc == 2
-        assert_clean("audit error line", out + err)
+        assert_clean("probe error line", out + err)
     proc.wait(timeout=15)
     assert proc.stderr is not None
     assert_clean("server log", proc.stderr.read())

@@ -1,9 +1,9 @@
-"""Does a server share its prefix cache between tenants? A black-box timing audit (after Gu et al., "Auditing
+"""Does a server share its prefix cache between tenants? A black-box timing probe (after Gu et al., "Auditing
 Prompt Caching in Language Model APIs", ICML 2025), with an anytime-valid sequential test.
 
 Per level (``caching``, ``shared_within_tenant``, ``shared_across_tenants``) a round times the first token of
 a victim's prompt repeated (hit) against the same words reordered (miss); `SequentialTest` decides after every
-round. Audit only systems you are authorised to test. Prompt design and why: docs/design/audit.md.
+round. Probe only systems you are authorised to test. Prompt design and why: docs/design/isolation.md.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from typing import Any
 
 from kvguardian.core.errors import KVGuardianError, UsageError
 from kvguardian.core.findings import Finding, Report, Severity
-from kvguardian.isolation.client import AuditError, Endpoint, printable
+from kvguardian.isolation.client import Endpoint, ProbeError, printable
 from kvguardian.isolation.sequential import SequentialTest
 
-__all__ = ["LEVELS", "AuditOptions", "CacheSharingAudit", "prompt_pair", "random_prompt", "random_words"]
+__all__ = ["LEVELS", "CacheSharingProbe", "ProbeOptions", "prompt_pair", "random_prompt", "random_words"]
 
 LEVELS = ("caching", "shared_within_tenant", "shared_across_tenants")
 _CONSONANTS = "bdfghjklmnprstvz"
@@ -75,7 +75,7 @@ class Identity:
 
 
 @dataclass
-class AuditOptions:
+class ProbeOptions:
     url: str
     model: str
     keys: list[str]  # keys[0] victim, keys[1] other tenant, keys[2] (optional) same tenant as keys[0]
@@ -102,8 +102,8 @@ class LevelRun:
 
 
 @dataclass
-class AuditResult:
-    options: AuditOptions
+class ProbeResult:
+    options: ProbeOptions
     levels: dict[str, LevelRun | None]
     salt_names: dict[str, str]
     prompt_chars: int = 0
@@ -153,19 +153,19 @@ class AuditResult:
             "salt_field": o.salt_field, "prompt_chars": self.prompt_chars, "prompt_tokens": self.prompt_tokens,
             "requests": self.requests, "throttled": self.throttled, "seconds": round(self.seconds, 3),
             "interrupted": self.interrupted, "error": self.error, "notes": self.notes,
-            # a kv-guardian report too: `kv-guardian exporter --report audit.json` serves its findings
+            # a kv-guardian report too: `kv-guardian exporter --report probe.json` serves its findings
             **Report(findings=self.findings(), summary={"audit": "cache-sharing"}).to_dict(),
         }
 
 
-class CacheSharingAudit:
-    """Runs the audit against ``options.url``; `run` returns an `AuditResult` (partial on error or Ctrl-C)."""
+class CacheSharingProbe:
+    """Runs the probe against ``options.url``; `run` returns an `ProbeResult` (partial on error or Ctrl-C)."""
 
-    def __init__(self, options: AuditOptions, *, endpoint: Endpoint | None = None,
+    def __init__(self, options: ProbeOptions, *, endpoint: Endpoint | None = None,
                  progress: Callable[[str], None] | None = None) -> None:
         o = options
         if len(o.keys) < 2:
-            raise UsageError("audit cache-sharing needs two API keys of different tenants: --key A --key B")
+            raise UsageError("isolation cache-sharing needs two API keys of different tenants: --key A --key B")
         if o.prompt_tokens < 32:
             raise UsageError(f"--prompt-tokens must be >= 32, got {o.prompt_tokens}")
         if o.warmup < 0:
@@ -189,12 +189,12 @@ class CacheSharingAudit:
             "shared_across_tenants": (a, Identity(1, salt_b)),
         }
 
-    def run(self) -> AuditResult:
+    def run(self) -> ProbeResult:
         levels: dict[str, LevelRun | None] = {
             name: None if pair is None else LevelRun(name, pair[0], pair[1], self._test())
             for name, pair in self.plan.items()
         }
-        result = AuditResult(self.o, levels, self.salt_names)
+        result = ProbeResult(self.o, levels, self.salt_names)
         t0 = time.monotonic()
         try:
             self._prepare(result)
@@ -214,17 +214,17 @@ class CacheSharingAudit:
         return SequentialTest(o.alpha, o.beta, o.min_effect, o.max_samples)
 
     # ------------------------------------------------------------------ steps
-    def _prepare(self, result: AuditResult) -> None:
+    def _prepare(self, result: ProbeResult) -> None:
         """Check the model is served, calibrate characters per token, warm every key up."""
         o, ep = self.o, self.endpoint
         listing = ep.request_json(0, "GET", "/v1/models", o.keys[0], who="key #1")
         data = listing.get("data") if isinstance(listing, dict) else None
         if not isinstance(data, list):
-            raise AuditError(f"{ep.url}: GET /v1/models has no 'data' list; it is not an OpenAI-compatible API")
+            raise ProbeError(f"{ep.url}: GET /v1/models has no 'data' list; it is not an OpenAI-compatible API")
         models = {str(m.get("id")): m for m in data if isinstance(m, dict)}
         if o.model not in models:
             names = ", ".join(printable(n)[:64] for n in list(models)[:8]) or "none"
-            raise AuditError(f"model {printable(o.model)[:64]!r} is not served by {ep.url} (it lists: {names}); "
+            raise ProbeError(f"model {printable(o.model)[:64]!r} is not served by {ep.url} (it lists: {names}); "
                              "fix: --model NAME")
         limit = models[o.model].get("max_model_len")
         probe = random_prompt(400, self.rng)
@@ -245,7 +245,7 @@ class CacheSharingAudit:
                 ep.stream_completion(key, o.keys[key], self._body(self._prompt(result), Identity(key, None)),
                                      who=f"key #{key + 1}")
 
-    def _measure(self, result: AuditResult, runs: list[LevelRun]) -> None:
+    def _measure(self, result: ProbeResult, runs: list[LevelRun]) -> None:
         while True:
             pending = [r for r in runs if not r.test.done]
             if not pending:
@@ -255,7 +255,7 @@ class CacheSharingAudit:
                 self._round(result, run)
             self.progress("  ".join(f"{r.name}: {r.test.samples}" for r in runs))
 
-    def _round(self, result: AuditResult, run: LevelRun) -> None:
+    def _round(self, result: ProbeResult, run: LevelRun) -> None:
         o, ep = self.o, self.endpoint
         victim, attacker = run.victim, run.attacker
         p, q = prompt_pair(result.prompt_chars, self.rng)
@@ -275,7 +275,7 @@ class CacheSharingAudit:
             times[kind] = t.ttft
         run.test.add(times["hit"], times["miss"])
 
-    def _prompt(self, result: AuditResult) -> str:
+    def _prompt(self, result: ProbeResult) -> str:
         return random_prompt(result.prompt_chars, self.rng)
 
     def _body(self, prompt: str, who: Identity) -> dict[str, Any]:

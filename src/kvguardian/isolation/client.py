@@ -1,4 +1,4 @@
-"""A small OpenAI-compatible client for timing audits: streamed completions, time to first token, a rate
+"""A small OpenAI-compatible client for timing probes: streamed completions, time to first token, a rate
 limit, and back-off on 429 that never hammers.
 
 Standard library only (``http.client``): one keep-alive connection per API key, so connection set-up is not
@@ -21,13 +21,13 @@ from typing import Any
 
 from kvguardian.core.errors import EXIT_ENVIRONMENT, UsageError
 
-__all__ = ["AuditError", "Endpoint", "RateLimiter", "Timing"]
+__all__ = ["Endpoint", "ProbeError", "RateLimiter", "Timing"]
 
 _MAX_LINE = 1 << 20
 
 
-class AuditError(UsageError):
-    """The target cannot be audited as asked (one line, what and the fix); carries the exit code."""
+class ProbeError(UsageError):
+    """The target cannot be probed as asked (one line, what and the fix); carries the exit code."""
 
 
 @dataclass
@@ -74,11 +74,11 @@ class Endpoint:
                  max_retries: int = 5, sleep: Callable[[float], None] = time.sleep) -> None:
         p = urllib.parse.urlsplit(url)
         if p.scheme not in ("http", "https") or not p.hostname:
-            raise AuditError(f"--url {safe_url(url)!r} is not an http(s) URL; fix: --url http://127.0.0.1:8000")
+            raise ProbeError(f"--url {safe_url(url)!r} is not an http(s) URL; fix: --url http://127.0.0.1:8000")
         try:
             p.port  # noqa: B018 - raises ValueError for a bad port
         except ValueError:
-            raise AuditError(f"--url {safe_url(url)!r} has an invalid port") from None
+            raise ProbeError(f"--url {safe_url(url)!r} has an invalid port") from None
         self.url = safe_url(url)
         self.scheme, self.host, self.port = p.scheme, p.hostname, p.port or (443 if p.scheme == "https" else 80)
         path = p.path.rstrip("/")
@@ -140,17 +140,17 @@ class Endpoint:
         if c is not None:
             c.close()
 
-    def _unreachable(self, exc: BaseException) -> AuditError:
+    def _unreachable(self, exc: BaseException) -> ProbeError:
         why = "timed out" if isinstance(exc, (socket.timeout, TimeoutError)) else (
             getattr(exc, "strerror", None) or type(exc).__name__)
         if isinstance(exc, ssl.SSLError):
             why = f"TLS: {exc.reason or exc}"
-        return AuditError(f"cannot talk to {self.url}: {why}; fix: check --url, that the server runs"
+        return ProbeError(f"cannot talk to {self.url}: {why}; fix: check --url, that the server runs"
                           + (" and --cacert" if self.ctx else ""), exit_code=EXIT_ENVIRONMENT)
 
     def request_json(self, slot: int, method: str, path: str, key: str | None,
                      body: dict[str, Any] | None = None, *, who: str = "") -> Any:
-        """A JSON request with the 429 back-off; raises `AuditError` for refused keys and non-JSON answers."""
+        """A JSON request with the 429 back-off; raises `ProbeError` for refused keys and non-JSON answers."""
         for attempt in range(self.max_retries + 1):
             resp, _ = self._send(slot, method, path, key, body)
             raw = resp.read(_MAX_LINE)
@@ -161,7 +161,7 @@ class Endpoint:
             try:
                 return json.loads(raw)
             except ValueError:
-                raise AuditError(f"{self.url}{path} answered {resp.status} with something that is not JSON "
+                raise ProbeError(f"{self.url}{path} answered {resp.status} with something that is not JSON "
                                  f"({_ctype(resp)}); it is not an OpenAI-compatible API") from None
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -176,17 +176,17 @@ class Endpoint:
 
     def _check_status(self, resp: http.client.HTTPResponse, raw: bytes, path: str, who: str) -> None:
         if resp.status in (401, 403):
-            raise AuditError(f"{who or 'the request'} was refused by {self.url} ({resp.status}); fix: pass a valid "
+            raise ProbeError(f"{who or 'the request'} was refused by {self.url} ({resp.status}); fix: pass a valid "
                              "API key with --key (keys are never printed)")
         if resp.status == 429:
-            raise AuditError(f"{self.url} kept answering 429 (rate limited) after {self.max_retries} back-offs; "
-                             "fix: lower --max-rps or audit later", exit_code=EXIT_ENVIRONMENT)
+            raise ProbeError(f"{self.url} kept answering 429 (rate limited) after {self.max_retries} back-offs; "
+                             "fix: lower --max-rps or probe later", exit_code=EXIT_ENVIRONMENT)
         if resp.status == 404 and path.endswith("/models"):
-            raise AuditError(f"{self.url}: GET /v1/models answered 404; it is not an OpenAI-compatible API "
+            raise ProbeError(f"{self.url}: GET /v1/models answered 404; it is not an OpenAI-compatible API "
                              "(fix: --url should be the server's base, e.g. http://HOST:8000)")
         if resp.status >= 400:
             message = _error_message(raw)
-            raise AuditError(f"{self.url}{path} answered {resp.status}" + (f": {message}" if message else ""),
+            raise ProbeError(f"{self.url}{path} answered {resp.status}" + (f": {message}" if message else ""),
                              exit_code=EXIT_ENVIRONMENT if resp.status >= 500 else 2)
 
     # ------------------------------------------------------------------ the timed request
@@ -202,9 +202,9 @@ class Endpoint:
             self._check_status(resp, resp.read(_MAX_LINE), "/v1/completions", who)
         if "text/event-stream" not in _ctype(resp):
             resp.read(_MAX_LINE)
-            raise AuditError(f"{self.url} does not stream: POST /v1/completions with \"stream\": true answered "
+            raise ProbeError(f"{self.url} does not stream: POST /v1/completions with \"stream\": true answered "
                              f"{_ctype(resp) or 'no content type'}, not text/event-stream; a time-to-first-token "
-                             "audit needs streaming")
+                             "probe needs streaming")
         first: float | None = None
         usage: int | None = None
         while True:
@@ -226,7 +226,7 @@ class Endpoint:
         end = time.perf_counter()
         resp.read()
         if first is None:
-            raise AuditError(f"{self.url} streamed no completion event (no 'data:' line with choices); it does "
+            raise ProbeError(f"{self.url} streamed no completion event (no 'data:' line with choices); it does "
                              "not stream as OpenAI does")
         return Timing(first - t0, end - t0, usage)
 

@@ -3,7 +3,7 @@
 Two test supermartingales run over paired rounds: `e_share` (null: no sharing, so "hit faster" is a fair coin)
 and `e_clean` (null: sharing of at least ``min_effect``). Crossing 1/alpha or 1/beta decides, with the error
 bounded by Ville's inequality under optional stopping; at ``max_samples`` the verdict is *undecided*, never a
-guess. The construction and its one assumption: docs/design/audit.md.
+guess. The construction and its one assumption: docs/design/isolation.md.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Connecting to Redis: URLs (``redis://``, ``rediss://``, ``unix://``, ACL user and password), the server's
-facts (version, role, ``maxmemory-policy``, uptime), and the masters to sweep (every master of a Cluster).
+facts (version, role, ``maxmemory-policy``, uptime), and the masters to scan (every master of a Cluster).
 
 Errors a user can fix (bad URL, refused connection, wrong password, missing ACL permission, a server that
 is not Redis) become one `UsageError` line naming the target (never its password) and the fix.
@@ -175,7 +175,7 @@ def ping(client: Any, where: str) -> None:
 
 @dataclass
 class Node:
-    """One server to sweep: its address and its facts at the start of the sweep."""
+    """One server to scan: its address and its facts at the start of the scan."""
 
     addr: str  # host:port or the socket path
     client: Any  # redis-py client for this node
@@ -187,7 +187,7 @@ class Node:
 
 @dataclass
 class Topology:
-    """What the sweep talks to."""
+    """What the scan talks to."""
 
     url: str  # display form, no password
     version: str = ""
@@ -301,14 +301,14 @@ def _idle_denied(client: Any, metric: str, where: str) -> str | None:
                 f"{'LFU counter' if sub == 'FREQ' else 'idle time'} is unknown and KVG301 (cold keys) cannot "
                 f"fire; fix: grant +object|{sub.lower()}")
     except redis.ResponseError:
-        return None  # e.g. a policy mismatch: the sweep reads the other metric
+        return None  # e.g. a policy mismatch: the scan reads the other metric
     return None
 
 
 def discover(seed: Any, url: str, *, replicas: bool = False) -> Topology:
-    """Facts of the server behind ``seed`` and the nodes to sweep: the server itself, or one node per shard
+    """Facts of the server behind ``seed`` and the nodes to scan: the server itself, or one node per shard
     of a Cluster (its master; with ``replicas`` a replica, read through READONLY). A Cluster node that cannot
-    be reached is named in ``unreachable`` and the others are swept.
+    be reached is named in ``unreachable`` and the others are scanned.
 
     Raises:
         UsageError: no node can be read, a refused permission, ``replicas`` on a server that is no Cluster.
@@ -326,7 +326,7 @@ def discover(seed: Any, url: str, *, replicas: bool = False) -> Topology:
     else:
         if replicas:
             raise UsageError(f"--replicas reads the replicas of a Redis Cluster, and {where} is not a Cluster; "
-                             "fix: give a replica's own URL to sweep it, or drop --replicas",
+                             "fix: give a replica's own URL to scan it, or drop --replicas",
                              exit_code=EXIT_ENVIRONMENT)
         kw = seed.connection_pool.connection_kwargs
         addr = kw.get("path") or f"{kw.get('host')}:{kw.get('port')}"
@@ -337,12 +337,12 @@ def discover(seed: Any, url: str, *, replicas: bool = False) -> Topology:
                              "write, not the last read, so the cold-key verdict (KVG301) is off")
     elif any(n.role != "master" for n in topo.nodes):
         topo.warnings.append("the server is a replica: idle times there count from the last replicated write, "
-                             "not the last read, so the cold-key verdict (KVG301) is off; sweep the master")
+                             "not the last read, so the cold-key verdict (KVG301) is off; scan the master")
     if not topo.cluster:
         keyspace = _info(seed, "keyspace", where)
         others = [k for k in keyspace if k != f"db{topo.nodes[0].db}"]
         if others:
-            topo.warnings.append(f"other databases hold keys too ({', '.join(sorted(others))}); this sweep reads "
+            topo.warnings.append(f"other databases hold keys too ({', '.join(sorted(others))}); this scan reads "
                                  f"db{topo.nodes[0].db} only (pick one with redis://HOST:PORT/N)")
     return topo
 

@@ -1,10 +1,10 @@
-"""Where a sweep's client work runs: pattern mining and per-pattern statistics, in this process or in a forked
+"""Where a scan's client work runs: pattern mining and per-pattern statistics, in this process or in a forked
 child at a lower CPU priority.
 
-A sweep's throughput is set by how fast a reply becomes the next request, so a reniced requester crawls on a
+A scan's throughput is set by how fast a reply becomes the next request, so a reniced requester crawls on a
 busy host. By default the requests go out at the caller's priority and only the mining and counting (nearly
 all of the client's CPU) run reniced in a forked child (a thread would share the GIL), fed through a pipe
-whose back-pressure keeps memory bounded. `Counting` is the interface the sweep uses. Measurements:
+whose back-pressure keeps memory bounded. `Counting` is the interface the scan uses. Measurements:
 docs/design/keyspace.md.
 """
 
@@ -22,7 +22,7 @@ from kvguardian.keyspace.pacing import lower_priority
 
 __all__ = ["Counting", "InProcess", "MinerProcess", "can_fork"]
 
-#: what a sweep's counting gives back: (pattern rows, keys that vanished between SCAN and probe)
+#: what a scan's counting gives back: (pattern rows, keys that vanished between SCAN and probe)
 Outcome = tuple[list[dict[str, Any]], int]
 
 
@@ -35,7 +35,7 @@ class Counting(Protocol):
 
 
 class Batches(Protocol):
-    """The counting itself (`kvguardian.keyspace.sweep` builds it): takes batches, gives the outcome."""
+    """The counting itself (`kvguardian.keyspace.scan` builds it): takes batches, gives the outcome."""
 
     def add(self, keys: list[bytes], probe: np.ndarray) -> None: ...
 
@@ -63,7 +63,7 @@ class InProcess:
 
 
 def _child(make: Callable[[], Batches], nice: int, conn: Any) -> None:
-    # a terminal's Ctrl-C or hang-up reaches the whole process group: the sweep decides how to end (a partial
+    # a terminal's Ctrl-C or hang-up reaches the whole process group: the scan decides how to end (a partial
     # result), and this child ends when its pipe closes (SIGTERM, sent to one process, still ends it)
     for sig in (signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
@@ -77,7 +77,7 @@ def _child(make: Callable[[], Batches], nice: int, conn: Any) -> None:
             keys, raw, n = pickle.loads(msg)
             work.add(keys, np.frombuffer(raw, dtype=np.int64).reshape(n, 4))
         conn.send_bytes(pickle.dumps(("ok", work.outcome()), protocol=pickle.HIGHEST_PROTOCOL))
-    except EOFError:  # the sweep went away: nothing to report to
+    except EOFError:  # the scan went away: nothing to report to
         pass
     except BaseException as exc:  # the parent says so in one line
         conn.send_bytes(pickle.dumps(("error", f"{type(exc).__name__}: {exc}")))
@@ -91,7 +91,7 @@ class MinerProcess:
     def __init__(self, make: Callable[[], Batches], nice: int) -> None:
         ctx = mp.get_context("fork")
         self._conn, child_end = ctx.Pipe(duplex=True)
-        self._proc = ctx.Process(target=_child, args=(make, nice, child_end), name="kvguardian-sweep-mining",
+        self._proc = ctx.Process(target=_child, args=(make, nice, child_end), name="kvguardian-scan-mining",
                                  daemon=True)
         self._proc.start()
         child_end.close()
@@ -107,9 +107,9 @@ class MinerProcess:
             self._conn.send_bytes(b"end")
             kind, payload = pickle.loads(self._conn.recv_bytes())
         except (EOFError, OSError) as exc:
-            raise KVGuardianError(f"the sweep's mining process ended early ({type(exc).__name__})") from None
+            raise KVGuardianError(f"the scan's mining process ended early ({type(exc).__name__})") from None
         if kind != "ok":
-            raise KVGuardianError(f"the sweep's mining process failed: {payload}")
+            raise KVGuardianError(f"the scan's mining process failed: {payload}")
         return payload  # type: ignore[no-any-return]
 
     def close(self) -> None:

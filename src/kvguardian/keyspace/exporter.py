@@ -1,9 +1,9 @@
-"""``kv-guardian redis exporter``: /metrics with O(1) gauges on every scrape and the last completed sweep.
+"""``kv-guardian redis exporter``: /metrics with O(1) gauges on every scrape and the last completed scan.
 
 A scrape runs ``INFO keyspace`` and ``INFO memory`` only (constant time at any key count) and reads the
-last *completed* sweep from memory. Sweeps run on their own thread and schedule (``interval`` seconds
+last *completed* scan from memory. Scans run on their own thread and schedule (``interval`` seconds
 between the end of one and the start of the next), never inside a scrape — the failure mode of exporters
-that scan keys in the scrape and never finish at 10M keys. An incomplete sweep (server lost) does not
+that scan keys in the scrape and never finish at 10M keys. An incomplete scan (server lost) does not
 replace the last completed one; its error is exported as a counter and logged.
 """
 
@@ -17,9 +17,9 @@ from typing import Any
 
 from kvguardian.core.exporters.prometheus import family
 from kvguardian.keyspace.connect import connect, display_url
-from kvguardian.keyspace.metrics import info_families, sweep_families
+from kvguardian.keyspace.metrics import info_families, scan_families
 from kvguardian.keyspace.result import ScanResult
-from kvguardian.keyspace.sweep import IDLE_UNKNOWN, SweepOptions, sweep
+from kvguardian.keyspace.scan import IDLE_UNKNOWN, ScanOptions, scan
 
 __all__ = ["Exporter"]
 
@@ -27,53 +27,53 @@ log = logging.getLogger("kvguardian.redis.exporter")
 
 
 class Exporter:
-    """Owns the sweep thread, the last completed sweep, and the collector; `serve` adds the HTTP server."""
+    """Owns the scan thread, the last completed scan, and the collector; `serve` adds the HTTP server."""
 
-    def __init__(self, url: str, options: SweepOptions | None = None, *, interval: float = 300.0, top: int = 50,
+    def __init__(self, url: str, options: ScanOptions | None = None, *, interval: float = 300.0, top: int = 50,
                  finalize: Any = None) -> None:
         self.url = url
-        self.options = options or SweepOptions()
+        self.options = options or ScanOptions()
         self.interval = interval
         self.top = top
         self.finalize = finalize  # callable(ScanResult) -> ScanResult: verdicts and redaction
         self.last: ScanResult | None = None  # replaced whole, never mutated: scrapes read it without a lock
-        self.sweeps_total = 0
-        self.sweep_errors_total = 0
-        self.sweeping = False
+        self.scans_total = 0
+        self.scan_errors_total = 0
+        self.scanning = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._info_client = connect(url, timeout=min(self.options.timeout, 5.0))
         self._server: Any = None
 
-    # -- sweeps -------------------------------------------------------------------------------------------
-    def sweep_once(self) -> ScanResult:
-        self.sweeping = True
+    # -- scans -------------------------------------------------------------------------------------------
+    def scan_once(self) -> ScanResult:
+        self.scanning = True
         try:
-            result = sweep(self.url, self.options, stop=self._stop)
+            result = scan(self.url, self.options, stop=self._stop)
         finally:
-            self.sweeping = False
+            self.scanning = False
         if self.finalize is not None:
             result = self.finalize(result)
-        self.sweeps_total += 1
+        self.scans_total += 1
         if result.complete or result.incomplete_reason in ("sample", IDLE_UNKNOWN):  # every key was seen
             self.last = result
         else:
-            self.sweep_errors_total += 1
-            log.warning("sweep of %s incomplete: %s", display_url(self.url), result.incomplete_reason)
+            self.scan_errors_total += 1
+            log.warning("scan of %s incomplete: %s", display_url(self.url), result.incomplete_reason)
         return result
 
     def _loop(self) -> None:
         while not self._stop.is_set():
             try:
-                self.sweep_once()
-            except Exception as exc:  # a sweep must not kill the exporter; the next one may work
-                self.sweep_errors_total += 1
-                log.warning("sweep of %s failed: %s", display_url(self.url), exc)
+                self.scan_once()
+            except Exception as exc:  # a scan must not kill the exporter; the next one may work
+                self.scan_errors_total += 1
+                log.warning("scan of %s failed: %s", display_url(self.url), exc)
             self._stop.wait(self.interval)
 
     def start(self) -> None:
-        """Start the sweep thread (the first sweep begins at once)."""
-        self._thread = threading.Thread(target=self._loop, name="kvg-redis-sweep", daemon=True)
+        """Start the scan thread (the first scan begins at once)."""
+        self._thread = threading.Thread(target=self._loop, name="kvg-redis-scan", daemon=True)
         self._thread.start()
 
     # -- scrapes ------------------------------------------------------------------------------------------
@@ -88,11 +88,11 @@ class Exporter:
             up = False
             log.debug("INFO failed: %s", exc)
         yield from info_families(info, up, time.perf_counter() - t0)
-        yield from sweep_families(self.last, top=self.top)
+        yield from scan_families(self.last, top=self.top)
         for name, value in (
-            ("kvguardian_redis_sweeps_total", self.sweeps_total),
-            ("kvguardian_redis_sweep_errors_total", self.sweep_errors_total),
-            ("kvguardian_redis_sweep_running", int(self.sweeping)),
+            ("kvguardian_redis_sweeps_total", self.scans_total),
+            ("kvguardian_redis_sweep_errors_total", self.scan_errors_total),
+            ("kvguardian_redis_sweep_running", int(self.scanning)),
         ):
             fam = family(name)
             fam.add_metric([], float(value))
@@ -117,7 +117,7 @@ class Exporter:
         return str(host), int(bound)
 
     def close(self) -> None:
-        """Stop serving at once; a sweep in flight sees the stop at its next batch (its thread is a daemon,
+        """Stop serving at once; a scan in flight sees the stop at its next batch (its thread is a daemon,
         so a server that hangs cannot hold the exit)."""
         self._stop.set()
         if self._server is not None:

@@ -1,4 +1,4 @@
-"""Prometheus metrics: per-pattern gauges of a completed sweep (bounded labels) and the O(1) server gauges.
+"""Prometheus metrics: per-pattern gauges of a completed scan (bounded labels) and the O(1) server gauges.
 
 Label cardinality is bounded: the ``top`` patterns by bytes keep their own ``pattern`` label, the rest are
 summed under ``{other}``. Names follow the project's rules: ``kvguardian_`` prefix, base units.
@@ -13,7 +13,7 @@ from kvguardian.core.exporters.prometheus import family
 from kvguardian.keyspace.patterns import OVERFLOW
 from kvguardian.keyspace.result import ScanResult
 
-__all__ = ["ScanCollector", "exposition", "info_families", "sweep_families"]
+__all__ = ["ScanCollector", "exposition", "info_families", "scan_families"]
 
 #: (result field, metric name); names, HELP texts and labels come from kvguardian.core.exporters.catalog.
 _PATTERN_GAUGES = (
@@ -45,9 +45,9 @@ def _bounded(result: ScanResult, top: int) -> list[dict[str, Any]]:
     return keep
 
 
-def sweep_families(result: ScanResult | None, *, top: int = 50, prefix_labels: dict[str, str] | None = None
+def scan_families(result: ScanResult | None, *, top: int = 50, prefix_labels: dict[str, str] | None = None
                    ) -> Iterator[Any]:
-    """Metric families of one sweep (nothing when there is none yet)."""
+    """Metric families of one scan (nothing when there is none yet)."""
     if result is None:
         return
     rows = _bounded(result, top)
@@ -107,18 +107,18 @@ def info_families(info: dict[str, Any], up: bool, scrape_s: float) -> Iterator[A
 
 
 class ScanCollector:
-    """A prometheus_client collector over one fixed sweep result (``scan --prometheus``)."""
+    """A prometheus_client collector over one fixed scan result (``scan --prometheus``)."""
 
     def __init__(self, result: ScanResult, *, top: int = 50) -> None:
         self.result = result
         self.top = top
 
     def collect(self) -> Iterator[Any]:
-        yield from sweep_families(self.result, top=self.top)
+        yield from scan_families(self.result, top=self.top)
 
 
 def exposition(result: ScanResult, *, top: int = 50) -> str:
-    """The Prometheus text exposition of one sweep."""
+    """The Prometheus text exposition of one scan."""
     from prometheus_client import CollectorRegistry, generate_latest
 
     registry = CollectorRegistry(auto_describe=False)

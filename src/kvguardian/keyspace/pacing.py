@@ -1,4 +1,4 @@
-"""How much work one sweep call gives the server, and how the sweep's own client work yields the CPU.
+"""How much work one scan call gives the server, and how the scan's own client work yields the CPU.
 
 Redis runs one command at a time, so a probe batch sets the worst stall a concurrent request meets.
 `BatchSizer` keeps it under ``max_call_s``: the probe script times itself, and the next ``SCAN COUNT`` is what
@@ -52,7 +52,7 @@ class BatchSizer:
 
 def lower_priority(nice: int = 10) -> bool:
     """Raise the calling thread's nice value by ``nice`` (Linux: per thread; elsewhere the whole process).
-    An unprivileged process cannot lower it back, so call it from a thread that does only the sweep. False if
+    An unprivileged process cannot lower it back, so call it from a thread that does only the scan. False if
     the platform has no nice values."""
     if nice <= 0 or not hasattr(os, "setpriority"):
         return False

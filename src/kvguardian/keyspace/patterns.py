@@ -233,7 +233,7 @@ class PatternMiner:
         self._coarse.clear()
 
     def pattern_ids_bytes(self, raws: list[bytes]) -> list[int]:
-        """`pattern_id_bytes` for a batch: the mask-cache hit path inlined (a sweep calls this once per batch)."""
+        """`pattern_id_bytes` for a batch: the mask-cache hit path inlined (a scan calls this once per batch)."""
         cache_get = self._cache.get
         mask_table = _MASK
         out: list[int] = []

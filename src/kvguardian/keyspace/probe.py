@@ -69,7 +69,7 @@ for i = 2, #ARGV do
 )
 LUA_SHA = hashlib.sha1(LUA_PROBE.encode()).hexdigest()
 
-#: the sweep's usual call: SCAN one step and probe what it returned, in one script. Nothing goes back and
+#: the scan's usual call: SCAN one step and probe what it returned, in one script. Nothing goes back and
 #: forth per key but the reply, and the server never waits for the client between a SCAN and its probe.
 LUA_SCAN_PROBE = (
     """#!lua flags=no-writes,allow-cross-slot-keys
@@ -152,7 +152,7 @@ def _permission_error(exc: Exception, where: str) -> UsageError:
 
 
 class Lane:
-    """One server's sweep: SCAN cursor, the batch in flight, the probe mode."""
+    """One server's scan: SCAN cursor, the batch in flight, the probe mode."""
 
     def __init__(self, client: Any, where: str, *, mode: str, sub: str, batch: int, match: bytes | None) -> None:
         self.client = client
@@ -170,7 +170,7 @@ class Lane:
         self.moved = 0  # keys that answered MOVED or ASK (a Cluster resharding): counted as vanished
 
     def close(self, *, broken: bool = False) -> None:
-        """Give the connection back; drop it if replies are still unread or the sweep broke off."""
+        """Give the connection back; drop it if replies are still unread or the scan broke off."""
         if broken or self._sent is not None:
             self._conn.disconnect()
         self.client.connection_pool.release(self._conn)

@@ -1,4 +1,4 @@
-"""The output of a sweep and of a diff, through a `Reporter` (tables, warnings, findings, the JSON result);
+"""The output of a scan and of a diff, through a `Reporter` (tables, warnings, findings, the JSON result);
 a progress bar with keys/s and an ETA."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def _ttl_text(ttl: dict[str, int]) -> str:
 
 
 def print_scan(result: ScanResult, out: Reporter, *, top: int = 20) -> None:
-    """The header line, the pattern table, warnings and findings of one sweep."""
+    """The header line, the pattern table, warnings and findings of one scan."""
     state = "complete" if result.complete else f"INCOMPLETE ({result.incomplete_reason})"
     nodes = result.server.get("nodes") or []
     out.text(
@@ -55,7 +55,7 @@ def print_scan(result: ScanResult, out: Reporter, *, top: int = 20) -> None:
 
 
 def _print_shards(nodes: list[dict[str, Any]], out: Reporter) -> None:
-    """One row per Cluster shard swept (or RDB file read): its keys and bytes, and why it stopped early."""
+    """One row per Cluster shard scanned (or RDB file read): its keys and bytes, and why it stopped early."""
     out.table("per shard" if nodes[0].get("role") != "rdb" else "per file",
               ["node" if nodes[0].get("role") != "rdb" else "file", "role", "keys", "bytes", "stopped early"],
               [[str(n.get("addr")), str(n.get("role")), f"{n.get('keys_scanned') or 0:,}",
@@ -81,7 +81,7 @@ def print_diff(rows: list[dict[str, Any]], report: Report, warnings: list[str], 
 
 @contextmanager
 def progress_bar(enabled: bool) -> Iterator[Any]:
-    """A rich progress bar on stderr (keys, keys/s, ETA from DBSIZE); yields the sweep's progress callback."""
+    """A rich progress bar on stderr (keys, keys/s, ETA from DBSIZE); yields the scan's progress callback."""
     if not enabled:
         yield None
         return
@@ -95,11 +95,11 @@ def progress_bar(enabled: bool) -> Iterator[Any]:
         TimeRemainingColumn,
     )
 
-    columns = (TextColumn("sweeping"), BarColumn(), MofNCompleteColumn(), TaskProgressColumn(),
+    columns = (TextColumn("scanning"), BarColumn(), MofNCompleteColumn(), TaskProgressColumn(),
                TextColumn("{task.fields[rate]} keys/s"), TimeElapsedColumn(), TextColumn("ETA"),
                TimeRemainingColumn())
     with Progress(*columns, console=console(stderr=True), transient=True) as prog:
-        task = prog.add_task("sweep", total=None, rate="—")
+        task = prog.add_task("scan", total=None, rate="—")
 
         def update(done: int, total: int) -> None:
             speed = prog.tasks[0].speed

@@ -1,4 +1,4 @@
-"""The result of a sweep and its JSON form (``kv-guardian redis scan --json``), which ``redis diff`` reads.
+"""The result of a scan and its JSON form (``kv-guardian redis scan --json``), which ``redis diff`` reads.
 
 Schema ``kv-guardian/redis-scan`` version 1 — stable: fields are only added, never renamed or removed. Byte
 figures are ``MEMORY USAGE`` (5 elements sampled per collection), p50 values come from log histograms, and key
@@ -41,7 +41,7 @@ def key_text(raw: bytes | str | None) -> str | None:
 
 @dataclass
 class ScanResult:
-    """One sweep; `to_dict` is the documented JSON (module docstring)."""
+    """One scan; `to_dict` is the documented JSON (module docstring)."""
 
     target: str
     started: float
@@ -72,7 +72,7 @@ class ScanResult:
         return self.keys_scanned / self.duration_s if self.duration_s > 0 else 0.0
 
     def report(self) -> Report:
-        """The findings as a `Report` made when the sweep finished."""
+        """The findings as a `Report` made when the scan finished."""
         return Report(findings=list(self.findings), summary={"target": self.target, "keys": self.keys_scanned},
                       created=self.finished or self.started)
 

@@ -1,4 +1,4 @@
-"""Per-pattern statistics of a sweep, accumulated a batch at a time with numpy; memory is bounded.
+"""Per-pattern statistics of a scan, accumulated a batch at a time with numpy; memory is bounded.
 
 Per pattern: key count, bytes (sum, histogram for p50, max), keys and bytes with no TTL, cold keys and bytes
 (no TTL and idle past the threshold, or an LFU counter at or below it), a TTL distribution in fixed buckets,
@@ -83,7 +83,7 @@ def quantile(hist: np.ndarray, q: float, vmax: int) -> int | None:
 
 
 class PatternStats:
-    """Statistics per pattern id, grown as patterns appear. Only the sweep thread mutates it."""
+    """Statistics per pattern id, grown as patterns appear. Only the scan thread mutates it."""
 
     # per pattern id (rows grow with the number of patterns, never with the number of keys)
     keys: np.ndarray  # keys probed

@@ -1,5 +1,5 @@
-"""Verdicts on a sweep (KVG301 cold no-TTL keys, KVG302 key-name explosion, KVG305 no-TTL keys) and on two
-sweeps (KVG303 key-space growth, KVG304 growing collections). Pure functions of `ScanResult` data.
+"""Verdicts on a scan (KVG301 cold no-TTL keys, KVG302 key-name explosion, KVG305 no-TTL keys) and on two
+scans (KVG303 key-space growth, KVG304 growing collections). Pure functions of `ScanResult` data.
 
 Every finding names the pattern, the counts and bytes, an example key (already redacted when the result
 is) and the fix.
@@ -58,7 +58,7 @@ def _idle_phrase(result: ScanResult, p: dict[str, Any]) -> str:
 
 
 def scan_findings(result: ScanResult, th: Thresholds | None = None) -> list[Finding]:
-    """KVG301/302/305 for each pattern of one sweep."""
+    """KVG301/302/305 for each pattern of one scan."""
     th = th or Thresholds()
     out: list[Finding] = []
     roles = {n.get("role", "master") for n in (result.server.get("nodes") or [])}

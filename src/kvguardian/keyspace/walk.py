@@ -1,5 +1,5 @@
-"""Walking the nodes of a sweep in parallel: one thread per node (a Cluster's shards), one request in flight
-on each, every probed batch handed to the one `Counting` of the sweep.
+"""Walking the nodes of a scan in parallel: one thread per node (a Cluster's shards), one request in flight
+on each, every probed batch handed to the one `Counting` of the scan.
 
 One miner sees every key, so a pattern whose keys are spread over slots and shards is one pattern with its
 counts and bytes summed: the merge happens key by key, never by matching names of patterns mined apart. A
@@ -67,7 +67,7 @@ class Walk:
         if not self.lanes:
             return
         for i, lane in enumerate(self.lanes):
-            threading.Thread(target=self._lane, args=(i,), name=f"kvguardian-sweep-{lane.where}", daemon=True).start()
+            threading.Thread(target=self._lane, args=(i,), name=f"kvguardian-scan-{lane.where}", daemon=True).start()
         while not self._all_done.is_set():  # an Event, not Thread.join: Ctrl-C can interrupt this wait safely
             try:
                 self._all_done.wait(0.2)

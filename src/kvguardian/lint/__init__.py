@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from kvguardian.lint.config import LintConfig, load_config
 from kvguardian.lint.diagnostic import Diagnostic, LintResult, Skipped
-from kvguardian.lint.engine import lint_paths
 from kvguardian.lint.rules import RULES
+from kvguardian.lint.runner import lint_paths
 
 __all__ = ["RULES", "Diagnostic", "LintConfig", "LintResult", "Skipped", "lint_paths", "load_config"]

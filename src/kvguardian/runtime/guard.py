@@ -12,6 +12,7 @@ Importing this module imports neither torch nor transformers. What is where: doc
 from __future__ import annotations
 
 import itertools
+import warnings
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
@@ -147,10 +148,10 @@ class Guard:
         """The hooks `attach` installed, one `hf.attach.Attachment` per model (``.enabled``, ``.remove()``)."""
         return tuple(self._attached)
 
-    def audit_process(self, *, generate: bool = True) -> Guard:
-        """See every transformers cache of this process, attached model or not (what ``kv-guardian run`` and
-        the pytest plugin do): top-level ``generate()`` calls and manually driven caches become implicit
-        requests. Undo with `stop_auditing_process`.
+    def attach_process(self, *, generate: bool = True) -> Guard:
+        """Attach to every transformers cache of this process, attached model or not (what ``kv-guardian run``
+        and the pytest plugin do): top-level ``generate()`` calls and manually driven caches become implicit
+        requests. Undo with `detach_process`.
 
         Raises:
             UsageError: transformers is missing or older than 5.0.
@@ -161,15 +162,26 @@ class Guard:
         if current is not None and current is self._hf:
             return self
         if current is not None:
-            raise UsageError("another guard already audits this process; fix: stop_auditing_process() on it first")
+            raise UsageError("another guard is already attached to this process; fix: detach_process() on it first")
         set_process_tracker(self.hf_tracker(), generate=generate)
         return self
 
-    def stop_auditing_process(self) -> None:
+    def detach_process(self) -> None:
+        """Undo `attach_process` (nothing when this guard is not the process's)."""
         from kvguardian.runtime.hf.instrument import process_tracker, set_process_tracker
 
         if self._hf is not None and process_tracker() is self._hf:
             set_process_tracker(None)
+
+    def audit_process(self, *, generate: bool = True) -> Guard:
+        """Deprecated old name of `attach_process` (it attaches; it does not audit): goes after the next release."""
+        _renamed("audit_process", "attach_process")
+        return self.attach_process(generate=generate)
+
+    def stop_auditing_process(self) -> None:
+        """Deprecated old name of `detach_process`: goes after the next release."""
+        _renamed("stop_auditing_process", "detach_process")
+        self.detach_process()
 
     def track_module(self, model: torch.nn.Module, **kwargs: Any) -> ModuleTracker:
         """Audit a custom torch model that keeps preallocated KV buffers on its modules (gpt-fast style): the
@@ -188,7 +200,7 @@ class Guard:
             self._attached.pop().remove()
         while self._modules:
             self._modules.pop().remove()
-        self.stop_auditing_process()
+        self.detach_process()
 
     def track(self, keys: torch.Tensor, values: torch.Tensor | None = None, *, layer: int | None = None,
               source: str = "track") -> None:
@@ -290,3 +302,9 @@ def _versions() -> dict[str, str | None]:
 
     return {"kv-guardian": of("kvguardian"), "python": platform.python_version(), "torch": of("torch"),
             "transformers": of("transformers")}
+
+
+def _renamed(old: str, new: str) -> None:
+    """One `DeprecationWarning` for a renamed `Guard` method, pointing at the caller's line."""
+    warnings.warn(f"Guard.{old} is now Guard.{new}; the old name goes after the next release", DeprecationWarning,
+                  stacklevel=3)

@@ -127,7 +127,7 @@ class KVGuardianPlugin:
             guard = self.new_guard()
         auditing = False
         try:
-            guard.audit_process()
+            guard.attach_process()
             auditing = True
         except UsageError:
             pass  # no (supported) transformers: only what the test tracks itself is audited
@@ -135,13 +135,13 @@ class KVGuardianPlugin:
             result = yield
         except BaseException:
             if auditing:
-                guard.stop_auditing_process()
+                guard.detach_process()
             raise
         try:
             report = guard.check(end_implicit=True)
         finally:
             if auditing:
-                guard.stop_auditing_process()
+                guard.detach_process()
         self._write(item, report)
         failing = [f for f in report.findings if f.severity.rank >= fail_on.rank]
         orphaned = sum(int(f.evidence.get("bytes", 0) or 0) for f in failing if f.id == "KVG102")

@@ -1,6 +1,6 @@
-"""A real Redis Cluster on loopback (3 masters + 1 replica each, Debian's redis-server): the sweep walks every
+"""A real Redis Cluster on loopback (3 masters + 1 replica each, Debian's redis-server): the scan walks every
 shard in parallel, merges patterns, never writes, reads replicas when asked; a lost shard gives one line and
-the others' result; per-shard RDB dumps read together give the sweep's patterns."""
+the others' result; per-shard RDB dumps read together give the scan's patterns."""
 
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 from kvg_redis import RedisProc, cluster_nodes, cmdstats
 
-from kvguardian.keyspace.sweep import SweepOptions, sweep
+from kvguardian.keyspace.scan import ScanOptions, scan
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 
 LEAK = "upload:{uuid}"  # no TTL, unique names: the leak, spread over every shard
 LEAK_KEYS = 900
-#: what a sweep may send to a node; anything else (a write above all) fails the read-only test
+#: what a scan may send to a node; anything else (a write above all) fails the read-only test
 READ_ONLY = {"scan", "evalsha_ro", "eval_ro", "type", "memory|usage", "pttl", "object|idletime", "object|freq",
              "time", "info", "dbsize", "ping", "cluster|nodes", "readonly", "client|setinfo", "hello", "select"}
 REPLICATION = {"replconf"}  # a replica's acks to its master, every second: not ours
@@ -91,10 +91,10 @@ def test_a_leak_spread_over_every_shard_is_one_pattern_with_its_summed_size(clus
     assert all(f"127.0.0.1:{m.port}" in table and f"{n:,}" in table for m, n in zip(masters, per_shard))
 
 
-def test_the_sweep_never_writes_on_any_node(cluster, tmp_path):
+def test_the_scan_never_writes_on_any_node(cluster, tmp_path):
     before = [(cmdstats(n), n.client().info("persistence")["rdb_changes_since_last_save"]) for n in cluster]
     for mode in ("lua", "pipeline"):
-        result = sweep(cluster[0].url, SweepOptions(mode=mode, batch=100, nice=0))
+        result = scan(cluster[0].url, ScanOptions(mode=mode, batch=100, nice=0))
         assert result.complete and result.keys_scanned == sum(m.client().dbsize() for m in cluster[:3])
     for node, (stats, dirty) in zip(cluster, before):
         after = cmdstats(node)
@@ -114,7 +114,7 @@ def test_replicas_mode_reads_the_replicas_only(cluster, kv_cli, tmp_path):
     assert data["keys_scanned"] == sum(m.client().dbsize() for m in masters)
     probed = [{c for c, n in cmdstats(node).items() if n > old.get(c, 0)} & PROBES for node, old in
               zip(cluster, before)]
-    assert probed[:3] == [set(), set(), set()], probed  # no master was swept
+    assert probed[:3] == [set(), set(), set()], probed  # no master was scanned
     assert all("scan" in p or "evalsha_ro" in p for p in probed[3:]), probed
     assert any("KVG301" in w for w in data["warnings"])  # idle times on a replica: said so
 
@@ -129,7 +129,7 @@ def test_a_shard_lost_mid_walk_or_down_gives_one_line_and_the_other_shards(tmp_p
             if done >= 300:
                 nodes[2].stop()  # mid-walk: its lane meets a closed connection, the others go on
 
-        result = sweep(nodes[0].url, SweepOptions(batch=20, nice=0), progress=kill_at_300)
+        result = scan(nodes[0].url, ScanOptions(batch=20, nice=0), progress=kill_at_300)
         assert not result.complete and result.incomplete_reason.startswith("connection lost to 1 of 3 shards")
         rows = {n["addr"]: n for n in result.server["nodes"]}
         lost = rows[f"127.0.0.1:{nodes[2].port}"]

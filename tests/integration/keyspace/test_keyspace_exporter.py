@@ -1,4 +1,4 @@
-"""The exporter over real HTTP: O(1) gauges per scrape, the last completed sweep, never a sweep in a scrape."""
+"""The exporter over real HTTP: O(1) gauges per scrape, the last completed scan, never a scan in a scrape."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from kvg_redis import free_port, require_binary, seed
 
 from kvguardian.keyspace.exporter import Exporter
-from kvguardian.keyspace.sweep import SweepOptions
+from kvguardian.keyspace.scan import ScanOptions
 
 pytestmark = pytest.mark.services
 
@@ -29,10 +29,10 @@ def _value(text: str, series: str) -> float:
     raise AssertionError(f"{series} not in the exposition")
 
 
-def test_exporter_serves_info_gauges_and_the_last_completed_sweep(redis_proc):
+def test_exporter_serves_info_gauges_and_the_last_completed_scan(redis_proc):
     r = redis_proc.client()
     seed(r)
-    exporter = Exporter(redis_proc.url, SweepOptions(cold_after=3600), interval=3600)
+    exporter = Exporter(redis_proc.url, ScanOptions(cold_after=3600), interval=3600)
     host, port = exporter.serve(free_port())
     assert host == "127.0.0.1"
     try:
@@ -40,7 +40,7 @@ def test_exporter_serves_info_gauges_and_the_last_completed_sweep(redis_proc):
         assert _value(before, "kvguardian_redis_up") == 1.0
         assert _value(before, 'kvguardian_redis_keys{db="db0"}') == r.dbsize()
         assert _value(before, 'kvguardian_redis_keys_without_ttl{db="db0"}') == 440  # 200+150+60+30
-        assert "kvguardian_redis_pattern_keys" not in before  # no sweep has completed yet
+        assert "kvguardian_redis_pattern_keys" not in before  # no scan has completed yet
         exporter.start()
         deadline = time.monotonic() + 30
         while exporter.last is None and time.monotonic() < deadline:
@@ -64,10 +64,10 @@ def test_exporter_serves_info_gauges_and_the_last_completed_sweep(redis_proc):
 def test_exporter_bounds_pattern_labels_and_reports_a_dead_server(redis_proc):
     r = redis_proc.client()
     seed(r)
-    exporter = Exporter(redis_proc.url, SweepOptions(), interval=3600, top=2)
+    exporter = Exporter(redis_proc.url, ScanOptions(), interval=3600, top=2)
     _, port = exporter.serve(free_port())
     try:
-        exporter.sweep_once()
+        exporter.scan_once()
         text = _scrape(port)
         labels = [ln for ln in text.splitlines() if ln.startswith("kvguardian_redis_pattern_keys{")]
         assert len(labels) == 3 and any('pattern="{other}"' in ln for ln in labels)
@@ -75,7 +75,7 @@ def test_exporter_bounds_pattern_labels_and_reports_a_dead_server(redis_proc):
         redis_proc.stop()
         down = _scrape(port)
         assert _value(down, "kvguardian_redis_up") == 0.0
-        assert _value(down, 'kvguardian_redis_pattern_keys{pattern="{other}"}') > 0  # the last sweep stays
+        assert _value(down, 'kvguardian_redis_pattern_keys{pattern="{other}"}') > 0  # the last scan stays
     finally:
         exporter.close()
 
@@ -107,7 +107,7 @@ def test_every_exported_family_is_in_the_catalog_with_its_labels(redis_proc):
 
     r = redis_proc.client()
     seed(r)
-    exporter = Exporter(redis_proc.url, SweepOptions(cold_after=3600), interval=3600)
+    exporter = Exporter(redis_proc.url, ScanOptions(cold_after=3600), interval=3600)
     _, port = exporter.serve(free_port())
     try:
         exporter.start()

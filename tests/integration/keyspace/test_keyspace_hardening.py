@@ -105,8 +105,8 @@ def test_passwords_in_the_query_and_in_redisclI_auth_are_masked_everywhere(tmp_p
             proc.proc.wait(10)
 
 
-def test_output_paths_are_checked_before_the_sweep(hostile, kv_cli, tmp_path):
-    """Item 9: -o /no/such/dir/x.json (or --prometheus BAD) was checked after the sweep and lost it."""
+def test_output_paths_are_checked_before_the_scan(hostile, kv_cli, tmp_path):
+    """Item 9: -o /no/such/dir/x.json (or --prometheus BAD) was checked after the scan and lost it."""
     for flag in ("-o", "--prometheus"):
         rc, out, err = kv_cli("redis", "scan", hostile.url, flag, str(tmp_path / "no" / "such" / "x"))
         assert rc == 2 and out == "", err
@@ -125,7 +125,7 @@ def test_sigterm_ends_a_scan_like_ctrl_c_with_a_partial_result(tmp_path, sig, co
         cmd = cli_command("redis", "scan", proc.url, "--json", "--batch", "10", "--max-keys-per-sec", "1000",
                           "--fail-on", "never")
         scan = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        wait_for_scans(proc.url)  # the sweep is under way (it needs 20 s at 1,000 keys/s)
+        wait_for_scans(proc.url)  # the scan is under way (it needs 20 s at 1,000 keys/s)
         t0 = time.monotonic()
         scan.send_signal(sig)
         out, err = scan.communicate(timeout=30)
@@ -215,7 +215,7 @@ def test_bad_scan_arguments_are_refused(hostile, kv_cli, argv, fragment):
     (["--addr", "203.0.113.7"], "with --host"),  # --addr: the 0.1.0 name of --host, hidden for one release
 ])
 def test_bad_exporter_arguments_are_refused(hostile, kv_cli, argv, fragment):
-    """Items 13, 14 and 17: --interval 0 swept back to back, --port 70000 was rc 70, a bad --addr (now --host)
+    """Items 13, 14 and 17: --interval 0 scanned back to back, --port 70000 was rc 70, a bad --addr (now --host)
     said 'pick another --port'."""
     rc, _out, err = kv_cli("redis", "exporter", hostile.url, *argv, timeout=30)
     assert rc in (2, 3) and fragment in err and len(err.strip().splitlines()) == 1, err
@@ -238,7 +238,7 @@ def test_stdout_on_a_full_disk_is_one_line(hostile):
 
 
 def test_an_output_file_that_cannot_be_written_loses_nothing_else(hostile, kv_cli, tmp_path):
-    """-o on a full disk raised after the sweep: the table, the HTML page and the --prometheus file after it
+    """-o on a full disk raised after the scan: the table, the HTML page and the --prometheus file after it
     were never written, and the line did not say which flag (rc 2)."""
     prom, page = tmp_path / "s.prom", tmp_path / "s.html"
     rc, out, err = kv_cli("redis", "scan", hostile.url, "-o", "/dev/full", "--prometheus", str(prom), "--html",
@@ -285,7 +285,7 @@ def test_a_non_utf8_or_nan_json_diff_input_is_one_line(kv_cli, tmp_path):
     assert rc == 2 and "NaN is not a JSON value" in err, err
 
 
-def test_the_exporter_ends_within_seconds_on_sigterm_even_mid_sweep(hostile):
+def test_the_exporter_ends_within_seconds_on_sigterm_even_mid_scan(hostile):
     cmd = cli_command("redis", "exporter", hostile.url, "--port", "0", "--interval", "1s")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

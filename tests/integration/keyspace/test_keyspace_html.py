@@ -45,6 +45,6 @@ def test_scan_and_diff_write_html(redis_proc, kv_cli, tmp_path):
     assert 'data-pattern="tmp_{ts_ns}"' in html and 'class="growth"' in html
 
 
-def test_a_bad_html_path_fails_before_the_sweep(redis_proc, kv_cli, tmp_path):
+def test_a_bad_html_path_fails_before_the_scan(redis_proc, kv_cli, tmp_path):
     rc, _out, err = kv_cli("redis", "scan", redis_proc.url, "--html", str(tmp_path / "no" / "x.html"))
     assert rc == 2 and "--html" in err and err.count("\n") == 1

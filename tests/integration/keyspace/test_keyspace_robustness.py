@@ -14,8 +14,8 @@ import pytest
 from kvg_redis import free_port, seed
 
 from kvguardian.keyspace.probe import LUA_PROBE, LUA_SCAN_SHA, Lane, choose_mode
+from kvguardian.keyspace.scan import ScanOptions, scan
 from kvguardian.keyspace.stats import PatternStats
-from kvguardian.keyspace.sweep import SweepOptions, sweep
 
 pytestmark = pytest.mark.services
 
@@ -57,7 +57,7 @@ def test_scan_probe_after_script_flush_reloads_and_loses_no_step(redis_proc):
     assert r.script_exists(LUA_SCAN_SHA) == [True]
 
 
-def test_keys_expiring_during_the_sweep(redis_proc):
+def test_keys_expiring_during_the_scan(redis_proc):
     r = redis_proc.client()
     p = r.pipeline(transaction=False)
     for i in range(3000):
@@ -65,7 +65,7 @@ def test_keys_expiring_during_the_sweep(redis_proc):
     for i in range(500):
         p.set(f"stays:{i}", "v")
     p.execute()
-    result = sweep(redis_proc.url, SweepOptions(batch=50, max_keys_per_sec=3000))
+    result = scan(redis_proc.url, ScanOptions(batch=50, max_keys_per_sec=3000))
     assert result.complete
     counted = sum(p["keys"] for p in result.patterns)
     assert counted + result.keys_vanished == result.keys_scanned
@@ -97,24 +97,24 @@ def _scan_process(url: str, *extra: str) -> subprocess.Popen[str]:
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
-def _wait_until_sweeping(r, calls: int = 4) -> None:
-    """Until the sweep subprocess has probed a few batches (its start-up time varies with the machine).
+def _wait_until_scanning(r, calls: int = 4) -> None:
+    """Until the scan subprocess has probed a few batches (its start-up time varies with the machine).
 
-    4 calls: the mode check's own EVALSHA_RO, then batches 1-3. The sweep sends batch n+1 before it counts
+    4 calls: the mode check's own EVALSHA_RO, then batches 1-3. The scan sends batch n+1 before it counts
     batch n, so only once batch 3 has run on the server is batch 1 surely counted by the client."""
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if r.info("commandstats").get("cmdstat_evalsha_ro", {}).get("calls", 0) >= calls:
             return
         time.sleep(0.05)
-    raise AssertionError("the sweep did not start within 60 s")
+    raise AssertionError("the scan did not start within 60 s")
 
 
 def test_server_restarted_mid_scan_gives_a_partial_result_not_a_hang(redis_proc):
     r = redis_proc.client()
     seed(r, scale=3)
     proc = _scan_process(redis_proc.url, "--max-keys-per-sec", "600", "--batch", "50", "--timeout", "5")
-    _wait_until_sweeping(r)
+    _wait_until_scanning(r)
     redis_proc.restart()  # kill -9 and start again on the same port
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 3, err
@@ -127,7 +127,7 @@ def test_server_restarted_mid_scan_gives_a_partial_result_not_a_hang(redis_proc)
 def test_ctrl_c_gives_a_partial_result_marked_incomplete(redis_proc):
     seed(redis_proc.client(), scale=3)
     proc = _scan_process(redis_proc.url, "--max-keys-per-sec", "600", "--batch", "50")
-    _wait_until_sweeping(redis_proc.client())
+    _wait_until_scanning(redis_proc.client())
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
@@ -163,7 +163,7 @@ def test_unix_socket_url(tmp_path):
     proc = RedisProc(tmp_path / "unix", "--unixsocket", str(sock), "--unixsocketperm", "700")
     try:
         seed(proc.client())
-        result = sweep(f"unix://{sock}", SweepOptions())
+        result = scan(f"unix://{sock}", ScanOptions())
         assert result.complete and result.keys_scanned == proc.client().dbsize()
         assert result.server["nodes"][0]["addr"] == str(sock)
     finally:

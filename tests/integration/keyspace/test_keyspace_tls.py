@@ -8,7 +8,7 @@ import time
 import pytest
 from kvg_redis import free_port, redis, require_binary, seed
 
-from kvguardian.keyspace.sweep import SweepOptions, sweep
+from kvguardian.keyspace.scan import ScanOptions, scan
 
 pytestmark = pytest.mark.services
 
@@ -36,7 +36,7 @@ def test_rediss_url_with_a_ca_file(tmp_path):
                 assert time.monotonic() < deadline and proc.poll() is None, "TLS redis-server did not start"
                 time.sleep(0.1)
         seed(client)
-        result = sweep(f"rediss://127.0.0.1:{port}/0?ssl_ca_certs={cert}", SweepOptions())
+        result = scan(f"rediss://127.0.0.1:{port}/0?ssl_ca_certs={cert}", ScanOptions())
         assert result.complete and result.mode == "lua" and result.keys_scanned == client.dbsize()
         assert {p["pattern"] for p in result.patterns} >= {"session:{uuid}", "tmp_{ts_ns}"}
     finally:

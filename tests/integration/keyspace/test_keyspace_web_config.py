@@ -12,11 +12,11 @@ from kvguardian.core.exporters.webconfig import load_web_config
 @pytest.mark.services
 def test_redis_exporter_over_tls_with_basic_auth(tmp_path):
     from kvguardian.keyspace.exporter import Exporter
-    from kvguardian.keyspace.sweep import SweepOptions
+    from kvguardian.keyspace.scan import ScanOptions
 
     cfg = load_web_config(web_config_file(tmp_path, USERS))
     redis = RedisProc(tmp_path / "redis")  # a real redis-server
-    exp = Exporter(redis.url, SweepOptions(), interval=3600)
+    exp = Exporter(redis.url, ScanOptions(), interval=3600)
     try:
         host, port = exp.serve(0, "127.0.0.1", web_config=cfg)
         assert b"kvguardian_redis" in assert_guarded(host, port, "/metrics", client_ctx(tmp_path))

@@ -14,7 +14,7 @@ from kvg_redis import RedisProc, seed
 
 from kvguardian.keyspace.rdb.reader import RdbReader
 from kvguardian.keyspace.rdb.scan import RdbSource, scan_rdb
-from kvguardian.keyspace.sweep import SweepOptions, sweep
+from kvguardian.keyspace.scan import ScanOptions, scan
 
 pytestmark = pytest.mark.services
 
@@ -103,11 +103,11 @@ def test_every_key_type_expiry_and_policy_opcodes(saved):
             assert idle >= 0  # IDLE seconds under LRU, the FREQ counter under LFU
 
 
-def test_scan_result_matches_a_live_sweep(saved):
+def test_scan_result_matches_a_live_scan(saved):
     policy, proc, kinds, path = saved
     with path.open("rb") as f:
         offline = scan_rdb(RdbSource(f, str(path)), db=0)
-    live = sweep(proc.url, SweepOptions(nice=0))
+    live = scan(proc.url, ScanOptions(nice=0))
     assert offline.complete and offline.keys_scanned == live.keys_scanned == len(kinds)
     assert offline.idle_metric == ("freq" if policy == "allkeys-lfu" else "idletime")
     pat_off = {p["pattern"]: (p["keys"], p["types"], p["ttl"]["none"]) for p in offline.patterns}
@@ -244,7 +244,7 @@ def test_databases_of_a_snapshot_the_url_and_db_options_pick(tmp_path, kv_cli):
 
 
 def test_cold_keys_are_found_offline_too(tmp_path):
-    """KVG301 from a snapshot's IDLE records, as a live sweep finds it."""
+    """KVG301 from a snapshot's IDLE records, as a live scan finds it."""
     import time
 
     from kvguardian.keyspace.verdicts import scan_findings
@@ -256,10 +256,10 @@ def test_cold_keys_are_found_offline_too(tmp_path):
             r.set(f"stale:{i}", "x")
         time.sleep(2.2)  # IDLE is kept in seconds
         r.save()
-        opts = SweepOptions(cold_after=1)
+        opts = ScanOptions(cold_after=1)
         with (proc.dir / "dump.rdb").open("rb") as f:
             offline = scan_rdb(RdbSource(f, "dump.rdb"), opts)
-        live = sweep(proc.url, SweepOptions(cold_after=1, nice=0))
+        live = scan(proc.url, ScanOptions(cold_after=1, nice=0))
     finally:
         proc.stop()
     assert [f.id for f in scan_findings(offline)] == [f.id for f in scan_findings(live)] == ["KVG301"]

@@ -32,7 +32,7 @@ ROOM = ("--prompt-tokens", "1900", "--max-samples", "200")
 
 
 def audit(kv_cli, url, *extra):
-    rc, out, err = kv_cli("audit", "cache-sharing", "--url", url, "--model", "tiny", "--key", "tenant-a",
+    rc, out, err = kv_cli("isolation", "cache-sharing", "--url", url, "--model", "tiny", "--key", "tenant-a",
                           "--key", "tenant-b", "--max-rps", "30", "--json", *ROOM, *extra, timeout=900)
     assert out, err
     return rc, json.loads(out), err

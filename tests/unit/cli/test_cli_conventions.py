@@ -79,7 +79,7 @@ def test_every_parser_follows_the_conventions(prog, parser):
 def test_the_walk_sees_the_commands_it_checks():
     progs = {prog for prog, _ in all_parsers()}
     for name in ("run", "lint", "report", "redis scan", "redis rdb", "redis diff", "redis exporter", "exporter",
-                 "demo", "sweep", "watch vllm", "audit cache-sharing"):
+                 "demo", "sweep", "watch vllm", "isolation cache-sharing"):
         assert f"kv-guardian {name}" in progs
 
 

@@ -1,4 +1,4 @@
-"""The audit's hit/miss prompts: a server's tokenizer word cache must not look like a prefix cache.
+"""The probe's hit/miss prompts: a server's tokenizer word cache must not look like a prefix cache.
 
 A fake endpoint stands in for the server (no HTTP): its time to first token is a cost per word the
 tokenizer has not seen (a BPE word cache, as Hugging Face ``tokenizers`` keeps) plus, when it has a prefix
@@ -12,7 +12,7 @@ import random
 
 import pytest
 
-from kvguardian.isolation.cache_sharing import AuditOptions, CacheSharingAudit, prompt_pair, random_words
+from kvguardian.isolation.cache_sharing import CacheSharingProbe, ProbeOptions, prompt_pair, random_words
 from kvguardian.isolation.client import Timing
 
 BLOCK = 64  # characters per prefix-cache block of the fake server
@@ -53,20 +53,20 @@ class FakeServer:
         pass
 
 
-def audit(server: FakeServer, seed: int) -> dict:
-    options = AuditOptions(url="http://127.0.0.1:1", model="tiny", keys=["a", "b"], seed=seed, warmup=1)
-    return CacheSharingAudit(options, endpoint=server).run().to_dict()  # type: ignore[arg-type]
+def probe(server: FakeServer, seed: int) -> dict:
+    options = ProbeOptions(url="http://127.0.0.1:1", model="tiny", keys=["a", "b"], seed=seed, warmup=1)
+    return CacheSharingProbe(options, endpoint=server).run().to_dict()  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("seed", range(5))
 def test_a_word_cache_alone_is_not_caching(seed):
-    data = audit(FakeServer(prefix_cache=False, seed=seed), seed)
+    data = probe(FakeServer(prefix_cache=False, seed=seed), seed)
     assert (data["caching"], data["shared_across_tenants"]) == (False, False), data["levels"]
 
 
 @pytest.mark.parametrize("seed", range(3))
 def test_a_prefix_cache_behind_a_word_cache_is_still_found(seed):
-    data = audit(FakeServer(prefix_cache=True, seed=seed), seed)
+    data = probe(FakeServer(prefix_cache=True, seed=seed), seed)
     assert (data["caching"], data["shared_across_tenants"]) == (True, True), data["levels"]
 
 

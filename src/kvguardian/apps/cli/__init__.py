@@ -27,7 +27,7 @@ from kvguardian.apps.cli.options import example
 from kvguardian.core.errors import EXIT_ENVIRONMENT, EXIT_INTERNAL, EXIT_USAGE, KVGuardianError
 from kvguardian.core.report.escape import visible
 
-__all__ = ["COMMANDS", "EXAMPLE", "GROUPS", "HelpFormatter", "all_parsers", "build_parser", "main"]
+__all__ = ["ALIASES", "COMMANDS", "EXAMPLE", "GROUPS", "HelpFormatter", "all_parsers", "build_parser", "main"]
 
 #: command name -> module. Add a line here to add a command.
 COMMANDS: dict[str, str] = {
@@ -42,14 +42,18 @@ COMMANDS: dict[str, str] = {
     "oom-guard": "kvguardian.apps.cli.oom_guard",
     "device-plugin": "kvguardian.apps.cli.device_plugin",
     "serve-mini": "kvguardian.apps.cli.serve_mini",
-    "audit": "kvguardian.apps.cli.audit",
+    "isolation": "kvguardian.apps.cli.isolation",
     "report": "kvguardian.apps.cli.report",
 }
+
+#: old command name -> its new name: still accepted for one release, absent from ``--help`` and the CLI reference
+#: (see docs/glossary.md for why each was renamed).
+ALIASES: dict[str, str] = {"audit": "isolation"}
 
 #: ``kv-guardian --help`` lists the commands under these headings, by who runs them; each command is in one.
 GROUPS: dict[str, tuple[str, ...]] = {
     "for your app (Hugging Face transformers, PyTorch)": ("run", "lint", "report", "sweep", "demo", "repro"),
-    "for a server (vLLM, SGLang, OpenAI-compatible)": ("watch", "audit", "serve-mini"),
+    "for a server (vLLM, SGLang, OpenAI-compatible)": ("watch", "isolation", "serve-mini"),
     "for Redis": ("redis",),
     "for the platform (Prometheus, Kubernetes)": ("exporter", "oom-guard", "device-plugin"),
 }
@@ -126,7 +130,8 @@ def build_parser(only: str | None = None) -> ArgumentParser:
             continue
         module = importlib.import_module(module_name)
         helps[name] = module.HELP
-        p = sub.add_parser(name, description=module.HELP, epilog=example(module.EXAMPLE))
+        old_names = [old for old, new in ALIASES.items() if new == name]  # argparse lists aliases nowhere in help
+        p = sub.add_parser(name, description=module.HELP, epilog=example(module.EXAMPLE), aliases=old_names)
         module.add_arguments(p)
         p.set_defaults(_run=module.run)
     if only is None:
@@ -157,7 +162,8 @@ def all_parsers(parser: argparse.ArgumentParser | None = None) -> Iterator[tuple
         yield depth, p
         for action in p._actions:  # noqa: SLF001 - argparse has no public way to list subcommands
             if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
-                for sub in action.choices.values():
+                # a hidden alias (`ALIASES`) maps to its command's very parser: each parser once
+                for sub in {id(sub): sub for sub in action.choices.values()}.values():
                     yield from walk(sub, depth + 1)
 
     return walk(build_parser() if parser is None else parser, 0)
@@ -166,7 +172,8 @@ def all_parsers(parser: argparse.ArgumentParser | None = None) -> Iterator[tuple
 def main(argv: Sequence[str] | None = None) -> int:
     _stand_in_for_closed_streams()
     words = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser(words[0] if words and words[0] in COMMANDS else None)
+    first = ALIASES.get(words[0], words[0]) if words else None
+    parser = build_parser(first if first in COMMANDS else None)
     args = parser.parse_args(words)
     run = getattr(args, "_run", None)
     if run is None:

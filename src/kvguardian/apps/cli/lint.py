@@ -16,10 +16,10 @@ from kvguardian.core.errors import EXIT_FINDINGS, EXIT_OK, UsageError
 from kvguardian.core.report.output import check_outputs
 from kvguardian.lint.config import load_config
 from kvguardian.lint.diagnostic import Skipped
-from kvguardian.lint.engine import lint_paths
 from kvguardian.lint.files import LANGUAGES
 from kvguardian.lint.output import FORMATS, clean, render
 from kvguardian.lint.rules import RULES
+from kvguardian.lint.runner import lint_paths
 
 NAME = "lint"
 HELP = "find KV-leak anti-patterns in source code (KVG4xx): Python, and Redis clients in Go, Java, Kotlin"

@@ -24,21 +24,21 @@ from kvguardian.core.report.output import add_html_option, check_outputs
 from kvguardian.core.report.reporter import reporting
 
 NAME = "redis"
-HELP = "find key-space leaks in Redis: read-only sweeps or RDB snapshots, key patterns, no-TTL/cold verdicts, diffs"
+HELP = "find key-space leaks in Redis: read-only scans or RDB snapshots, key patterns, no-TTL/cold verdicts, diffs"
 EXAMPLE = "kv-guardian redis scan redis://127.0.0.1:6379 --json -o today.json"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     sub = add_subcommands(p, "redis_command", "SUBCOMMAND")
-    scan = sub.add_parser("scan", help="sweep a Redis (or Cluster) read-only and report per-pattern leaks",
-                          description="Sweep a Redis or Redis Cluster read-only (SCAN + one read-only Lua call per "
+    scan = sub.add_parser("scan", help="scan a Redis (or Cluster) read-only and report per-pattern leaks",
+                          description="Scan a Redis or Redis Cluster read-only (SCAN + one read-only Lua call per "
                                       "batch) and report key patterns, TTL and idle-time distributions, and leaks.",
                           epilog=example("kv-guardian redis scan redis://127.0.0.1:6379/0 --json -o today.json",
                                          "kv-guardian redis scan redis://127.0.0.1:6379/0 --compare yesterday.json"))
     scan.add_argument("url", help="redis://[USER:PASSWORD@]HOST:PORT[/DB], rediss://…, or unix:///path.sock "
                                   "(no password in the URL: $REDISCLI_AUTH, as for redis-cli); any node of a "
-                                  "Redis Cluster: every shard is swept, in parallel")
-    _sweep_arguments(scan)
+                                  "Redis Cluster: every shard is scanned, in parallel")
+    _scan_arguments(scan)
     _replicas_argument(scan)
     _output_arguments(scan)
     scan.add_argument("--rdb", action="store_true",
@@ -49,7 +49,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     from kvguardian.apps.cli.redis_rdb import ScanHooks, add_rdb_command
 
-    add_rdb_command(sub, ScanHooks(_sweep_arguments, _output_arguments, _verdict_arguments, _options, emit_scan))
+    add_rdb_command(sub, ScanHooks(_scan_arguments, _output_arguments, _verdict_arguments, _options, emit_scan))
 
     diff = sub.add_parser("diff", help="per-pattern growth between two scan JSON files (KVG303/KVG304)",
                           epilog=example("kv-guardian redis diff yesterday.json today.json"))
@@ -61,17 +61,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     _verdict_arguments(diff)
     diff.set_defaults(redis_run=run_diff)
 
-    exp = sub.add_parser("exporter", help="serve /metrics: O(1) INFO gauges per scrape + the last completed sweep",
+    exp = sub.add_parser("exporter", help="serve /metrics: O(1) INFO gauges per scrape + the last completed scan",
                          description="Serve Prometheus /metrics. Every scrape runs INFO keyspace/memory only; "
-                                     "sweeps run on their own schedule, never inside a scrape.",
+                                     "scans run on their own schedule, never inside a scrape.",
                          epilog=example("kv-guardian redis exporter redis://127.0.0.1:6379 --port 9464 --interval 15m"))
     exp.add_argument("url", help="redis://[USER:PASSWORD@]HOST:PORT[/DB], rediss://…, or unix:///path.sock")
     exp.add_argument("--port", type=int, default=9464, help="port to serve /metrics on (default 9464)")
     exp.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: loopback only)")
     add_hidden_alias(exp, "--addr", "host", metavar="HOST")  # its 0.1.0 name, accepted for one release
-    exp.add_argument("--interval", default="5m", help="pause between sweeps (default 5m)")
+    exp.add_argument("--interval", default="5m", help="pause between scans (default 5m)")
     exp.add_argument("--top", type=int, default=50, help="patterns with their own label; the rest sum under {other}")
-    _sweep_arguments(exp)
+    _scan_arguments(exp)
     _replicas_argument(exp)
     exp.add_argument("--min-keys", type=int, default=10, help="keys a pattern needs for a finding (default 10)")
     add_web_config(exp)
@@ -88,15 +88,15 @@ def _output_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
 
-def _sweep_arguments(p: argparse.ArgumentParser) -> None:
+def _scan_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", type=int, default=0,
                    help="keys per SCAN COUNT and probe call; 0 (default): adapt so no call exceeds --max-call-ms")
     p.add_argument("--max-call-ms", type=float, default=0.5,
                    help="with --batch 0: the longest one probe call may hold the server (default 0.5 ms)")
     p.add_argument("--nice", type=int, default=10,
-                   help="run the sweep's mining and statistics this much nicer, in a child process (default 10; "
+                   help="run the scan's mining and statistics this much nicer, in a child process (default 10; "
                    "0: off, all in this process)")
-    p.add_argument("--max-keys-per-sec", type=float, default=None, help="rate limit for the whole sweep")
+    p.add_argument("--max-keys-per-sec", type=float, default=None, help="rate limit for the whole scan")
     p.add_argument("--sample", type=int, default=None, metavar="N", help="stop after N keys (a quick look)")
     p.add_argument("--match", default=None, metavar="GLOB", help="only keys matching this SCAN MATCH glob")
     p.add_argument("--mode", choices=("auto", "lua", "pipeline"), default="auto",
@@ -127,9 +127,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _options(args: argparse.Namespace) -> Any:
-    from kvguardian.keyspace.sweep import SweepOptions, parse_duration
+    from kvguardian.keyspace.scan import ScanOptions, parse_duration
 
-    opts = SweepOptions(batch=args.batch, max_call_ms=args.max_call_ms, nice=args.nice,
+    opts = ScanOptions(batch=args.batch, max_call_ms=args.max_call_ms, nice=args.nice,
                         max_keys_per_sec=args.max_keys_per_sec, sample=args.sample, mode=args.mode,
                         cold_after=parse_duration(args.cold_after, "--cold-after"), cold_freq=args.cold_freq,
                         max_patterns=args.max_patterns, collapse_after=args.collapse_after, match=args.match,
@@ -138,7 +138,7 @@ def _options(args: argparse.Namespace) -> Any:
     for flag, value, low in (("--top", args.top, 1), ("--min-keys", args.min_keys, 0)):
         if value < low:
             raise UsageError(f"{flag} {value} must be >= {low}")
-    # checked before the sweep, so a finished sweep is never thrown away for a bad path, nor its input replaced
+    # checked before the scan, so a finished scan is never thrown away for a bad path, nor its input replaced
     check_outputs([(flag, getattr(args, name, None)) for flag, name in (
         ("--output", "output"), ("--prometheus", "prometheus"), ("--html", "html"))],
         [*[("the RDB file read", f) for f in getattr(args, "file", None) or []],
@@ -166,21 +166,21 @@ def _exit_code(report: Report, fail_on: str) -> int:
 def run_scan(args: argparse.Namespace) -> int:
     from kvguardian.keyspace.render import progress_bar
     from kvguardian.keyspace.result import load_result
-    from kvguardian.keyspace.sweep import sweep
+    from kvguardian.keyspace.scan import scan
 
     opts = _options(args)
     if args.rdb and args.replicas:
         raise UsageError("--rdb and --replicas: a snapshot comes from the one node of the URL; fix: drop --replicas "
                          "and give a replica's URL, or read one dump per shard with: kv-guardian redis rdb FILE…")
-    old = load_result(args.compare) if args.compare else None  # a bad file fails before the sweep
-    with interrupting() as ending:  # SIGTERM and SIGHUP end the sweep as Ctrl-C does, with a partial result
+    old = load_result(args.compare) if args.compare else None  # a bad file fails before the scan
+    with interrupting() as ending:  # SIGTERM and SIGHUP end the scan as Ctrl-C does, with a partial result
         if args.rdb:
             from kvguardian.apps.cli.redis_rdb import run_scan_rdb
 
             return run_scan_rdb(args, opts, old, functools.partial(emit_scan, ending=ending))
         show_progress = not args.no_progress and sys.stderr.isatty()
         with progress_bar(show_progress) as progress:
-            result = sweep(args.url, opts, progress=progress, stop=threading.Event())
+            result = scan(args.url, opts, progress=progress, stop=threading.Event())
     return emit_scan(args, result, old, command="scan", ending=ending)
 
 
@@ -261,13 +261,13 @@ def run_diff(args: argparse.Namespace) -> int:
 
 def run_exporter(args: argparse.Namespace) -> int:
     from kvguardian.keyspace.exporter import Exporter
-    from kvguardian.keyspace.sweep import parse_duration
+    from kvguardian.keyspace.scan import parse_duration
 
     opts = _options(args)
     web = web_config(args)
     interval = parse_duration(args.interval, "--interval")
     if interval <= 0:
-        raise UsageError(f"--interval {args.interval} must be > 0 (sweeps back to back would load the server); "
+        raise UsageError(f"--interval {args.interval} must be > 0 (scans back to back would load the server); "
                          "fix: e.g. --interval 5m")
     if not 0 <= args.port < 65536:
         raise UsageError(f"--port {args.port} is not a TCP port; fix: use 0-65535 (0 picks a free one)")
@@ -286,7 +286,7 @@ def run_exporter(args: argparse.Namespace) -> int:
         with stopping(done.set):  # SIGINT, SIGTERM and SIGHUP stop serving
             exporter.start()
             sys.stderr.write(visible(f"kv-guardian redis exporter: serving {web.scheme}://{host}:{port}/metrics, "
-                                     f"sweeping every {interval:g} s") + "\n")
+                                     f"scanning every {interval:g} s") + "\n")
             sys.stderr.flush()
             while not done.wait(1.0):
                 pass

@@ -27,10 +27,10 @@ __all__ = ["ScanHooks", "add_rdb_command", "run_rdb", "run_scan_rdb"]
 class ScanHooks:
     """What ``redis scan`` shares with ``redis rdb`` (passed in, so this module does not import cli.redis)."""
 
-    sweep_arguments: Callable[[argparse.ArgumentParser], None]
+    scan_arguments: Callable[[argparse.ArgumentParser], None]
     output_arguments: Callable[[argparse.ArgumentParser], None]
     verdict_arguments: Callable[[argparse.ArgumentParser], None]
-    options: Callable[[argparse.Namespace], Any]  # argparse namespace -> SweepOptions
+    options: Callable[[argparse.Namespace], Any]  # argparse namespace -> ScanOptions
     emit: Callable[..., int]  # (args, result, old, command=...) -> exit code
 
 
@@ -44,7 +44,7 @@ def add_rdb_command(sub: Any, hooks: ScanHooks) -> None:
                                         "kv-guardian redis rdb shard1.rdb shard2.rdb shard3.rdb"))
     rdb.add_argument("file", metavar="FILE", nargs="+",
                      help="the RDB file (dump.rdb, a backup, redis-cli --rdb output); several: one per shard")
-    hooks.sweep_arguments(rdb)
+    hooks.scan_arguments(rdb)
     rdb.add_argument("--db", type=_database, default=None, help="only keys of this database (default: all)")
     hooks.output_arguments(rdb)
     hooks.verdict_arguments(rdb)

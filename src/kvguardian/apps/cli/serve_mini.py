@@ -1,6 +1,6 @@
 """``kv-guardian serve-mini``: the OpenAI-compatible mini server (paged engine, API keys as tenants).
 
-A target for ``kv-guardian audit cache-sharing``, ``kv-guardian run``, the exporter (``/metrics``) and the
+A target for ``kv-guardian isolation cache-sharing``, ``kv-guardian run``, the exporter (``/metrics``) and the
 pre-OOM guard, that needs no GPU and no download: a tiny random-weight Llama with a byte-level tokenizer.
 
 With ``--oom`` the server runs the in-process pre-OOM guard (`kvguardian.ops.oom`): this process's memory cgroup
@@ -24,7 +24,7 @@ from kvguardian.apps.mini_server.tenancy import CACHE_MODES
 from kvguardian.core.errors import EXIT_OK, UsageError, require
 
 NAME = "serve-mini"
-HELP = "serve the paged mini engine as an OpenAI-compatible server (127.0.0.1:8000) for audits and tests"
+HELP = "serve the paged mini engine as an OpenAI-compatible server (127.0.0.1:8000) for probes and tests"
 EXAMPLE = "kv-guardian serve-mini --cache-mode per-tenant --api-key acme=sk-a --api-key globex=sk-b"
 
 #: The pool's and the model's sizes: each a `MiniConfig` field of the same name -> its help.

@@ -1,6 +1,6 @@
-"""An RDB snapshot → the `ScanResult` a live sweep gives: same pattern mining, statistics, JSON, verdicts, diff.
+"""An RDB snapshot → the `ScanResult` a live scan gives: same pattern mining, statistics, JSON, verdicts, diff.
 
-The result says how it differs from a live sweep: ``mode`` is ``"rdb"``, bytes are estimates counting every
+The result says how it differs from a live scan: ``mode`` is ``"rdb"``, bytes are estimates counting every
 element (`kvguardian.keyspace.rdb.size`), the idle metric is whatever the file carries, TTLs are relative to
 the snapshot, and ``server.rdb.checksum`` records the CRC64 verdict. A damaged file ends the result early,
 incomplete, keeping what was read. The differences one by one: docs/design/keyspace.md.
@@ -25,8 +25,8 @@ from kvguardian.keyspace.rdb.format import VERSIONS, RdbError
 from kvguardian.keyspace.rdb.parallel import ReaderProcess, worth_forking
 from kvguardian.keyspace.rdb.reader import Batch, ByteStream, RdbReader
 from kvguardian.keyspace.result import ScanResult
+from kvguardian.keyspace.scan import ScanOptions, build_patterns, mine_and_count, warn_overflow
 from kvguardian.keyspace.stats import PatternStats
-from kvguardian.keyspace.sweep import SweepOptions, build_patterns, mine_and_count, warn_overflow
 
 __all__ = ["RdbSource", "scan_rdb", "scan_rdbs"]
 
@@ -106,7 +106,7 @@ class _Run:
     one miner and one set of statistics for all, built when the first key says which idle metric the files
     carry (one miner sees every key: a pattern spread over per-shard dumps is one pattern)."""
 
-    def __init__(self, files: list[_File], opts: SweepOptions) -> None:
+    def __init__(self, files: list[_File], opts: ScanOptions) -> None:
         self.files, self.opts = files, opts
         self.stats: PatternStats | None = None
         self.miner: PatternMiner | None = None
@@ -184,7 +184,7 @@ class RdbSource:
     parallel: bool = True  # read in a forked child while this process mines (kvguardian.keyspace.rdb.parallel)
 
 
-def scan_rdb(source: RdbSource, options: SweepOptions | None = None, *, db: int | None = None,
+def scan_rdb(source: RdbSource, options: ScanOptions | None = None, *, db: int | None = None,
              progress: Progress | None = None, stop: threading.Event | None = None) -> ScanResult:
     """Read the RDB of ``source`` into a `ScanResult` (``db``: only that database).
 
@@ -194,7 +194,7 @@ def scan_rdb(source: RdbSource, options: SweepOptions | None = None, *, db: int 
     return scan_rdbs([source], options, db=db, progress=progress, stop=stop)
 
 
-def scan_rdbs(sources: list[RdbSource], options: SweepOptions | None = None, *, db: int | None = None,
+def scan_rdbs(sources: list[RdbSource], options: ScanOptions | None = None, *, db: int | None = None,
               progress: Progress | None = None, stop: threading.Event | None = None) -> ScanResult:
     """Read several RDBs (one per Cluster shard, say) into one `ScanResult`, each read by a child process of
     its own while this process mines them all; ``server.nodes`` has one row per file.
@@ -203,7 +203,7 @@ def scan_rdbs(sources: list[RdbSource], options: SweepOptions | None = None, *, 
         RdbError: a stream is not an RDB at all, naming it when there are several (a damaged file after its
             header ends alone, and the result is partial).
     """
-    opts = options or SweepOptions()
+    opts = options or ScanOptions()
     target = sources[0].target if len(sources) == 1 else ", ".join(s.target for s in sources)
     result = ScanResult(target=target, started=time.time(), mode="rdb")
     files = [_File(_open(s, named=len(sources) > 1), s.target) for s in sources]
@@ -282,7 +282,7 @@ def _policy(readers: list[RdbReader | ReaderProcess]) -> str:
             if any(r.saw_idle for r in readers) else "no LRU/LFU policy (no idle records)")
 
 
-def _finish(result: ScanResult, run: _Run, opts: SweepOptions, db: int | None) -> None:
+def _finish(result: ScanResult, run: _Run, opts: ScanOptions, db: int | None) -> None:
     """The result's server facts, warnings and patterns, once every file is read."""
     files, many = run.files, len(run.files) > 1
     result.finished = time.time()

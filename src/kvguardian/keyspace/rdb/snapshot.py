@@ -2,7 +2,7 @@
 
 ``REPLCONF rdb-only 1``, ``REPLCONF capa eof``, ``SYNC``; the payload is streamed straight into the RDB reader
 (nothing on disk, memory flat) while the server's forked child serializes the data set. The user needs the
-``sync`` and ``replconf`` commands, which a read-only sweep user lacks. The handshake: docs/design/keyspace.md.
+``sync`` and ``replconf`` commands, which a read-only scan user lacks. The handshake: docs/design/keyspace.md.
 """
 
 from __future__ import annotations

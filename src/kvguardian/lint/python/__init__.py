@@ -1,4 +1,5 @@
-"""The Python front end: parse once, index once (`index_python`); the engine runs the selected rules on the index."""
+"""The Python front end: parse once, index once (`index_python`); `lint.runner` runs the selected rules on the
+index."""
 
 from __future__ import annotations
 

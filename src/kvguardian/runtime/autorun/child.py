@@ -120,7 +120,7 @@ def _start_guard() -> None:
         holder_search_seconds=float(opts.get("holder_seconds", 120.0)),
         redact=bool(opts.get("redact", False)),
     )
-    guard.audit_process(generate=False)  # generate is patched once generation.utils has finished loading
+    guard.attach_process(generate=False)  # generate is patched once generation.utils has finished loading
     guard.on_kv_growth = _first_kv
     _state["guard"] = guard
     _state["status"] = "audited"
@@ -208,7 +208,7 @@ def finish() -> None:
             payload["crashed"] = crashed
             payload["report"] = report.to_dict()
             payload["events"] = [e.to_dict() for e in guard.events() if e.scope == "cache"][-200:]
-            guard.stop_auditing_process()
+            guard.detach_process()
     except Exception as exc:
         payload["status"] = "error"
         payload["message"] = f"audit failed: {type(exc).__name__}: {exc}"

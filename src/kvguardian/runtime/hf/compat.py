@@ -45,7 +45,7 @@ def transformers_version() -> tuple[int, ...]:
 def check_transformers_version(version: str | None = None) -> str:
     """Return the transformers version, or raise `UsageError` (exit code 3) naming the minimum supported one;
     also when transformers is not installed (the core install: callers such as the pytest plugin's
-    ``kv_no_leak`` and ``Guard.audit_process`` take a `UsageError` as "no transformers to audit")."""
+    ``kv_no_leak`` and ``Guard.attach_process`` take a `UsageError` as "no transformers to audit")."""
     if version is None:
         try:
             import transformers

@@ -86,7 +86,7 @@ def test_mini_server_tls_basic_auth_on_metrics_and_api_keys_on_v1(tmp_path, kv_c
                            headers={"Authorization": "Bearer wrong", "Content-Type": "application/json"})
         assert status == 401
         # the audit speaks TLS too (--cacert), and stops at a refused key naming it by position
-        rc, _, err = kv_cli("audit", "cache-sharing", "--url", url, "--model", "kvg-mini", "--key", KEYS["acme"],
+        rc, _, err = kv_cli("isolation", "cache-sharing", "--url", url, "--model", "kvg-mini", "--key", KEYS["acme"],
                             "--key", "wrong", "--cacert", str(tmp_path / "server.crt"), "--warmup", "1")
         assert rc == 2 and "key #2 was refused" in err, err
 

@@ -39,21 +39,21 @@ def of_cache(snap, cache):
 
 @pytest.fixture
 def guard():
-    g = Guard().audit_process()
+    g = Guard().attach_process()
     yield g
-    g.stop_auditing_process()
+    g.detach_process()
 
 
 def test_a_deep_copy_is_the_copy_python_makes_without_kvguardian(model):
     cache = output_cache(generate(model))
     plain = copy.deepcopy(cache)
     assert "__deepcopy__" not in cache_utils.Cache.__dict__
-    g = Guard().audit_process()
+    g = Guard().attach_process()
     try:
         ours = copy.deepcopy(cache)
         twice = copy.deepcopy([cache, cache])  # the memo: one copy, twice
     finally:
-        g.stop_auditing_process()
+        g.detach_process()
     assert "__deepcopy__" not in cache_utils.Cache.__dict__  # uninstalled with the patch
     assert type(ours) is type(plain) and len(ours.layers) == len(plain.layers)
     assert [type(la) for la in ours.layers] == [type(la) for la in plain.layers]

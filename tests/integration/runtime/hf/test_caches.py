@@ -64,7 +64,7 @@ def test_dynamic_cache_entries_lifecycle_and_hit(tiny_model):
 
 
 def test_manually_driven_cache_is_a_request_and_crop_is_an_evict(tiny_model):
-    g = Guard().audit_process()
+    g = Guard().attach_process()
     try:
         cache = DynamicCache()
         with torch.no_grad():
@@ -83,7 +83,7 @@ def test_manually_driven_cache_is_a_request_and_crop_is_an_evict(tiny_model):
         report = g.check(end_implicit=True)
         assert [f.severity.value for f in report.by_id("KVG102")] == ["info"]  # a local variable: bounded
     finally:
-        g.stop_auditing_process()
+        g.detach_process()
 
 
 def test_static_cache_allocated_vs_filled(tiny_model):
@@ -232,7 +232,7 @@ def test_linear_attention_and_dummy_layers_are_skipped_with_a_reason():
     if hasattr(cache_utils, "DummyLayer"):
         made.append(cache_utils.DummyLayer())
     cache = cache_utils.Cache(layers=made)
-    g = Guard().audit_process()
+    g = Guard().attach_process()
     try:
         with g.request("lin"):
             k = torch.zeros(1, 2, 3, 8)
@@ -246,7 +246,7 @@ def test_linear_attention_and_dummy_layers_are_skipped_with_a_reason():
             assert "stores no cache" in skipped["DummyLayer"]
         assert {r.layer for r in records_of(g, "lin")} == {0}
     finally:
-        g.stop_auditing_process()
+        g.detach_process()
 
 
 def test_unknown_cache_class_is_audited_through_the_generic_path_with_a_warning():
@@ -261,7 +261,7 @@ def test_unknown_cache_class_is_audited_through_the_generic_path_with_a_warning(
         def update(self, key_states, value_states, layer_idx, *args, **kwargs):
             return grow_kv(self.k, self.v, key_states, value_states, layer_idx)
 
-    g = Guard().audit_process()
+    g = Guard().attach_process()
     try:
         cache = ListCache()
         with g.request("u"):
@@ -276,7 +276,7 @@ def test_unknown_cache_class_is_audited_through_the_generic_path_with_a_warning(
         [orphaned] = report.by_id("KVG102")  # the generic path still proves the orphaned KV
         assert orphaned.evidence["sources"] == ["ListCache"]  # the cache's class (it has no layer classes)
     finally:
-        g.stop_auditing_process()
+        g.detach_process()
 
 
 def test_versions_and_bad_input(tiny_model):

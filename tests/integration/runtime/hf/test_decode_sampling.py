@@ -103,7 +103,7 @@ def test_a_crop_of_a_followed_cache_is_seen_exactly(tiny_model):
 
     views = {}
     for stride in (1, 8):
-        g = Guard(decode_stride=stride).attach(tiny_model).audit_process()
+        g = Guard(decode_stride=stride).attach(tiny_model).attach_process()
         try:
             cache = DynamicCache(config=tiny_model.config)
             with g.request("r"), torch.inference_mode():
@@ -115,7 +115,7 @@ def test_a_crop_of_a_followed_cache_is_seen_exactly(tiny_model):
             snap = g.snapshot()
             g.ledger.check_invariants()
         finally:
-            g.stop_auditing_process()
+            g.detach_process()
             g.detach()
         views[stride] = kv_view(snap, "r")
         assert [e.detail for e in g.events() if e.scope == "cache" and e.kind == "evict"] == ["crop(-5)"]

@@ -1,4 +1,4 @@
-"""Bad targets for the audit: one clear line and an exit code each, never a traceback, never a hang, and a
+"""Bad targets for the probe: one clear line and an exit code each, never a traceback, never a hang, and a
 429 is backed off, not hammered. The targets are small real HTTP servers on loopback."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from kvg_testing import ROOT
-from kvguardian.isolation.cache_sharing import AuditOptions, CacheSharingAudit
+from kvguardian.isolation.cache_sharing import CacheSharingProbe, ProbeOptions
 from kvguardian.isolation.client import Endpoint
 
 Handler = Callable[[BaseHTTPRequestHandler, dict], None]
@@ -87,8 +87,8 @@ def plain(h, body):
         h.json(200, {"choices": [{"text": "x"}], "usage": {"prompt_tokens": 100}})
 
 
-def audit(kv_cli, url, *extra):
-    return kv_cli("audit", "cache-sharing", "--url", url, "--model", "m", "--key", "sk-a", "--key", "sk-b",
+def probe(kv_cli, url, *extra):
+    return kv_cli("isolation", "cache-sharing", "--url", url, "--model", "m", "--key", "sk-a", "--key", "sk-b",
                   "--max-rps", "200", "--warmup", "1", *extra, timeout=120)
 
 
@@ -101,20 +101,20 @@ def one_line(err: str) -> str:
 
 def test_not_openai_compatible(kv_cli):
     with fake_server(plain, models_status=404) as (url, _):
-        rc, _out, err = audit(kv_cli, url)
+        rc, _out, err = probe(kv_cli, url)
     assert rc == 2 and "not an OpenAI-compatible API" in one_line(err)
 
 
 def test_models_not_json_list(kv_cli):
     with fake_server(plain, models={"hello": "world"}) as (url, _):
-        rc, _, err = audit(kv_cli, url)
+        rc, _, err = probe(kv_cli, url)
     assert rc == 2 and "no 'data' list" in one_line(err)
 
 
 def test_unknown_model_names_the_served_ones_escaped(kv_cli):
     listing = {"data": [{"id": "real\x1b[2Jmodel"}]}
     with fake_server(plain, models=listing) as (url, _):
-        rc, _, err = audit(kv_cli, url)
+        rc, _, err = probe(kv_cli, url)
     line = one_line(err)
     assert rc == 2 and "is not served" in line and "\x1b" not in line and "\\x1b" in line
 
@@ -124,7 +124,7 @@ def test_server_that_does_not_stream(kv_cli):
         h.json(200, {"choices": [{"text": "x"}], "usage": {"prompt_tokens": 100}})
 
     with fake_server(no_stream) as (url, _):
-        rc, _, err = audit(kv_cli, url)
+        rc, _, err = probe(kv_cli, url)
     assert rc == 2 and "does not stream" in one_line(err)
 
 
@@ -136,7 +136,7 @@ def test_refused_key_is_named_by_position_never_printed(kv_cli):
             plain(h, body)
 
     with fake_server(refuse_b) as (url, _):
-        rc, out, err = audit(kv_cli, url)
+        rc, out, err = probe(kv_cli, url)
     line = one_line(err)
     assert rc == 2 and "key #2 was refused" in line and "(401)" in line
     assert "sk-b" not in out + err
@@ -151,7 +151,7 @@ def test_429_backs_off_and_gives_up_without_hammering():
 
     with fake_server(throttle) as (url, _):
         ep = Endpoint(url, max_rps=1000, max_retries=3)
-        result = CacheSharingAudit(AuditOptions(url=url, model="m", keys=["a", "b"]), endpoint=ep).run()
+        result = CacheSharingProbe(ProbeOptions(url=url, model="m", keys=["a", "b"]), endpoint=ep).run()
     assert result.error is not None and "kept answering 429" in result.error and result.error_code == 3
     assert len(calls) == 4  # one try + 3 retries, then stop
     gaps = [b - a for a, b in itertools.pairwise(calls)]
@@ -168,7 +168,7 @@ def test_too_noisy_server_is_undecided_with_numbers(kv_cli):
             plain(h, body)
 
     with fake_server(noisy) as (url, _):
-        rc, out, err = audit(kv_cli, url, "--max-samples", "6", "--json")
+        rc, out, err = probe(kv_cli, url, "--max-samples", "6", "--json")
     data = json.loads(out)
     assert rc == 4, err
     assert data["shared_across_tenants"] is None
@@ -179,40 +179,40 @@ def test_too_noisy_server_is_undecided_with_numbers(kv_cli):
 def test_unreachable(kv_cli):
     from kvg_testing import free_port
 
-    rc, _, err = audit(kv_cli, f"http://127.0.0.1:{free_port()}")
+    rc, _, err = probe(kv_cli, f"http://127.0.0.1:{free_port()}")
     assert rc == 3 and "cannot talk to" in one_line(err)
 
 
 def test_bad_arguments(kv_cli):
-    rc, _, err = kv_cli("audit", "cache-sharing", "--url", "ftp://x", "--model", "m", "--key", "a", "--key", "b")
+    rc, _, err = kv_cli("isolation", "cache-sharing", "--url", "ftp://x", "--model", "m", "--key", "a", "--key", "b")
     assert rc == 2 and "not an http(s) URL" in one_line(err)
-    rc, _, err = kv_cli("audit", "cache-sharing", "--url", "http://127.0.0.1:1", "--model", "m", "--key", "a")
+    rc, _, err = kv_cli("isolation", "cache-sharing", "--url", "http://127.0.0.1:1", "--model", "m", "--key", "a")
     assert rc == 2 and "exactly two --key" in one_line(err)
-    rc, _, err = kv_cli("audit", "cache-sharing", "--url", "http://127.0.0.1:1", "--model", "m", "--key", "a",
+    rc, _, err = kv_cli("isolation", "cache-sharing", "--url", "http://127.0.0.1:1", "--model", "m", "--key", "a",
                         "--key", "b", "--alpha", "2")
     assert rc == 2 and "--alpha" in one_line(err)
 
 
 @pytest.mark.parametrize("bad", ["http://user:secret@127.0.0.1:1/v1?k=secret"])
 def test_credentials_in_url_are_not_printed(kv_cli, bad):
-    rc, out, err = audit(kv_cli, bad)
+    rc, out, err = probe(kv_cli, bad)
     assert rc == 3 and "secret" not in out + err
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_a_signal_ends_the_audit_with_partial_results(sig):
-    def slow(h, body):  # every first token after 50 ms: the audit is still running when the signal comes
+def test_a_signal_ends_the_probe_with_partial_results(sig):
+    def slow(h, body):  # every first token after 50 ms: the probe is still running when the signal comes
         if body.get("stream"):
             sse(h, delay=0.05)
         else:
             plain(h, body)
 
     with fake_server(slow) as (url, seen):
-        proc = subprocess.Popen([sys.executable, "-m", "kvguardian", "audit", "cache-sharing", "--url", url,
+        proc = subprocess.Popen([sys.executable, "-m", "kvguardian", "isolation", "cache-sharing", "--url", url,
                                  "--model", "m", "--key", "a", "--key", "b", "--warmup", "0", "--max-rps", "100",
                                  "--json"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 60
-        while len(seen) < 4 and time.monotonic() < deadline:  # the audit is measuring
+        while len(seen) < 4 and time.monotonic() < deadline:  # the probe is measuring
             time.sleep(0.05)
         t0 = time.monotonic()
         proc.send_signal(sig)

@@ -1,4 +1,4 @@
-"""Sweeps of a real redis-server holding known patterns and leaks: patterns, stats, verdicts, outputs."""
+"""Scans of a real redis-server holding known patterns and leaks: patterns, stats, verdicts, outputs."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 import pytest
 from kvg_redis import CONFIG_NAMES, SEED, keep_hot, require_binary
 
-from kvguardian.keyspace.sweep import SweepOptions, sweep
+from kvguardian.keyspace.scan import ScanOptions, scan
 from kvguardian.keyspace.verdicts import scan_findings
 
 pytestmark = pytest.mark.services
@@ -20,9 +20,9 @@ def _by_pattern(result):
 
 
 @pytest.mark.parametrize("mode", ["lua", "pipeline"])
-def test_sweep_finds_every_seeded_pattern_with_exact_counts(seeded, mode):
+def test_scan_finds_every_seeded_pattern_with_exact_counts(seeded, mode):
     with keep_hot(seeded.client()):
-        result = sweep(seeded.url, SweepOptions(mode=mode, cold_after=2, batch=150))
+        result = scan(seeded.url, ScanOptions(mode=mode, cold_after=2, batch=150))
     assert result.complete and result.incomplete_reason is None
     assert result.mode == mode
     pats = _by_pattern(result)
@@ -50,7 +50,7 @@ def test_sweep_finds_every_seeded_pattern_with_exact_counts(seeded, mode):
 
 def test_progress_reports_keys_against_dbsize(seeded):
     seen = []
-    result = sweep(seeded.url, SweepOptions(batch=100), progress=lambda done, total: seen.append((done, total)))
+    result = scan(seeded.url, ScanOptions(batch=100), progress=lambda done, total: seen.append((done, total)))
     assert [d for d, _ in seen] == sorted(d for d, _ in seen) and seen[-1] == (result.keys_scanned, result.dbsize)
     from kvguardian.keyspace.render import progress_bar
 
@@ -60,8 +60,8 @@ def test_progress_reports_keys_against_dbsize(seeded):
 
 
 def test_lua_and_pipeline_agree(seeded):
-    a = sweep(seeded.url, SweepOptions(mode="lua", cold_after=3600))
-    b = sweep(seeded.url, SweepOptions(mode="pipeline", cold_after=3600))
+    a = scan(seeded.url, ScanOptions(mode="lua", cold_after=3600))
+    b = scan(seeded.url, ScanOptions(mode="pipeline", cold_after=3600))
     fields = ("keys", "bytes", "no_ttl_keys", "no_ttl_bytes", "cold_keys", "types", "ttl")
     assert {p["pattern"]: [p[f] for f in fields] for p in a.patterns} == \
         {p["pattern"]: [p[f] for f in fields] for p in b.patterns}
@@ -69,7 +69,7 @@ def test_lua_and_pipeline_agree(seeded):
 
 def test_verdicts_name_pattern_counts_bytes_example_and_fix(seeded):
     with keep_hot(seeded.client()):
-        result = sweep(seeded.url, SweepOptions(cold_after=2))
+        result = scan(seeded.url, ScanOptions(cold_after=2))
     findings = scan_findings(result)
     by = {(f.id, f.evidence["pattern"]) for f in findings}
     assert ("KVG301", "user:{int}:profile") in by  # cold, no TTL
@@ -86,12 +86,12 @@ def test_verdicts_name_pattern_counts_bytes_example_and_fix(seeded):
 
 
 def test_sample_match_and_rate_limit(seeded):
-    r = sweep(seeded.url, SweepOptions(sample=100, batch=40))
+    r = scan(seeded.url, ScanOptions(sample=100, batch=40))
     assert not r.complete and r.incomplete_reason == "sample" and r.keys_scanned == 100
-    m = sweep(seeded.url, SweepOptions(match="feed:*"))
+    m = scan(seeded.url, ScanOptions(match="feed:*"))
     assert [p["pattern"] for p in m.patterns] == ["feed:{int}"] and m.keys_scanned == 60
     t0 = time.monotonic()
-    slow = sweep(seeded.url, SweepOptions(max_keys_per_sec=1500, batch=50))
+    slow = scan(seeded.url, ScanOptions(max_keys_per_sec=1500, batch=50))
     assert slow.complete
     assert time.monotonic() - t0 >= (slow.keys_scanned - 50) / 1500  # the limit is a floor on the duration
 

@@ -1,4 +1,4 @@
-"""The cache-sharing audit over real HTTP on loopback against the mini server (a subprocess) in each mode.
+"""The cache-sharing probe over real HTTP on loopback against the mini server (a subprocess) in each mode.
 
 Each verdict is anytime-valid at alpha = beta = 1e-3, so a wrong verdict here is a real failure, not noise:
 under load the test may only get slower or say undecided (which fails the test, loudly, with the numbers).
@@ -16,7 +16,7 @@ from kvguardian.core.exporters.webconfig import serve_asgi
 
 pytestmark = pytest.mark.slow
 
-AUDIT = ["audit", "cache-sharing", "--model", "kvg-mini", "--key", KEYS["acme"], "--key", KEYS["globex"],
+PROBE = ["isolation", "cache-sharing", "--model", "kvg-mini", "--key", KEYS["acme"], "--key", KEYS["globex"],
          "--same-tenant-key", KEYS["acme2"], "--max-rps", "60", "--json"]
 
 
@@ -32,7 +32,7 @@ CASES = {
 
 @pytest.fixture(scope="module", params=list(CASES))
 def server(request):
-    """The mini server in this process (its threads have the cores while the audit, a subprocess, runs)."""
+    """The mini server in this process (its threads have the cores while the probe, a subprocess, runs)."""
     keys = tuple(f"{t}={k}" for t, k in (("acme", KEYS["acme"]), ("globex", KEYS["globex"]),
                                          ("acme", KEYS["acme2"])))
     app = create_app(MiniConfig(cache_mode=request.param, api_keys=keys))
@@ -40,10 +40,10 @@ def server(request):
         yield request.param, url
 
 
-def test_audit_verdict_per_mode(kv_cli, server, tmp_path):
+def test_probe_verdict_per_mode(kv_cli, server, tmp_path):
     mode, url = server
     for salt, expected, code in CASES[mode]:
-        rc, out, err = kv_cli(*AUDIT, "--url", url, *(["--salt-field", "cache_salt"] if salt else []))
+        rc, out, err = kv_cli(*PROBE, "--url", url, *(["--salt-field", "cache_salt"] if salt else []))
         data = json.loads(out)
         got = (data["caching"], data["shared_within_tenant"], data["shared_across_tenants"])
         assert got == expected, (mode, salt, json.dumps(data["levels"], indent=1), err)
@@ -55,7 +55,7 @@ def test_audit_verdict_per_mode(kv_cli, server, tmp_path):
         for key in KEYS.values():  # keys are named by position, never printed
             assert key not in out and key not in err
         assert [f["id"] for f in data["findings"]] == (["KVG212"] if code == 1 else [])
-        report = tmp_path / "audit.json"
+        report = tmp_path / "probe.json"
         report.write_text(out)  # the JSON is a kv-guardian report too: the exporter serves its finding
         rc, text, err = kv_cli("exporter", "--once", "--report", str(report))
         line = next(ln for ln in text.splitlines() if 'id="KVG212"' in ln and not ln.startswith("#"))

@@ -1,6 +1,6 @@
-"""``kv-guardian audit cache-sharing``: does a server share its prefix cache between tenants? (timing audit)
+"""``kv-guardian isolation cache-sharing``: does a server share its prefix cache between tenants? (timing probe)
 
-Audit only systems you are authorised to test. Exit codes: 0 no sharing across tenants, 1 sharing across
+Probe only systems you are authorised to test. Exit codes: 0 no sharing across tenants, 1 sharing across
 tenants detected, 4 undecided within the sample cap (the numbers are printed), 2 bad input or a refused key,
 3 the server is unreachable or keeps answering 429/5xx.
 """
@@ -17,15 +17,15 @@ from typing import Any
 
 from kvguardian.apps.cli.options import add_format, add_subcommands, example
 from kvguardian.core.errors import EXIT_FINDINGS, EXIT_OK
-from kvguardian.isolation.cache_sharing import AuditOptions
+from kvguardian.isolation.cache_sharing import ProbeOptions
 
-NAME = "audit"
-HELP = "black-box audits of a server you are authorised to test (cache-sharing: prefix cache across tenants)"
-EXAMPLE = "kv-guardian audit cache-sharing --url http://127.0.0.1:8000 --model kvg-mini --key sk-a --key sk-b"
+NAME = "isolation"
+HELP = "black-box probes of a server you are authorised to test (cache-sharing: prefix cache across tenants)"
+EXAMPLE = "kv-guardian isolation cache-sharing --url http://127.0.0.1:8000 --model kvg-mini --key sk-a --key sk-b"
 EXIT_UNDECIDED = 4
 
 
-#: The audit's tuning options: each an `AuditOptions` field of the same name -> its help.
+#: The probe's tuning options: each a `ProbeOptions` field of the same name -> its help.
 _TUNING = {
     "alpha": "false 'sharing' rate (default 0.001)",
     "beta": "false 'no sharing' rate against sharing of at least --min-effect (default 0.001)",
@@ -39,12 +39,12 @@ _TUNING = {
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    sub = add_subcommands(p, "audit", "AUDIT")
+    sub = add_subcommands(p, "isolation", "PROBE")
     c = sub.add_parser(
         "cache-sharing", help="detect prefix-cache sharing within and across tenants from time to first token",
         description="Send random prompts as a victim (key #1) and an attacker (the same key, a key of the same "
                     "tenant, a key of another tenant); decide with an anytime-valid sequential test whether a "
-                    "repeated prompt is served faster. Audit only systems you are authorised to test.",
+                    "repeated prompt is served faster. Probe only systems you are authorised to test.",
         epilog=example(EXAMPLE))
     c.add_argument("--url", required=True, help="the server's base URL, e.g. http://127.0.0.1:8000")
     c.add_argument("--model", required=True, help="the model id to send requests to")
@@ -53,10 +53,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     c.add_argument("--same-tenant-key", metavar="KEY", default=None,
                    help="a second key of the first key's tenant (tests sharing within a tenant)")
     c.add_argument("--salt-field", metavar="FIELD", default=None,
-                   help="request field carrying a per-tenant cache salt (vLLM: cache_salt); the audit sends "
+                   help="request field carrying a per-tenant cache salt (vLLM: cache_salt); the probe sends "
                         "salt a for the victim's tenant and salt b for the other")
-    defaults = {f.name: f.default for f in dataclasses.fields(AuditOptions)}
-    for name, text in _TUNING.items():  # the type and default are AuditOptions'
+    defaults = {f.name: f.default for f in dataclasses.fields(ProbeOptions)}
+    for name, text in _TUNING.items():  # the type and default are ProbeOptions'
         c.add_argument("--" + name.replace("_", "-"), type=type(defaults[name]), default=defaults[name], help=text)
     c.add_argument("--cacert", metavar="FILE", default=None, help="CA certificate to verify an https server")
     c.add_argument("--seed", type=int, default=None, help="seed for prompts and order (default: random)")
@@ -65,21 +65,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvguardian.isolation.cache_sharing import CacheSharingAudit
+    from kvguardian.isolation.cache_sharing import CacheSharingProbe
 
     if len(args.key) != 2:
-        sys.stderr.write("kv-guardian audit: error: give exactly two --key (victim, other tenant); "
+        sys.stderr.write("kv-guardian isolation: error: give exactly two --key (victim, other tenant); "
                          "a second key of the victim's tenant goes in --same-tenant-key\n")
         return 2
     keys = [*args.key, *([args.same_tenant_key] if args.same_tenant_key else [])]
-    opts = AuditOptions(url=args.url, model=args.model, keys=keys, salt_field=args.salt_field, cacert=args.cacert,
+    opts = ProbeOptions(url=args.url, model=args.model, keys=keys, salt_field=args.salt_field, cacert=args.cacert,
                         seed=args.seed, **{name: getattr(args, name) for name in _TUNING})
 
     def progress(msg: str) -> None:
         if not args.quiet and args.format != "json":
             sys.stderr.write(f"  {msg}\n")
 
-    audit = CacheSharingAudit(opts, progress=progress)
+    probe = CacheSharingProbe(opts, progress=progress)
     previous = None
     if threading.current_thread() is threading.main_thread():  # SIGTERM ends it like Ctrl-C: partial results
 
@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
 
         previous = signal.signal(signal.SIGTERM, on_term)
     try:
-        result = audit.run()
+        result = probe.run()
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
@@ -98,10 +98,10 @@ def run(args: argparse.Namespace) -> int:
     elif result.requests and any(lv.get("samples") for lv in data["levels"].values()):
         _print(data)  # partial results are kept; nothing to show when the first request failed
     if result.error:
-        sys.stderr.write(f"kv-guardian audit: error: {result.error}\n")
+        sys.stderr.write(f"kv-guardian isolation: error: {result.error}\n")
         return result.error_code
     if result.interrupted:
-        sys.stderr.write("kv-guardian audit: interrupted; the results above are partial\n")
+        sys.stderr.write("kv-guardian isolation: interrupted; the results above are partial\n")
         return 130
     across = data["shared_across_tenants"]
     if across is True:
@@ -114,7 +114,7 @@ _WORDS = {True: "SHARED", False: "not shared", None: "undecided"}
 
 def _print(data: dict[str, Any]) -> None:
     out = sys.stdout
-    out.write(f"cache-sharing audit of {data['target']} (model {data['model']}), prompts ~{data['prompt_tokens']} "
+    out.write(f"cache-sharing probe of {data['target']} (model {data['model']}), prompts ~{data['prompt_tokens']} "
               f"tokens, alpha {data['alpha']:g}, beta {data['beta']:g}, min effect {data['min_effect']:g}x\n")
     for name, lv in data["levels"].items():
         if lv["decision"] == "not-run":

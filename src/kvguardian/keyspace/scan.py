@@ -1,6 +1,6 @@
-"""The sweep: SCAN every master, probe each batch read-only, mine patterns, accumulate per-pattern stats.
+"""The scan: SCAN every master, probe each batch read-only, mine patterns, accumulate per-pattern stats.
 
-`sweep` never sends KEYS, a write, or a command that resets idle time (see `probe`), and keeps one request in
+`scan` never sends KEYS, a write, or a command that resets idle time (see `probe`), and keeps one request in
 flight per node. It always returns a `ScanResult`: complete when every cursor came back to 0, else incomplete
 with reason ``"sample"``, ``"interrupted"`` or ``"connection lost: …"`` (never retried: a restarted server is
 another state). Details: docs/design/keyspace.md.
@@ -27,22 +27,22 @@ from kvguardian.keyspace.result import ScanResult, key_text
 from kvguardian.keyspace.stats import PatternStats
 from kvguardian.keyspace.walk import Bounds, Walk
 
-__all__ = ["SweepOptions", "mine_and_count", "parse_duration", "sweep", "warn_overflow"]
+__all__ = ["ScanOptions", "mine_and_count", "parse_duration", "scan", "warn_overflow"]
 
 Progress = Callable[[int, int], None]  # (keys probed so far, total expected)
-IDLE_UNKNOWN = "idle times unknown"  # incomplete_reason of a full sweep whose idle times could not be read
+IDLE_UNKNOWN = "idle times unknown"  # incomplete_reason of a full scan whose idle times could not be read
 MAX_SECONDS = 3650 * 86400.0  # longest duration accepted (ten years; Redis idle times wrap long before)
 
 
 @dataclass
-class SweepOptions:
-    """How to sweep. Defaults bound what one call costs the server (adaptive batch, ≤ 0.5 ms a call) and run
-    the client work at a lower CPU priority, so a concurrent load keeps its latency (bench/redis_sweep.py)."""
+class ScanOptions:
+    """How to scan. Defaults bound what one call costs the server (adaptive batch, ≤ 0.5 ms a call) and run
+    the client work at a lower CPU priority, so a concurrent load keeps its latency (bench/redis_scan.py)."""
 
     batch: int = 0  # keys per SCAN COUNT and probe call; 0: adapt to max_call_ms (kvguardian.keyspace.pacing)
     max_call_ms: float = 0.5  # with batch 0: the longest a probe call may hold the server
     nice: int = 10  # mining and statistics run reniced by this much (keyspace.counting); 0: as the caller
-    max_keys_per_sec: float | None = None  # rate limit over the whole sweep
+    max_keys_per_sec: float | None = None  # rate limit over the whole scan
     sample: int | None = None  # stop after this many keys (a quick look)
     mode: str = "auto"  # "auto", "lua" or "pipeline"
     cold_after: float = 7 * 86400.0  # seconds idle (LRU) that make a no-TTL key cold
@@ -50,7 +50,7 @@ class SweepOptions:
     max_patterns: int = 500
     collapse_after: int = 20
     match: str | None = None  # SCAN MATCH glob
-    timeout: float = 10.0  # socket timeout: a dead server ends the sweep, never hangs it
+    timeout: float = 10.0  # socket timeout: a dead server ends the scan, never hangs it
     replicas: bool = False  # a Cluster: read each shard's replica (READONLY) instead of its master
 
     def check(self) -> None:
@@ -101,13 +101,13 @@ def mine_and_count(miner: PatternMiner, stats: PatternStats, keys: list[bytes], 
 
 
 class _Count:
-    """A sweep's mining and statistics (`kvguardian.keyspace.counting.Batches`). The statistics cost ~15
+    """A scan's mining and statistics (`kvguardian.keyspace.counting.Batches`). The statistics cost ~15
     numpy calls a batch whatever its size, so small batches (the pacing keeps calls short) are counted a
     few thousand keys at a time."""
 
     FLUSH_AT = 4096
 
-    def __init__(self, opts: SweepOptions, idle_metric: str) -> None:
+    def __init__(self, opts: ScanOptions, idle_metric: str) -> None:
         cold = float(opts.cold_freq) if idle_metric == "freq" else opts.cold_after
         self.stats = PatternStats(cold_after=int(cold), idle_metric=idle_metric)
         self.miner = PatternMiner(max_patterns=opts.max_patterns, collapse_after=opts.collapse_after,
@@ -132,22 +132,22 @@ class _Count:
         return build_patterns(self.miner, self.stats), self.stats.keys_vanished
 
 
-def sweep(url: str, options: SweepOptions | None = None, *, progress: Progress | None = None,
+def scan(url: str, options: ScanOptions | None = None, *, progress: Progress | None = None,
           stop: threading.Event | None = None, client: Any = None) -> ScanResult:
-    """Sweep the Redis (or Redis Cluster) at ``url``; see the module docstring for how it ends.
+    """Scan the Redis (or Redis Cluster) at ``url``; see the module docstring for how it ends.
 
-    With ``options.nice`` (the default) the sweep runs in a thread of its own and its mining and statistics
+    With ``options.nice`` (the default) the scan runs in a thread of its own and its mining and statistics
     in a forked child at a lower CPU priority (`kvguardian.keyspace.counting`; where fork is missing, the
-    thread itself is reniced); the calling thread waits for it (Ctrl-C there stops the sweep: a partial
+    thread itself is reniced); the calling thread waits for it (Ctrl-C there stops the scan: a partial
     result, as always).
 
     Raises:
         UsageError: bad options or URL, a server that cannot be reached at the start, a missing ACL permission.
     """
-    opts = options or SweepOptions()
+    opts = options or ScanOptions()
     opts.check()
     if opts.nice <= 0:
-        return _sweep(url, opts, progress, stop, client)
+        return _scan(url, opts, progress, stop, client)
     stop = stop if stop is not None else threading.Event()
     box: dict[str, Any] = {}
     done = threading.Event()
@@ -156,13 +156,13 @@ def sweep(url: str, options: SweepOptions | None = None, *, progress: Progress |
         if not can_fork():  # the mining cannot go to a reniced child: renice this whole thread
             lower_priority(opts.nice)
         try:
-            box["result"] = _sweep(url, opts, progress, stop, client)
+            box["result"] = _scan(url, opts, progress, stop, client)
         except BaseException as exc:  # handed to the caller's thread
             box["error"] = exc
         finally:
             done.set()
 
-    threading.Thread(target=work, name="kvguardian-sweep", daemon=True).start()
+    threading.Thread(target=work, name="kvguardian-scan", daemon=True).start()
     while not done.is_set():  # an Event, not Thread.join: a join interrupted by Ctrl-C can lose track of the thread
         try:
             done.wait(0.2)
@@ -173,7 +173,7 @@ def sweep(url: str, options: SweepOptions | None = None, *, progress: Progress |
     return box["result"]  # type: ignore[no-any-return]
 
 
-def _sweep(url: str, opts: SweepOptions, progress: Progress | None, stop: threading.Event | None,
+def _scan(url: str, opts: ScanOptions, progress: Progress | None, stop: threading.Event | None,
            client: Any) -> ScanResult:
     seed = client if client is not None else connect(url, timeout=opts.timeout)
     topo = discover(seed, url, replicas=opts.replicas)
@@ -219,15 +219,15 @@ def _sweep(url: str, opts: SweepOptions, progress: Progress | None, stop: thread
     return result
 
 
-def warn_overflow(result: ScanResult, opts: SweepOptions) -> None:
-    """Say so when keys were counted under the overflow pattern (a live sweep and an RDB read alike)."""
+def warn_overflow(result: ScanResult, opts: ScanOptions) -> None:
+    """Say so when keys were counted under the overflow pattern (a live scan and an RDB read alike)."""
     if any(p["overflow"] and p["keys"] for p in result.patterns):
         result.warnings.append(f"more than {opts.max_patterns} patterns: the rest are counted under {OVERFLOW}; "
                                "raise --max-patterns to split them")
 
 
-def _pacing(opts: SweepOptions, sizers: list[BatchSizer], lanes: list[Lane]) -> dict[str, Any]:
-    """How the sweep paced itself (server.pacing in the JSON)."""
+def _pacing(opts: ScanOptions, sizers: list[BatchSizer], lanes: list[Lane]) -> dict[str, Any]:
+    """How the scan paced itself (server.pacing in the JSON)."""
     if not sizers:
         return {"batch": opts.batch, "adaptive": False, "nice": opts.nice}
     worst = max(s.worst_call_s for s in sizers)
@@ -238,7 +238,7 @@ def _pacing(opts: SweepOptions, sizers: list[BatchSizer], lanes: list[Lane]) -> 
 
 
 def _say_ending(topo: Topology, walk: Walk, result: ScanResult) -> None:
-    """How the sweep ended, in ``complete``/``incomplete_reason``: the sample, an interruption, or shards lost
+    """How the scan ended, in ``complete``/``incomplete_reason``: the sample, an interruption, or shards lost
     (at the start or mid-walk: one line naming the first, the others in the warnings)."""
     if walk.sampled:
         result.complete, result.incomplete_reason = False, "sample"
@@ -257,12 +257,12 @@ def _say_ending(topo: Topology, walk: Walk, result: ScanResult) -> None:
     moved = sum(lane.moved for lane in walk.lanes)
     if moved:
         result.warnings.append(f"{moved} keys answered MOVED/ASK (a resharding was under way): they are counted as "
-                               "vanished here and may also be counted on their new shard; sweep again once "
+                               "vanished here and may also be counted on their new shard; scan again once "
                                "redis-cli --cluster check HOST:PORT shows no open slots")
 
 
 def _mark_idle_unknown(topo: Topology, result: ScanResult) -> None:
-    """Without idle times the sweep saw every key but cannot judge coldness: warn and mark it incomplete."""
+    """Without idle times the scan saw every key but cannot judge coldness: warn and mark it incomplete."""
     if topo.idle_unknown is None:
         return
     result.warnings.append(topo.idle_unknown)
@@ -270,7 +270,7 @@ def _mark_idle_unknown(topo: Topology, result: ScanResult) -> None:
         result.complete, result.incomplete_reason = False, IDLE_UNKNOWN
 
 
-def _warn_uptime(topo: Topology, result: ScanResult, opts: SweepOptions) -> None:
+def _warn_uptime(topo: Topology, result: ScanResult, opts: ScanOptions) -> None:
     if topo.idle_metric == "idletime":
         young = [n for n in topo.nodes if n.uptime_s < opts.cold_after]
         if young:

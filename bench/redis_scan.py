@@ -1,7 +1,7 @@
-"""Benchmark: kv-guardian's Redis sweep against ``redis-cli --memkeys`` on the same data, in one run.
+"""Benchmark: kv-guardian's Redis scan against ``redis-cli --memkeys`` on the same data, in one run.
 
-    .venv/bin/python bench/redis_sweep.py                 # 1,000,000 keys (the issue's setting)
-    .venv/bin/python bench/redis_sweep.py --keys 100000   # a quicker look
+    .venv/bin/python bench/redis_scan.py                 # 1,000,000 keys (the issue's setting)
+    .venv/bin/python bench/redis_scan.py --keys 100000   # a quicker look
 
 Starts its own redis-server on a free loopback port, loads ``--keys`` keys of eight patterns with a
 pipelined loader (``redis-cli --pipe``), then measures, on that one data set:
@@ -9,17 +9,17 @@ pipelined loader (``redis-cli --pipe``), then measures, on that one data set:
 1. ``redis-cli --memkeys`` (memory only: no TTL, no idle time, no patterns): keys/s;
 2. ``kv-guardian redis scan`` through the read-only Lua path and through the pipeline fallback: keys/s
    (type, MEMORY USAGE, PTTL, OBJECT IDLETIME per key, plus pattern mining and per-pattern statistics);
-3. pattern mining alone on the same key names (keys/s; it must keep up with the sweep);
+3. pattern mining alone on the same key names (keys/s; it must keep up with the scan);
 4. interleaved ``--reps`` times (medians; the host may be shared): a concurrent ``redis-benchmark`` GET
-   load's p99 alone, during ``redis-cli --memkeys`` and during a default sweep, with each one's keys/s
-   (the targets compare the default sweep with memkeys under the same load);
-5. the p99 latency of that GET load: without a sweep (baseline), during
-   ``redis-cli --memkeys``, then during sweeps along a trade-off curve: the default (adaptive batch, at most
+   load's p99 alone, during ``redis-cli --memkeys`` and during a default scan, with each one's keys/s
+   (the targets compare the default scan with memkeys under the same load);
+5. the p99 latency of that GET load: without a scan (baseline), during
+   ``redis-cli --memkeys``, then during scans along a trade-off curve: the default (adaptive batch, at most
    0.5 ms a call, client thread at nice +10), adaptive at 0.25 and 1 ms, the default without nice, and fixed
-   batches 25, 50, 100, 200; each row has the sweep's keys/s against memkeys' and its worst call.
+   batches 25, 50, 100, 200; each row has the scan's keys/s against memkeys' and its worst call.
 
-Writes ``bench/results/redis_sweep.json`` (ratios against the baselines of the same run) and prints it.
-Numbers depend on the machine: a shared 2-core VM runs redis-server, the sweep and redis-benchmark on
+Writes ``bench/results/redis_scan.json`` (ratios against the baselines of the same run) and prints it.
+Numbers depend on the machine: a shared 2-core VM runs redis-server, the scan and redis-benchmark on
 the same two cores, which inflates latencies and lowers throughput.
 """
 
@@ -108,7 +108,7 @@ def load(port: int, n: int) -> dict[str, int]:
 
 
 def server_cpu(port: int) -> float:
-    """redis-server's CPU seconds so far (INFO cpu): what a sweep costs the server, whatever else runs."""
+    """redis-server's CPU seconds so far (INFO cpu): what a scan costs the server, whatever else runs."""
     import redis
 
     info = redis.Redis(port=port).info("cpu")
@@ -140,14 +140,14 @@ def memkeys(port: int) -> dict[str, Any]:
             **_costs(port, max(scanned, 1), s0, c0, children=True)}
 
 
-def kvg_sweep(url: str, mode: str, batch: int = 0, port: int = 0, *, max_call_ms: float = 0.5,
+def kvg_scan(url: str, mode: str, batch: int = 0, port: int = 0, *, max_call_ms: float = 0.5,
               nice: int = 10) -> dict[str, Any]:
-    """One sweep at the given pacing (batch 0: adaptive to max_call_ms; nice: the client thread's nice)."""
-    from kvguardian.keyspace.sweep import SweepOptions, sweep
+    """One scan at the given pacing (batch 0: adaptive to max_call_ms; nice: the client thread's nice)."""
+    from kvguardian.keyspace.scan import ScanOptions, scan
 
     s0, c0 = (server_cpu(port), client_cpu()) if port else (0.0, 0.0)
     t0 = time.perf_counter()
-    result = sweep(url, SweepOptions(mode=mode, batch=batch, max_call_ms=max_call_ms, nice=nice))
+    result = scan(url, ScanOptions(mode=mode, batch=batch, max_call_ms=max_call_ms, nice=nice))
     dt = time.perf_counter() - t0
     out = {"mode": result.mode, "batch": batch, "max_call_ms": max_call_ms, "nice": nice, "seconds": round(dt, 3),
            "keys": result.keys_scanned, "keys_per_s": round(result.keys_scanned / dt),
@@ -164,8 +164,8 @@ def mining(port: int, limit: int) -> dict[str, Any]:
     import redis
 
     from kvguardian.keyspace.patterns import PatternMiner
+    from kvguardian.keyspace.scan import mine_and_count
     from kvguardian.keyspace.stats import PatternStats
-    from kvguardian.keyspace.sweep import mine_and_count
 
     r = redis.Redis(port=port)
     names = list(r.scan_iter(count=1000))[:limit]
@@ -199,10 +199,10 @@ def get_load(port: int, requests: int) -> dict[str, Any]:
             "p99_ms": float(data["p99_latency_ms"]), "max_ms": float(data["max_latency_ms"])}
 
 
-def latency_during_sweep(port: int, url: str, batch: int, requests: int, *, max_call_ms: float = 0.5,
+def latency_during_scan(port: int, url: str, batch: int, requests: int, *, max_call_ms: float = 0.5,
                          nice: int = 10, memkeys_instead: bool = False) -> dict[str, Any]:
-    """Start a GET load, sweep (or run redis-cli --memkeys) while it runs; report the load's p99 and how much
-    of it overlapped the sweep."""
+    """Start a GET load, scan (or run redis-cli --memkeys) while it runs; report the load's p99 and how much
+    of it overlapped the scan."""
     out: dict[str, Any] = {}
     window: dict[str, float] = {}
 
@@ -214,25 +214,25 @@ def latency_during_sweep(port: int, url: str, batch: int, requests: int, *, max_
     t = threading.Thread(target=load_thread)
     t.start()
     time.sleep(0.3)
-    window["sweep_start"] = time.perf_counter()
-    sweep = memkeys(port) if memkeys_instead else kvg_sweep(url, "auto", batch, max_call_ms=max_call_ms, nice=nice)
-    window["sweep_end"] = time.perf_counter()
+    window["scan_start"] = time.perf_counter()
+    scan = memkeys(port) if memkeys_instead else kvg_scan(url, "auto", batch, max_call_ms=max_call_ms, nice=nice)
+    window["scan_end"] = time.perf_counter()
     t.join()
-    lo = max(window["load_start"], window["sweep_start"])
-    hi = min(window["load_end"], window["sweep_end"])
-    out.update({"what": "redis-cli --memkeys" if memkeys_instead else "kvg sweep", "batch": batch,
+    lo = max(window["load_start"], window["scan_start"])
+    hi = min(window["load_end"], window["scan_end"])
+    out.update({"what": "redis-cli --memkeys" if memkeys_instead else "kvg scan", "batch": batch,
                 "max_call_ms": max_call_ms, "nice": nice})
-    out["sweep_keys_per_s"] = sweep["keys_per_s"]
-    out["worst_call_ms"] = (sweep.get("pacing") or {}).get("worst_call_ms")
-    out["load_overlapping_sweep"] = round(max(0.0, hi - lo) / (window["load_end"] - window["load_start"]), 3)
+    out["scan_keys_per_s"] = scan["keys_per_s"]
+    out["worst_call_ms"] = (scan.get("pacing") or {}).get("worst_call_ms")
+    out["load_overlapping_scan"] = round(max(0.0, hi - lo) / (window["load_end"] - window["load_start"]), 3)
     return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--keys", type=int, default=1_000_000)
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "redis_sweep.json"))
-    ap.add_argument("--reps", type=int, default=3, help="interleaved rounds of memkeys / default sweep / no sweep")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "redis_scan.json"))
+    ap.add_argument("--reps", type=int, default=3, help="interleaved rounds of memkeys / default scan / no scan")
     ap.add_argument("--no-curve", action="store_true", help="only the interleaved rounds, not the trade-off curve")
     args = ap.parse_args()
     for binary in ("redis-server", "redis-cli", "redis-benchmark"):
@@ -255,8 +255,8 @@ def main() -> None:
                                                 text=True).stdout.split()[2]},
         }
         results["redis_cli_memkeys"] = memkeys(port)
-        results["kvg_scan_lua"] = kvg_sweep(url, "lua", port=port)
-        results["kvg_scan_pipeline"] = kvg_sweep(url, "pipeline", port=port)
+        results["kvg_scan_lua"] = kvg_scan(url, "lua", port=port)
+        results["kvg_scan_pipeline"] = kvg_scan(url, "pipeline", port=port)
         results["mining_only"] = mining(port, args.keys)
         base = results["redis_cli_memkeys"]["keys_per_s"]
         lua = results["kvg_scan_lua"]
@@ -270,7 +270,7 @@ def main() -> None:
         results["load_average_1m"] = os.getloadavg()[0]  # other work on this machine during the run
         requests = max(20_000, int(results["kvg_scan_lua"]["seconds"] * 8_000))
         # the headline pair, interleaved --reps times under the same GET load (medians): memkeys, the default
-        # sweep, and the load alone
+        # scan, and the load alone
         rounds: dict[str, list[dict[str, Any]]] = {"baseline": [], "memkeys": [], "default": []}
         for rep in range(args.reps):
             order = list(rounds) if rep % 2 == 0 else list(rounds)[::-1]
@@ -278,11 +278,11 @@ def main() -> None:
                 if name == "baseline":
                     row = get_load(port, requests)
                 else:
-                    row = latency_during_sweep(port, url, 0, requests, memkeys_instead=name == "memkeys")
+                    row = latency_during_scan(port, url, 0, requests, memkeys_instead=name == "memkeys")
                 rounds[name].append(row)
                 print(name, json.dumps(row), file=sys.stderr)
         results["interleaved"] = rounds
-        med = {name: {k: statistics.median(r[k] for r in rows) for k in ("p99_ms", "sweep_keys_per_s")
+        med = {name: {k: statistics.median(r[k] for r in rows) for k in ("p99_ms", "scan_keys_per_s")
                       if k in rows[0]} for name, rows in rounds.items()}
         results["interleaved_median"] = med
         results["get_p99_baseline"] = get_load(port, requests)
@@ -290,24 +290,24 @@ def main() -> None:
             (0, 0.5, 10), (0, 0.25, 10), (0, 1.0, 10), (0, 0.5, 0), (25, 0.5, 10), (50, 0.5, 10), (100, 0.5, 10),
             (200, 0.5, 10), (200, 0.5, 0),
         ]
-        rows = [latency_during_sweep(port, url, 0, requests, memkeys_instead=True)]
+        rows = [latency_during_scan(port, url, 0, requests, memkeys_instead=True)]
         for batch, call_ms, nice in [] if args.no_curve else curve:
-            rows.append(latency_during_sweep(port, url, batch, requests, max_call_ms=call_ms, nice=nice))
+            rows.append(latency_during_scan(port, url, batch, requests, max_call_ms=call_ms, nice=nice))
             print(json.dumps(rows[-1]), file=sys.stderr)
-        results["get_p99_during_sweep"] = rows
+        results["get_p99_during_scan"] = rows
         base_p99 = results["get_p99_baseline"]["p99_ms"]
         for row in rows:
             row["p99_vs_baseline"] = round(row["p99_ms"] / base_p99, 2) if base_p99 else None
-            row["keys_per_s_vs_memkeys"] = round(row["sweep_keys_per_s"] / base, 2)
+            row["keys_per_s_vs_memkeys"] = round(row["scan_keys_per_s"] / base, 2)
         d, m = med["default"], med["memkeys"]
         results["targets"] = {
-            "default_sweep_p99_le_1ms": d["p99_ms"] <= 1.0,
-            "default_sweep_keys_per_s_ge_memkeys_same_load": d["sweep_keys_per_s"] >= m["sweep_keys_per_s"],
+            "default_scan_p99_le_1ms": d["p99_ms"] <= 1.0,
+            "default_scan_keys_per_s_ge_memkeys_same_load": d["scan_keys_per_s"] >= m["scan_keys_per_s"],
             "default_p99_ms_median": d["p99_ms"], "baseline_p99_ms_median": med["baseline"]["p99_ms"],
-            "default_keys_per_s_median": d["sweep_keys_per_s"],
-            "memkeys_keys_per_s_same_load_median": m["sweep_keys_per_s"], "memkeys_p99_ms_median": m["p99_ms"],
-            "default_vs_memkeys_same_load": round(d["sweep_keys_per_s"] / m["sweep_keys_per_s"], 2),
-            "memkeys_keys_per_s_alone": base, "default_vs_memkeys_alone": round(d["sweep_keys_per_s"] / base, 2)}
+            "default_keys_per_s_median": d["scan_keys_per_s"],
+            "memkeys_keys_per_s_same_load_median": m["scan_keys_per_s"], "memkeys_p99_ms_median": m["p99_ms"],
+            "default_vs_memkeys_same_load": round(d["scan_keys_per_s"] / m["scan_keys_per_s"], 2),
+            "memkeys_keys_per_s_alone": base, "default_vs_memkeys_alone": round(d["scan_keys_per_s"] / base, 2)}
     finally:
         server.terminate()
         server.wait(10)
