@@ -52,6 +52,7 @@ class _Scope:
     name: str
     parent: _Scope | None
     handler: bool
+    in_handler: bool  # this function or one around it is a handler: its declarations matter
     #: declared name -> does it hold a cache, tensor map or result?
     names: dict[str, bool] = field(default_factory=dict)
     closures: dict[str, Any] = field(default_factory=dict)  # local variable -> the closure it holds
@@ -149,13 +150,11 @@ def _captured(closure: Any, scope: _Scope, language: str) -> str | None:
         if parent is not None and language == "java" and parent.type in ("method_invocation", "field_access") \
                 and parent.child_by_field_name("object") != node:
             continue  # a method or field name, not a variable
-        s: _Scope | None = scope
-        while s is not None:
+        for s in _handler_chain(scope):
             if _t(node) in s.names:
                 if s.names[_t(node)]:
                     return _t(node)
                 break
-            s = s.parent
     return None
 
 
@@ -214,13 +213,19 @@ def _param_names(fn: Any) -> set[str]:
 
 def _scope(fn: Any, parent: _Scope | None, language: str) -> _Scope:
     name = _t(fn.child_by_field_name("name")) if fn.type != "func_literal" else ""
-    s = _Scope(fn, name, parent, _is_handler(fn, name, language) if fn.type != "lambda_expression" else False)
+    handler = _is_handler(fn, name, language) if fn.type != "lambda_expression" else False
+    s = _Scope(fn, name, parent, handler, handler or (parent is not None and parent.in_handler))
+    if not s.in_handler:
+        return s  # names declared outside any handler are not the request's
+    known: dict[str, bool] = {}
+    for p in reversed(list(_handler_chain(parent))):  # outermost first: an inner declaration shadows an outer one
+        known.update(p.names)
     for var, kind, value in _declarations(fn, language):
-        known = {k: v for p in _chain(s) for k, v in p.names.items()}
         s.names[var] = _holds_cache(var, kind, value, known, language)
         if value is not None and _is_closure(value, language):
             s.closures[var] = value
             s.names[var] = _captured(value, s, language) is not None  # a closure that holds the cache
+        known[var] = s.names[var]
     return s
 
 
@@ -230,17 +235,43 @@ def _chain(s: _Scope | None) -> Iterator[_Scope]:
         s = s.parent
 
 
+def _handler_chain(s: _Scope | None) -> Iterator[_Scope]:
+    """``s`` and the functions around it, up to the innermost handler: where a request's names are declared."""
+    while s is not None and s.in_handler:
+        yield s
+        if s.handler:
+            return
+        s = s.parent
+
+
 @dataclass
 class _File:
     language: str
     state: dict[str, bool]  # long-lived container -> bounded
-    removed: set[str]  # containers something in the file removes from or empties
+    root: Any
     hits: list[Hit] = field(default_factory=list)
+    _bodies: str | None = None
+    _removed: dict[str, bool] = field(default_factory=dict)
+
+    def removed(self, name: str) -> bool:
+        """Does a function or method of the file empty, replace or remove from ``name``? (A declaration's
+        initial value and a Java constructor are not removals.) Worked out for the names a store meets only."""
+        if self._bodies is None:
+            bodies = {"go": ("function_declaration", "method_declaration"), "java": ("method_declaration",)}
+            self._bodies = "\n".join(code(n.child_by_field_name("body")) for n in _walk(self.root, set())
+                                     if n.type in bodies[self.language])
+        if name not in self._removed:
+            n = re.escape(name)
+            self._removed[name] = re.search(
+                rf"\b{n}\s*\.\s*(remove\w*|clear|poll\w*|retainAll|Delete|LoadAndDelete|Remove\w*|Range)\s*\(|"
+                rf"\b(delete|clear)\(\s*[\w.]*\b{n}\b|\b{n}\s*=\s*(nil\b|[\w.]*\b{n}\[|make\(|map\[|new\b)",
+                self._bodies) is not None
+        return self._removed[name]
 
 
 def check_closures(language: str, root: Any) -> list[Hit]:
     """KVG406 hits of a Go or Java file's tree."""
-    f = _File(language, *_state(language, root))
+    f = _File(language, _state(language, root), root)
     _visit(f, root, None)
     return sorted(f.hits, key=lambda h: (h.line, h.col))
 
@@ -249,7 +280,7 @@ def _visit(f: _File, node: Any, scope: _Scope | None) -> None:
     for n in _walk(node, _SCOPES[f.language]):
         if n.type in _SCOPES[f.language]:
             _visit(f, n, _scope(n, scope, f.language))
-        elif scope is not None and any(s.handler for s in _chain(scope)):
+        elif scope is not None and scope.in_handler:
             _site(f, n, scope)
 
 
@@ -320,11 +351,11 @@ def _target(node: Any, lang: str) -> str:
 
 def _store(f: _File, n: Any, target: Any, args: list[Any], scope: _Scope) -> None:
     name = _target(target, f.language)
-    if name not in f.state or f.state[name] or name in f.removed:
+    if name not in f.state or f.state[name] or f.removed(name):
         return
     bare = target.type in ("identifier", "index_expression") and _target(target, f.language) == _t(
         target.child_by_field_name("operand") if target.type == "index_expression" else target)
-    if bare and any(name in s.names for s in _chain(scope)):
+    if bare and any(name in s.names for s in _handler_chain(scope)):
         return  # a local of the same name
     for a in args:
         for c in _closures_in(a, scope, f.language):
@@ -384,12 +415,10 @@ def _forever(fn: Any) -> bool:
     return False
 
 
-def _state(language: str, root: Any) -> tuple[dict[str, bool], set[str]]:
-    """Long-lived containers (Go package variables and struct fields, Java fields) -> bounded, and the names
-    of those a function or method of the file empties, replaces or removes from (a declaration's initial value
-    and a Java constructor are not removals)."""
+def _state(language: str, root: Any) -> dict[str, bool]:
+    """Long-lived containers (Go package variables and struct fields, Java fields) -> bounded."""
     state: dict[str, bool] = {}
-    for n in _walk(root, set()):
+    for n in _walk(root, {"block", "constructor_body"}):  # declarations, not function bodies
         if language == "go" and n.type == "var_spec" and n.parent is not None \
                 and n.parent.parent is not None and n.parent.parent.type == "source_file":
             kind = _t(n.child_by_field_name("type")) + " " + _t(n.child_by_field_name("value"))
@@ -403,10 +432,4 @@ def _state(language: str, root: Any) -> tuple[dict[str, bool], set[str]]:
             kind = _t(n.child_by_field_name("type"))
             for d in n.children_by_field_name("declarator"):
                 state[_t(d.child_by_field_name("name"))] = bool(_BOUNDED.search(kind + " " + _t(d)))
-    bodies = {"go": ("function_declaration", "method_declaration"), "java": ("method_declaration",)}[language]
-    text = "\n".join(code(n.child_by_field_name("body")) for n in _walk(root, set()) if n.type in bodies)
-    removed = {name for name in state if re.search(
-        rf"\b{re.escape(name)}\s*\.\s*(remove\w*|clear|poll\w*|retainAll|Delete|LoadAndDelete|Remove\w*|Range)\s*\(|"
-        rf"\b(delete|clear)\(\s*[\w.]*\b{re.escape(name)}\b|\b{re.escape(name)}\s*=\s*(nil\b|[\w.]*\b"
-        rf"{re.escape(name)}\[|make\(|map\[|new\b)", text)}
-    return state, removed
+    return state
