@@ -204,12 +204,12 @@ def labelled(args: argparse.Namespace) -> int:
         DOC.write_text(doc.replace(current, section), encoding="utf-8")
         current = section
     print(section)
+    for problem in problems:
+        print(f"tests/fixtures/lint/labels.toml: {problem}", file=sys.stderr)
     if current != section:
         print("docs/lint-precision.md: the labelled-set section differs from the lint run; fix: "
               "scripts/lint_precision.py --labelled --update-doc, then read the diff", file=sys.stderr)
         return 1
-    for problem in problems:
-        print(f"tests/fixtures/lint/labels.toml: {problem}", file=sys.stderr)
     return 1 if problems else 0
 
 

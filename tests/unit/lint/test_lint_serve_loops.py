@@ -1,5 +1,5 @@
-"""KVG402 in a script's module-level serve loop, through an app's own ``generate()`` wrapper, and its fixed-key
-near misses: each clean line of tests/fixtures/lint/kvg402_clean.py fires once its guard is taken away."""
+"""KVG402 and KVG404 in a script's module-level serve loop, KVG402 through an app's own ``generate()`` wrapper,
+KVG406 through ``atexit.register``: each clean near miss of the fixtures fires once its guard is taken away."""
 
 from pathlib import Path
 
@@ -47,3 +47,25 @@ def test_module_level_names_carry_the_cache_into_the_loop(tmp_path):
             "    fresh = DynamicCache()\n"
             "    KEPT.append(fresh)\n")  # a new cache kept on every iteration: a finding
     assert _kvg402_lines(tmp_path, text) == {7}
+
+
+@pytest.mark.parametrize(("fixture", "rule", "old", "new", "line"), [
+    ("kvg404_clean.py", "KVG404", "        importlib.import_module(name)\n", "        run(name)\n",
+     "MISSING[name] = exc"),
+    ("kvg404_clean.py", "KVG404",
+     "try:\n    run(0)\nexcept RuntimeError as first_error:\n    ERRORS.append(first_error)",
+     "for attempt in range(3):\n    try:\n        run(attempt)\n    except RuntimeError as first_error:\n"
+     "        ERRORS.append(first_error)", "ERRORS.append(first_error)"),
+    ("kvg406_clean.py", "KVG406", "        atexit.unregister(cb)\n", "        pass\n", "atexit.register(cb)"),
+])
+def test_kept_exceptions_and_atexit_near_misses(tmp_path, fixture, rule, old, new, line):
+    clean = (FIXTURES / fixture).read_text(encoding="utf-8")
+    assert old in clean
+    mutated = clean.replace(old, new, 1)
+    path = tmp_path / "m.py"
+    found = []
+    for text in (clean, mutated):
+        path.write_text(text, encoding="utf-8")
+        found.append({d.line for d in lint_paths([str(path)], LintConfig(select=(rule,))).diagnostics})
+    assert _line_of(clean, line) not in found[0]
+    assert _line_of(mutated, line) in found[1]

@@ -130,6 +130,7 @@ class ModuleIndex:
     class_bases: dict[str, list[str]] = field(default_factory=dict)  # class name -> dotted base names
     import_roots: set[str] = field(default_factory=set)  # top-level packages imported anywhere in the module
     module_kv_names: set[str] = field(default_factory=set)  # module-level names bound to a KV cache or output
+    module_exc_names: set[str] = field(default_factory=set)  # module-level names bound to a caught exception
     literal_names: set[str] = field(default_factory=set)  # module-level names bound to a literal list/tuple/set
     literal_loop_names: set[str] = field(default_factory=set)  # module-level loop targets over one
 
@@ -327,6 +328,8 @@ class _Walker:
         if node.name and self.func is not None:
             self.func.exc_names.add(node.name)
             self.func.local_names.add(node.name)
+        elif node.name and not self.cls:
+            self.ix.module_exc_names.add(node.name)
         self.children(node)
 
     def visit_Assign(self, node: ast.Assign) -> None:
@@ -415,9 +418,11 @@ class _Walker:
     def _bind(self, target: ast.AST, value: ast.AST) -> None:
         f = self.func
         names = [n.id for n in ast.walk(target) if isinstance(n, ast.Name)]
-        if f is None:  # module-level code: only cache names matter (stores in its loops, KVG402)
+        if f is None:  # module-level code: cache and exception names matter (stores in its loops)
             if not self.cls and N.is_cache_expr(value, self.ix.module_kv_names):
                 self.ix.module_kv_names.update(names)
+            if not self.cls and N.is_exc_expr(value, self.ix.module_exc_names):
+                self.ix.module_exc_names.update(names)
             return
         f.local_names.update(names)
         if N.is_cache_expr(value, f.kv_names):

@@ -2,7 +2,8 @@
 
 Fires inside a request handler (a route, an ``async def``, a ``handle*``/``generate*``/... function, or one taking
 ``request``/``prompt``) that registers a closure, a ``functools.partial`` or a local object's bound method into a
-module- or class-level container that nothing in the module removes from. In Go and Java (through tree-sitter) it
+module- or class-level container that nothing in the module removes from, or with ``atexit.register`` (no
+``atexit.unregister``). In Go and Java (through tree-sitter) it
 fires on a ``func`` literal, lambda, anonymous class or ``local::method`` that captures the handler's KV cache,
 tensor map or ``generate``/``forward`` result and is kept: appended or put into a package variable, struct field
 or Java field, passed to ``Subscribe``/``addListener``/``register``/``scheduleAtFixedRate``, or run as a goroutine
@@ -21,7 +22,7 @@ import re
 from collections.abc import Iterator
 
 from kvguardian.lint.python import names as N
-from kvguardian.lint.python.index import Function, ModuleIndex
+from kvguardian.lint.python.index import Function, ModuleIndex, Store
 from kvguardian.lint.rules.base import Hit, Rule, hit
 from kvguardian.lint.rules.global_store import unbounded_state
 
@@ -69,10 +70,20 @@ def _captures(value: ast.AST, f: Function) -> bool:
     return False
 
 
+#: process-wide registries reached through a module: ``atexit.register(cb)``
+_MODULE_REGISTRIES = {"atexit"}
+
+
+def _kept(ix: ModuleIndex, s: Store) -> bool:
+    if s.target in _MODULE_REGISTRIES and s.kind == "call:register":
+        return s.target not in ix.removed  # atexit.unregister(cb) takes it back
+    return unbounded_state(ix, s)
+
+
 def check(ix: ModuleIndex) -> Iterator[Hit]:
     for s in ix.stores:
         f = s.function
-        if s.kind not in _KINDS or f is None or s.value is None or not unbounded_state(ix, s):
+        if s.kind not in _KINDS or f is None or s.value is None or not _kept(ix, s):
             continue
         if _captures(s.value, f) and is_handler(f):
             yield hit(s.node, f"request handler {f.name}() adds a callback/closure to module-level '{s.target}' "
