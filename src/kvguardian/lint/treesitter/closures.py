@@ -35,8 +35,8 @@ _VALUE_METHODS = re.compile(r"(?i)^(len|size|count|num|is|has|to_?string|string|
 _PLAIN_TYPE = re.compile(r"^\*?(string|bool|byte|rune|error|u?int\d*|float\d+|complex\d+|int|long|short|char|"
                          r"double|float|boolean|String|Integer|Long|Double|Float|Boolean|Duration|Instant|"
                          r"time\.\w+)$")
-_REGISTER = re.compile(r"(?i)^(register\w*|subscribe\w*|on|once|on[A-Z_]\w*|add\w*(listener|handler|callback|hook|"
-                       r"observer|watcher)s?|schedule(AtFixedRate|WithFixedDelay)|handle(func)?|watch\w*)$")
+_REGISTER = re.compile(r"(?i)^(register\w*|subscribe\w*|on|once|add\w*(listener|handler|callback|hook|observer|"
+                       r"watcher)s?|schedule(AtFixedRate|WithFixedDelay)|handle(func)?|watch\w*)$")
 _REMOVE = re.compile(r"(?i)^(remove\w*|unregister\w*|deregister\w*|unsubscribe\w*|off|cancel\w*|dispose|close|"
                      r"stop|delete|unwatch)$")
 _STORE = re.compile(r"^(add|addAll|addLast|addFirst|offer|offerLast|push|put|putIfAbsent|Store|"
@@ -374,12 +374,15 @@ def _report(f: _File, n: Any, closure: Any, scope: _Scope, what: str) -> None:
 
 
 def _removes_later(scope: _Scope, n: Any, lang: str) -> bool:
-    """Does the handler undo a registration (``defer unsub()``, ``bus.removeListener(cb)``, ``f.cancel(true)``)?"""
+    """Does the handler undo a registration: a removal on the same receiver (``bus.removeListener(cb)``), or a
+    use of the handle the registration returned (``defer unsub()``, ``future.cancel(true)``)? Other closes
+    (``r.Body.Close()``) are not."""
     fn = next(s for s in _chain(scope) if s.handler).node
     kept = _result_name(n)
+    _, registry, _ = _call_parts(n, lang)
     for m in _walk(fn, set()):
         method, receiver, _ = _call_parts(m, lang)
-        if method and _REMOVE.match(method):
+        if method and _REMOVE.match(method) and _t(receiver) == _t(registry):
             return True
         called = m.child_by_field_name("function") if m.type == "call_expression" else None
         if kept and (_t(called) == kept or _t(receiver) == kept):
