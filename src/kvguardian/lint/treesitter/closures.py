@@ -8,8 +8,9 @@ The rule and its documentation are `kvguardian.lint.rules.callbacks`; this modul
   ``generate``/``forward`` result, by its type, its value or (untyped) its name; ``n := kv.Len()`` is a value;
 - long-lived places: a Go package variable or receiver field, a Java field (a controller lives as long as the
   process) that nothing in the file removes from and that is not bounded (array, LRU, bounded queue); a
-  registration call (``Subscribe``, ``addListener``, ``register``, ``scheduleAtFixedRate``...) with no removal
-  (``Unsubscribe``, ``removeListener``, ``cancel``...) in the same function; a Go goroutine that loops forever.
+  registration call (``Subscribe``, ``addListener``, ``register``, ``scheduleAtFixedRate``...) that the handler
+  does not undo (``removeListener`` on the same receiver, or a call on the handle it returned); a Go goroutine
+  that loops forever.
 """
 
 from __future__ import annotations
