@@ -79,6 +79,7 @@ class Store:
     function: Function | None
     kind: str  # "call:<method>", "setitem", "global", "classattr"
     key: ast.AST | None = None  # the subscript key of a setitem
+    serve_loop: bool = False  # in a loop of module-level code (a script's serve loop), not in a function
 
 
 @dataclass(frozen=True)
@@ -128,6 +129,10 @@ class ModuleIndex:
     self_attrs: dict[str, set[str]] = field(default_factory=dict)  # class name -> attributes read as self.X
     class_bases: dict[str, list[str]] = field(default_factory=dict)  # class name -> dotted base names
     import_roots: set[str] = field(default_factory=set)  # top-level packages imported anywhere in the module
+    module_kv_names: set[str] = field(default_factory=set)  # module-level names bound to a KV cache or output
+    module_exc_names: set[str] = field(default_factory=set)  # module-level names bound to a caught exception
+    literal_names: set[str] = field(default_factory=set)  # module-level names bound to a literal list/tuple/set
+    literal_loop_names: set[str] = field(default_factory=set)  # module-level loop targets over one
 
 
 def _record_import(ix: ModuleIndex, node: ast.Import | ast.ImportFrom) -> None:
@@ -153,6 +158,25 @@ def _module_imports(ix: ModuleIndex, body: list[ast.stmt]) -> None:
                 _module_imports(ix, getattr(stmt, block, []))
         elif isinstance(stmt, ast.ExceptHandler):
             _module_imports(ix, stmt.body)
+
+
+def _literal(node: ast.AST, names: set[str], inner: bool = False) -> bool:
+    """A sequence of values written in the source: a list/tuple/set display, a comprehension over ``range`` of a
+    constant, a sum of those, a name bound to one, or ``enumerate``/``sorted``/``reversed`` of one. A loop
+    straight over ``range(n)`` is not one: in a script it stands for n requests."""
+    if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
+        return True
+    if isinstance(node, ast.Name):
+        return node.id in names
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        return _literal(node.left, names, inner) and _literal(node.right, names, inner)
+    if isinstance(node, (ast.ListComp, ast.SetComp, ast.GeneratorExp)):
+        return all(_literal(g.iter, names, inner=True) for g in node.generators)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.args:
+        if node.func.id == "range":
+            return inner and all(isinstance(a, ast.Constant) for a in node.args)
+        return node.func.id in ("enumerate", "sorted", "reversed") and _literal(node.args[0], names, inner)
+    return False
 
 
 class _Walker:
@@ -278,6 +302,8 @@ class _Walker:
     def visit_For(self, node: ast.For | ast.AsyncFor | ast.While) -> None:
         if not isinstance(node, ast.While):
             self._bind(node.target, node.iter)
+            if self.func is None and not self.cls and _literal(node.iter, self.ix.literal_names):
+                self.ix.literal_loop_names.update(n.id for n in ast.walk(node.target) if isinstance(n, ast.Name))
         self.loops.append(node)
         self.children(node)
         self.loops.pop()
@@ -302,6 +328,8 @@ class _Walker:
         if node.name and self.func is not None:
             self.func.exc_names.add(node.name)
             self.func.local_names.add(node.name)
+        elif node.name and not self.cls:
+            self.ix.module_exc_names.add(node.name)
         self.children(node)
 
     def visit_Assign(self, node: ast.Assign) -> None:
@@ -311,6 +339,8 @@ class _Walker:
             for t in node.targets:
                 if kind and isinstance(t, ast.Name):
                     self.ix.containers[t.id] = Container(t.id, node, kind == "bounded")
+                if isinstance(t, ast.Name) and _literal(node.value, set()):
+                    self.ix.literal_names.add(t.id)
         for t in node.targets:
             self._assign_target(t, node.value, node)
 
@@ -331,7 +361,7 @@ class _Walker:
         keys = self.owner_key(node.target) if isinstance(node.target, (ast.Name, ast.Attribute)) else []
         for k in keys[:1]:
             if isinstance(node.op, ast.Add) and isinstance(node.value, (ast.List, ast.Tuple)):
-                self.ix.stores.append(Store(node, k, node.value, self.func, "call:extend"))
+                self._store(node, k, node.value, "call:extend")
             elif isinstance(node.op, (ast.Sub, ast.BitAnd)):
                 self.ix.removed.add(k)
         if isinstance(node.target, ast.Name) and self.func is not None:
@@ -352,7 +382,7 @@ class _Walker:
                 self.ix.removed.update(self._keys_of(recv))
                 return
             for k in self._keys_of(recv)[:1]:
-                self.ix.stores.append(Store(node, k, value, self.func, "setitem", key=t.slice))
+                self._store(node, k, value, "setitem", key=t.slice)
             return
         if isinstance(t, ast.Attribute):
             self.visit(t.value)
@@ -368,25 +398,32 @@ class _Walker:
                 self.ix.stores.append(Store(node, keys[0], value, self.func, "classattr"))
             return
         if isinstance(t, ast.Name):
-            if self.func is not None:
-                if t.id in self.func.global_names:
-                    self.ix.removed.add(t.id)
-                    self.ix.stores.append(Store(node, t.id, value, self.func, "global"))
-                else:
-                    self._bind(t, value)
+            if self.func is not None and t.id in self.func.global_names:
+                self.ix.removed.add(t.id)
+                self.ix.stores.append(Store(node, t.id, value, self.func, "global"))
+            else:
+                self._bind(t, value)
             return
         if isinstance(t, (ast.Tuple, ast.List)):
             for elt in t.elts:
                 self._assign_target(elt.value if isinstance(elt, ast.Starred) else elt, value, node)
+
+    def _store(self, node: ast.AST, target: str, value: ast.AST | None, kind: str, key: ast.AST | None = None) -> None:
+        loop = self.func is None and not self.cls and bool(self.loops)
+        self.ix.stores.append(Store(node, target, value, self.func, kind, key=key, serve_loop=loop))
 
     def _keys_of(self, recv: ast.AST) -> list[str]:
         return self.owner_key(recv) if isinstance(recv, (ast.Name, ast.Attribute)) else []
 
     def _bind(self, target: ast.AST, value: ast.AST) -> None:
         f = self.func
-        if f is None:
-            return
         names = [n.id for n in ast.walk(target) if isinstance(n, ast.Name)]
+        if f is None:  # module-level code: cache and exception names matter (stores in its loops)
+            if not self.cls and N.is_cache_expr(value, self.ix.module_kv_names):
+                self.ix.module_kv_names.update(names)
+            if not self.cls and N.is_exc_expr(value, self.ix.module_exc_names):
+                self.ix.module_exc_names.update(names)
+            return
         f.local_names.update(names)
         if N.is_cache_expr(value, f.kv_names):
             f.kv_names.update(names)
@@ -436,7 +473,7 @@ class _Walker:
             value: ast.AST | None = node.args[-1] if node.args else (node.keywords[0].value if node.keywords else None)
             key = node.args[0] if method == "setdefault" and node.args else None
             for k in self._keys_of(recv)[:1]:
-                self.ix.stores.append(Store(node, k, value, self.func, f"call:{method}", key=key))
+                self._store(node, k, value, f"call:{method}", key=key)
         if method in _REMOVE_METHODS:
             self.ix.removed.update(self._keys_of(recv))
             if isinstance(recv, ast.Attribute):

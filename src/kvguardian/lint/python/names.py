@@ -165,7 +165,8 @@ def is_cache_expr(node: ast.AST, kv_names: set[str]) -> bool:
     if isinstance(node, ast.Call):
         name = call_name(node) or ""
         tail = name.rsplit(".", 1)[-1]
-        if tail in _CACHE_CLASSES or (tail in _OUTPUT_METHODS and isinstance(node.func, ast.Attribute)):
+        if tail in _CACHE_CLASSES or (tail in _OUTPUT_METHODS and isinstance(node.func, ast.Attribute)) \
+                or name == "generate":  # an app's own `generate()` wrapper around model.generate
             return True
         if keyword(node, "past_key_values") is not None or is_true(keyword(node, "use_cache")):
             return True

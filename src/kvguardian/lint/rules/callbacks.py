@@ -2,11 +2,17 @@
 
 Fires inside a request handler (a route, an ``async def``, a ``handle*``/``generate*``/... function, or one taking
 ``request``/``prompt``) that registers a closure, a ``functools.partial`` or a local object's bound method into a
-module- or class-level container that nothing in the module removes from.
+module- or class-level container that nothing in the module removes from, or with ``atexit.register`` (no
+``atexit.unregister``). In Go and Java (through tree-sitter) it
+fires on a ``func`` literal, lambda, anonymous class or ``local::method`` that captures the handler's KV cache,
+tensor map or ``generate``/``forward`` result and is kept: appended or put into a package variable, struct field
+or Java field, passed to ``Subscribe``/``addListener``/``register``/``scheduleAtFixedRate``, or run as a goroutine
+that loops forever.
 
 Fix: register callbacks once at start-up, or remove the request's callback when it ends.
 
-False positives: a set-up handler that runs once; silence with ``# noqa: KVG406``. Example: docs/design/lint.md.
+False positives: a set-up handler that runs once, a removal in another file; silence with ``# noqa: KVG406``
+(``// noqa: KVG406`` in Go/Java). Example: docs/design/lint.md.
 """
 
 from __future__ import annotations
@@ -16,16 +22,16 @@ import re
 from collections.abc import Iterator
 
 from kvguardian.lint.python import names as N
-from kvguardian.lint.python.index import Function, ModuleIndex
+from kvguardian.lint.python.index import Function, ModuleIndex, Store
 from kvguardian.lint.rules.base import Hit, Rule, hit
 from kvguardian.lint.rules.global_store import unbounded_state
 
 ID = "KVG406"
 _ROUTES = {"get", "post", "put", "delete", "patch", "route", "websocket", "api_route", "head", "options",
            "on_message", "message_handler", "handler"}
-_HANDLER_NAME = re.compile(r"^_*(handle|generate|predict|infer|serve|chat|complete|completion|stream|on_request|"
+HANDLER_NAME = re.compile(r"^_*(handle|generate|predict|infer|serve|chat|complete|completion|stream|on_request|"
                            r"process_request|respond)", re.IGNORECASE)
-_REQUEST_PARAMS = {"request", "req", "prompt", "websocket", "ws", "messages"}
+REQUEST_PARAMS = {"request", "req", "prompt", "websocket", "ws", "messages"}
 _KINDS = {"call:append", "call:add", "call:insert", "call:appendleft", "call:register", "call:extend",
           "call:connect", "call:subscribe", "setitem"}
 
@@ -36,14 +42,15 @@ def is_handler(f: Function | None) -> bool:
             name = N.dotted(d.func if isinstance(d, ast.Call) else d) or ""
             if name.rsplit(".", 1)[-1] in _ROUTES and "." in name:
                 return True
-        if isinstance(f.node, ast.AsyncFunctionDef) or _HANDLER_NAME.match(f.name) or f.params & _REQUEST_PARAMS:
+        if isinstance(f.node, ast.AsyncFunctionDef) or HANDLER_NAME.match(f.name) or f.params & REQUEST_PARAMS:
             return True
         f = f.parent
     return False
 
 
 def _captures(value: ast.AST, f: Function) -> bool:
-    """Is ``value`` a closure or bound method holding the handler's local state?"""
+    """Is ``value`` a closure or bound method holding the handler's local state? A cache attribute
+    (``out.past_key_values``) is data, not a bound method."""
     local = (f.params | f.local_names) - {"self", "cls"}
     if isinstance(value, ast.Lambda):
         own = {a.arg for a in (*value.args.posonlyargs, *value.args.args, *value.args.kwonlyargs)}
@@ -54,6 +61,8 @@ def _captures(value: ast.AST, f: Function) -> bool:
         name = N.dotted(value.func) or ""
         return name.rsplit(".", 1)[-1] == "partial" and any(N.names_in(a) & local for a in value.args[1:])
     if isinstance(value, ast.Attribute):
+        if N.is_cache_expr(value, f.kv_names):
+            return False  # `out.past_key_values` is data, not a bound method: KVG402's case
         root = value
         while isinstance(root, ast.Attribute):
             root = root.value  # type: ignore[assignment]
@@ -61,10 +70,20 @@ def _captures(value: ast.AST, f: Function) -> bool:
     return False
 
 
+#: process-wide registries reached through a module: ``atexit.register(cb)``
+_MODULE_REGISTRIES = {"atexit"}
+
+
+def _kept(ix: ModuleIndex, s: Store) -> bool:
+    if s.target in _MODULE_REGISTRIES and s.kind == "call:register":
+        return s.target not in ix.removed  # atexit.unregister(cb) takes it back
+    return unbounded_state(ix, s)
+
+
 def check(ix: ModuleIndex) -> Iterator[Hit]:
     for s in ix.stores:
         f = s.function
-        if s.kind not in _KINDS or f is None or s.value is None or not unbounded_state(ix, s):
+        if s.kind not in _KINDS or f is None or s.value is None or not _kept(ix, s):
             continue
         if _captures(s.value, f) and is_handler(f):
             yield hit(s.node, f"request handler {f.name}() adds a callback/closure to module-level '{s.target}' "

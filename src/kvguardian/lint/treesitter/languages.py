@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["LANGUAGE_MODULES", "Call", "FunctionFacts", "code", "functions", "parser_for"]
+__all__ = ["LANGUAGE_MODULES", "Call", "FunctionFacts", "code", "functions", "imports", "parser_for"]
 
 LANGUAGE_MODULES = {"go": "tree_sitter_go", "java": "tree_sitter_java", "kotlin": "tree_sitter_kotlin"}
 
@@ -28,6 +28,7 @@ _PARSERS: dict[str, Any] = {}
 @dataclass(frozen=True)
 class Call:
     method: str
+    receiver: str  # source text of what the method is called on ("" for a plain call)
     args: list[str]  # argument source texts
     codes: list[str]  # the same with string and character literals emptied (`code`)
     line: int  # 1-based
@@ -105,9 +106,11 @@ def _call(language: str, node: Any) -> Call | None:
         if fn is None or fn.type != "selector_expression" or args is None:
             return None
         name = _text(fn.child_by_field_name("field"))
+        receiver = _text(fn.child_by_field_name("operand"))
         arg_nodes = args.named_children
     elif language == "java" and node.type == "method_invocation":
         name = _text(node.child_by_field_name("name"))
+        receiver = _text(node.child_by_field_name("object"))
         args = node.child_by_field_name("arguments")
         arg_nodes = args.named_children if args is not None else []
     elif language == "kotlin" and node.type == "call_expression":
@@ -117,12 +120,13 @@ def _call(language: str, node: Any) -> Call | None:
             return None
         ids = [c for c in nav.named_children if c.type in ("identifier", "simple_identifier", "navigation_suffix")]
         name = _text(ids[-1]).lstrip(".?") if ids else ""
+        receiver = _text(nav.named_children[0])
         arg_nodes = [c.named_children[-1] if c.named_children else c for c in vargs.named_children]
     else:
         return None
     (r0, c0), (r1, c1) = node.start_point, node.end_point
     args = [a for a in arg_nodes if a.type != "comment"]
-    return Call(name, [_text(a) for a in args], [code(a) for a in args], r0 + 1, c0 + 1, r1 + 1, c1 + 1)
+    return Call(name, receiver, [_text(a) for a in args], [code(a) for a in args], r0 + 1, c0 + 1, r1 + 1, c1 + 1)
 
 
 def _assign(language: str, node: Any) -> list[tuple[str, str]]:
@@ -172,6 +176,14 @@ def functions(language: str, root: Any) -> Iterator[FunctionFacts]:
         # calls are found outermost first; order them by position so "a later EXPIRE" means later in source
         facts.calls.sort(key=lambda c: (c.line, c.col))
         yield facts
+
+
+_IMPORTS = {"import_declaration", "import", "import_list", "import_header"}
+
+
+def imports(root: Any) -> list[str]:
+    """The text of every top-level import of a Go, Java or Kotlin file (Go: the whole import block)."""
+    return [_text(n) for n in root.children if n.type in _IMPORTS]
 
 
 def first_error_line(root: Any) -> int:

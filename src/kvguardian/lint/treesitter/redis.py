@@ -13,7 +13,7 @@ from kvguardian.lint.rules.base import Hit
 from kvguardian.lint.rules.redis_ttl import MESSAGE
 from kvguardian.lint.treesitter.languages import Call, FunctionFacts
 
-__all__ = ["check_function"]
+__all__ = ["check_function", "uses_redis"]
 
 _GO_WRITES = {"Set", "SetNX", "HSet", "HSetNX", "HMSet", "LPush", "RPush", "SAdd", "ZAdd", "Incr", "IncrBy",
               "IncrByFloat", "HIncrBy", "PFAdd", "GetSet", "SetArgs", "ZIncrBy"}
@@ -91,13 +91,26 @@ def _jvm_ttl(arg: str, assigned: dict[str, str]) -> bool:
     return True
 
 
-def check_function(language: str, facts: FunctionFacts) -> Iterator[Hit]:
+#: a Redis client package in an import, or a receiver that says it is one (``rdb``, ``redisClient``, ``jedis``)
+_CLIENT_IMPORT = re.compile(r"redis|redigo|rueidis|valkey|jedis|lettuce|redisson", re.IGNORECASE)
+_CLIENT_RECEIVER = re.compile(r"redis|\brdb\b|valkey|jedis|lettuce|redisson", re.IGNORECASE)
+
+
+def uses_redis(imports: list[str]) -> bool:
+    """Does the file import a Redis client (go-redis, redigo, rueidis, valkey-go, Jedis, Lettuce, Spring Data
+    Redis, Redisson)?"""
+    return any(_CLIENT_IMPORT.search(i) for i in imports)
+
+
+def check_function(language: str, facts: FunctionFacts, client_imported: bool = True) -> Iterator[Hit]:
+    """KVG405 hits of one function. HTTP headers, URL queries and maps have ``Set``/``set``/``put`` too: without
+    a Redis client import the receiver itself must name one."""
     pattern = _GO_TIME if language == "go" else _JVM_TIME
     names = _tainted(facts, pattern)
     assigned = dict(facts.assigns)
     for i, call in enumerate(facts.calls):
         found = _go_write(call) if language == "go" else _jvm_write(call, assigned)
-        if found is None:
+        if found is None or not (client_imported or _CLIENT_RECEIVER.search(call.receiver)):
             continue
         cmd, key_index, has_ttl = found
         key = call.args[key_index]
