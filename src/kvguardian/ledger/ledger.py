@@ -265,6 +265,17 @@ class Ledger:
                 if rec is not None:
                     refill(rec, rec.storage_bytes, rec.logical_bytes, filled_tokens)
 
+    def slot_key(self, slot: Hashable) -> Hashable | None:
+        """The key (storage address) of the entry filling ``slot``, pending releases applied first (None: no
+        entry): a source compares it with what the slot's holder holds now to see a storage replaced behind its
+        back - observed then, it gets an entry of its own (its dtype and device), not the freed one's."""
+        with self._lock:
+            table = self._table
+            if self._releases.freed and not table.batch:
+                table.drain()
+            rec = table.slots.get(slot)
+            return rec.key if rec is not None else None
+
     def slot_bytes(self, slots: Iterable[Hashable]) -> int:
         """Storage bytes of the entries filling ``slots`` now."""
         with self._lock:
