@@ -223,7 +223,7 @@ def test_the_sources_do_not_know_the_guard():
 # The layers of ARCHITECTURE.md, bottom up: a module may import its own layer and those below, never above.
 # A name is a top-level module or package of kvguardian, or a dotted subpackage/module placed above its package.
 LAYERS: dict[int, tuple[str, ...]] = {
-    0: ("_errors", "_faults", "findings", "options", "input_file"),
+    0: ("_errors", "_faults", "findings", "options", "input_file", "callsite"),
     1: ("ledger", "tensors", "reuse"),
     2: ("sources", "hf", "paged", "custom"),
     3: ("detectors", "retention", "accounting", "ranks", "report"),

@@ -37,6 +37,7 @@ def detect(snapshot: LedgerSnapshot, ctx: DetectContext) -> list[Finding]:
             "kinds": sorted({r.kind for r in recs}),
             "sources": sorted({r.source for r in recs}),
             "seconds_since_owner_ended": round(ended_ago, 3) if ended_ago is not None else None,
+            "call_site": info.site if info is not None else None,  # the user's line that began the request
         }
         verdict = (ctx.options.get("retention") or {}).get(rid) if rid is not None else None
         severity = Severity.ERROR

@@ -16,6 +16,7 @@ from collections.abc import Callable, Hashable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from kvguardian._errors import UsageError
+from kvguardian.callsite import user_site, warn_at_user
 from kvguardian.ledger.events import EVENT_KINDS, Event, EventBuffer
 from kvguardian.ledger.fields import cache_event, site_of
 from kvguardian.ledger.records import NO_FILL, EntrySite, EntryState, EntryView, Record, RequestInfo, Update
@@ -75,6 +76,7 @@ class Ledger:
         self._grad_obs: deque[dict[str, Any]] = deque(maxlen=256)
         self.instrumentation_errors: Counter[str] = Counter()
         self._unknown: dict[str, str] = {}  # class a source audits through a generic path -> why (bounded)
+        self._unknown_sites: dict[str, str | None] = {}  # the same classes -> the user's line first met at
         self._timeline = Timeline(clock(), capacity=timeline_capacity, interval_s=timeline_interval,
                                   lanes=timeline_lanes)
         self._table.on_request_freed = self._timeline.freed
@@ -108,10 +110,12 @@ class Ledger:
 
     # ------------------------------------------------------------------ requests
     def begin_request(self, request_id: str, tenant: str | None = None, *, implicit: bool = False) -> RequestInfo:
-        """Start a request. Raises `UsageError` if a request with this id is still active."""
+        """Start a request, noting the user's line that began it (`callsite.user_site`). Raises `UsageError` if a
+        request with this id is still active."""
+        site = user_site()
         with self._lock:
             now = self._clock()
-            info = self._table.begin_request(request_id, tenant, implicit, now)
+            info = self._table.begin_request(request_id, tenant, implicit, now, site)
             self._timeline.begin(request_id, tenant, now)
             self._timeline.tick(now, self._table.totals)
             return info
@@ -354,8 +358,17 @@ class Ledger:
         """A source met a class it does not know (a cache or layer class) and audits it through a generic path,
         because ``why`` (the first reason is kept; at most 256 classes)."""
         with self._lock:
-            if cls not in self._unknown and len(self._unknown) < 256:
-                self._unknown[cls] = why
+            if cls in self._unknown or len(self._unknown) >= 256:
+                return
+            self._unknown[cls] = why
+            self._unknown_sites[cls] = user_site()
+        warn_at_user(f"kv-guardian KVG107: cache class {cls} is not one kv-guardian knows; audited through the "
+                     f"generic path ({why})")
+
+    def unknown_sites(self) -> dict[str, str | None]:
+        """Class -> the user's line where it was first met (`note_unknown`)."""
+        with self._lock:
+            return dict(self._unknown_sites)
 
     def unknown_classes(self) -> dict[str, str]:
         """Class -> why, for every class audited through a generic path (`note_unknown`)."""
@@ -408,6 +421,7 @@ class Ledger:
                 released_entries=table.totals.released_entries,
                 released_bytes=table.totals.released_bytes,
                 unknown_classes=dict(self._unknown),
+                unknown_sites=dict(self._unknown_sites),
             )
 
     def timeline(self, snap: LedgerSnapshot) -> dict[str, Any]:
