@@ -11,7 +11,7 @@ import torch
 
 from kvguardian.apps.repro.models import DRAFT, build_bart, build_hybrid, build_llama, build_sliding, build_t5
 
-__all__ = ["build_bart", "build_hybrid", "build_sliding", "build_t5", "draft_llama", "ids", "run_generate"]
+__all__ = ["build_bart", "build_hybrid", "build_sliding", "build_t5", "draft_llama", "ids", "park", "run_generate"]
 
 
 def draft_llama(layers=2):
@@ -28,3 +28,12 @@ def run_generate(model, i, **kwargs):
     """One top-level ``generate()`` (a request of its own under ``kv-guardian run``), greedy, 3 new tokens."""
     kwargs.setdefault("max_new_tokens", 3)
     return model.generate(ids(i), do_sample=False, return_dict_in_generate=True, **kwargs)
+
+
+def park(cache, dtype=torch.float16):
+    """Move every layer of a finished request's cache to ``dtype`` (``layer.keys = layer.keys.to(...)``, what a
+    device move does to a layer), to keep it smaller for a later resume; returns the cache."""
+    for layer in cache.layers:
+        layer.keys = layer.keys.to(dtype)
+        layer.values = layer.values.to(dtype)
+    return cache

@@ -7,19 +7,10 @@ expect: clean
 
 from collections import OrderedDict
 
-import torch
-
 from _serve import cache_of, generate
+from _shapes import park
 
 PARKED = OrderedDict()
-
-
-def park(cache):
-    for layer in cache.layers:
-        layer.keys = layer.keys.to(torch.float16)
-        layer.values = layer.values.to(torch.float16)
-    return cache
-
 
 for i in range(12):
     PARKED[f"session-{i}"] = park(cache_of(generate(i)))

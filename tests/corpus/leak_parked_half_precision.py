@@ -6,19 +6,10 @@ expect: leak
 holder: module __main__: PARKED
 """
 
-import torch
-
 from _serve import cache_of, generate
+from _shapes import park
 
 PARKED = {}
-
-
-def park(cache):
-    for layer in cache.layers:
-        layer.keys = layer.keys.to(torch.float16)
-        layer.values = layer.values.to(torch.float16)
-    return cache
-
 
 for i in range(12):
     PARKED[f"session-{i}"] = park(cache_of(generate(i)))
