@@ -365,14 +365,19 @@ class HFTracker:
         before snapshots (`sync`)."""
         queue = self._recheck
         for _ in range(len(queue)):
-            st, left = queue.popleft()
+            try:
+                st, left = queue.popleft()
+            except IndexError:  # another thread's request end took the rest
+                break
             cache = st.ref()
-            if cache is None or self.caches.get(st.cid) is not st or st.owner_req is None:
+            owner = st.owner_req
+            # a cache a newer request updates is that request's (queued again when it ends)
+            if cache is None or self.caches.get(st.cid) is not st or owner is None or owner.ended is None:
                 continue
             layers = cache.layers
             for idx, ls in enumerate(st.layers[: len(layers)]):
                 if ls is not None and ls.plan.kind in MOVABLE:
-                    self._observe_if_moved(ls, layers[idx], st.owner_req)
+                    self._observe_if_moved(ls, layers[idx], owner)
             if left > 1:
                 queue.append((st, left - 1))
         queue.extend((st, _RECHECKS) for st in owned if not st.generic)

@@ -87,6 +87,7 @@ def test_bart_self_and_cross_attention_caches():
         report = g.check()
         [finding] = report.by_id("KVG102")  # the local `out` holds both: one request, its bytes
         assert finding.evidence["bytes"] == sum(r.storage_bytes for r in recs)
+        assert finding.evidence["roles"] == ["cross", "self"]
         del out
     finally:
         g.detach()
