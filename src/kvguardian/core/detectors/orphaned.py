@@ -36,7 +36,9 @@ def detect(snapshot: LedgerSnapshot, ctx: DetectContext) -> list[Finding]:
             "layers": layers,
             "kinds": sorted({r.kind for r in recs}),
             "sources": sorted({r.source for r in recs}),
+            "roles": sorted({r.role for r in recs if r.role}),  # an encoder-decoder cache's "self" and "cross"
             "seconds_since_owner_ended": round(ended_ago, 3) if ended_ago is not None else None,
+            "call_site": info.site if info is not None else None,  # the user's line that began the request
         }
         verdict = (ctx.options.get("retention") or {}).get(rid) if rid is not None else None
         severity = Severity.ERROR

@@ -19,7 +19,7 @@ def detect(snapshot: LedgerSnapshot, ctx: DetectContext) -> list[Finding]:
             id="KVG107",
             severity=Severity.WARNING,
             message=f"cache class {cls} is not one kv-guardian knows; audited through the generic path ({why})",
-            evidence={"class": cls, "reason": why},
+            evidence={"class": cls, "reason": why, "call_site": snapshot.unknown_sites.get(cls)},
         )
         for cls, why in sorted(snapshot.unknown_classes.items())
     ]

@@ -15,16 +15,17 @@ from collections import Counter, deque
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from kvguardian.core.errors import UsageError
-from kvguardian.core.ledger.events import EVENT_KINDS, Event, EventBuffer
-from kvguardian.core.ledger.fields import cache_event, site_of
-from kvguardian.core.ledger.records import NO_FILL, EntrySite, EntryState, EntryView, Record, RequestInfo, Update
-from kvguardian.core.ledger.releases import ReleaseQueue
-from kvguardian.core.ledger.snapshot import LedgerSnapshot
-from kvguardian.core.ledger.table import EntryTable
-from kvguardian.core.ledger.tensors import TensorEntries
-from kvguardian.core.ledger.timeline import Timeline, timeline_json
-from kvguardian.core.ledger.totals import LedgerTotals
+from kvguardian._errors import UsageError
+from kvguardian.callsite import user_site, warn_at_user
+from kvguardian.ledger.events import EVENT_KINDS, Event, EventBuffer
+from kvguardian.ledger.fields import cache_event, site_of
+from kvguardian.ledger.records import NO_FILL, EntrySite, EntryState, EntryView, Record, RequestInfo, Update
+from kvguardian.ledger.releases import ReleaseQueue
+from kvguardian.ledger.snapshot import LedgerSnapshot
+from kvguardian.ledger.table import EntryTable
+from kvguardian.ledger.tensors import TensorEntries
+from kvguardian.ledger.timeline import Timeline, timeline_json
+from kvguardian.ledger.totals import LedgerTotals
 
 if TYPE_CHECKING:
     import torch
@@ -75,6 +76,7 @@ class Ledger:
         self._grad_obs: deque[dict[str, Any]] = deque(maxlen=256)
         self.instrumentation_errors: Counter[str] = Counter()
         self._unknown: dict[str, str] = {}  # class a source audits through a generic path -> why (bounded)
+        self._unknown_sites: dict[str, str | None] = {}  # the same classes -> the user's line first met at
         self._timeline = Timeline(clock(), capacity=timeline_capacity, interval_s=timeline_interval,
                                   lanes=timeline_lanes)
         self._table.on_request_freed = self._timeline.freed
@@ -108,10 +110,12 @@ class Ledger:
 
     # ------------------------------------------------------------------ requests
     def begin_request(self, request_id: str, tenant: str | None = None, *, implicit: bool = False) -> RequestInfo:
-        """Start a request. Raises `UsageError` if a request with this id is still active."""
+        """Start a request, noting the user's line that began it (`callsite.user_site`). Raises `UsageError` if a
+        request with this id is still active."""
+        site = user_site()
         with self._lock:
             now = self._clock()
-            info = self._table.begin_request(request_id, tenant, implicit, now)
+            info = self._table.begin_request(request_id, tenant, implicit, now, site)
             self._timeline.begin(request_id, tenant, now)
             self._timeline.tick(now, self._table.totals)
             return info
@@ -265,6 +269,17 @@ class Ledger:
                 if rec is not None:
                     refill(rec, rec.storage_bytes, rec.logical_bytes, filled_tokens)
 
+    def slot_key(self, slot: Hashable) -> Hashable | None:
+        """The key (storage address) of the entry filling ``slot``, pending releases applied first (None: no
+        entry): a source compares it with what the slot's holder holds now to see a storage replaced behind its
+        back - observed then, it gets an entry of its own (its dtype and device), not the freed one's."""
+        with self._lock:
+            table = self._table
+            if self._releases.freed and not table.batch:
+                table.drain()
+            rec = table.slots.get(slot)
+            return rec.key if rec is not None else None
+
     def slot_bytes(self, slots: Iterable[Hashable]) -> int:
         """Storage bytes of the entries filling ``slots`` now."""
         with self._lock:
@@ -343,8 +358,17 @@ class Ledger:
         """A source met a class it does not know (a cache or layer class) and audits it through a generic path,
         because ``why`` (the first reason is kept; at most 256 classes)."""
         with self._lock:
-            if cls not in self._unknown and len(self._unknown) < 256:
-                self._unknown[cls] = why
+            if cls in self._unknown or len(self._unknown) >= 256:
+                return
+            self._unknown[cls] = why
+            self._unknown_sites[cls] = user_site()
+        warn_at_user(f"kv-guardian KVG107: cache class {cls} is not one kv-guardian knows; audited through the "
+                     f"generic path ({why})")
+
+    def unknown_sites(self) -> dict[str, str | None]:
+        """Class -> the user's line where it was first met (`note_unknown`)."""
+        with self._lock:
+            return dict(self._unknown_sites)
 
     def unknown_classes(self) -> dict[str, str]:
         """Class -> why, for every class audited through a generic path (`note_unknown`)."""
@@ -397,6 +421,7 @@ class Ledger:
                 released_entries=table.totals.released_entries,
                 released_bytes=table.totals.released_bytes,
                 unknown_classes=dict(self._unknown),
+                unknown_sites=dict(self._unknown_sites),
             )
 
     def timeline(self, snap: LedgerSnapshot) -> dict[str, Any]:

@@ -168,6 +168,7 @@ class RequestInfo:
     ended: float | None = None  # set once, by end_request
     implicit: Final[bool] = False  # created by kv-guardian, not by the user
     entry_ids: set[int] = field(default_factory=set)  # live entries it owns (ledger-maintained)
+    site: Final[str | None] = None  # the user's line that began it (`callsite.user_site`): a generate() call...
 
     def __repr__(self) -> str:
         return f"<Request {self.request_id!r} {'ended' if self.ended is not None else 'active'}>"
@@ -179,4 +180,4 @@ class RequestInfo:
     def copy(self) -> RequestInfo:
         """A detached copy for a snapshot (positional, in field order: a snapshot copies every request)."""
         return RequestInfo(self.request_id, self.tenant, self.generation, self.started, self.ended, self.implicit,
-                           set(self.entry_ids))
+                           set(self.entry_ids), self.site)

@@ -26,6 +26,7 @@ class LedgerSnapshot:
     released_entries: int  # storages released so far
     released_bytes: int
     unknown_classes: dict[str, str] = field(default_factory=dict)  # classes a source audits generically -> why
+    unknown_sites: dict[str, str | None] = field(default_factory=dict)  # the same -> the user's line first met at
 
     def by_state(self, state: EntryState) -> list[Record]:
         return [r for r in self.records if r.state is state]

@@ -257,7 +257,8 @@ class EntryTable:
         return len(recs)
 
     # ------------------------------------------------------------------ requests
-    def begin_request(self, request_id: str, tenant: str | None, implicit: bool, now: float) -> RequestInfo:
+    def begin_request(self, request_id: str, tenant: str | None, implicit: bool, now: float,
+                      site: str | None = None) -> RequestInfo:
         """Register a new request (settled first). Raises `UsageError` if one with this id is still active."""
         self.settle()
         old = self.requests.get(request_id)
@@ -267,7 +268,7 @@ class EntryTable:
                 "or end the first one before starting another"
             )
         info = RequestInfo(request_id=request_id, tenant=tenant, generation=self.generation, started=now,
-                           implicit=implicit)
+                           implicit=implicit, site=site)
         self.requests[request_id] = info
         self.requests.move_to_end(request_id)
         self.totals.requests_active += 1

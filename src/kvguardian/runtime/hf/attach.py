@@ -9,6 +9,7 @@ the model, so nothing of kv-guardian is in the model's ``__dict__`` or hooks: a 
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from kvguardian.core import faults as _faults
@@ -66,6 +67,19 @@ class Attachment:
             return original(model, *args, **kwargs)
         finally:
             _observe_forward(t, tokens, started)
+
+    def lend(self, other: Any) -> Callable[[], None] | None:
+        """Attach ``other`` (the assistant model of a speculative ``generate()`` call of this model) to the same
+        tracker until the returned function is called; None, attaching nothing, when ``other`` is not a model
+        that can be attached (attached already, to this guard or another)."""
+        t = self._tracker()
+        if t is None or not self.enabled:
+            return None
+        try:
+            check_attachable(other)
+        except UsageError:
+            return None
+        return attach_model(t, other).remove
 
     def remove(self) -> None:
         """Detach: the model is no longer audited (idempotent)."""

@@ -98,6 +98,8 @@ class Attached(Protocol):
 
     def call(self, original: Any, model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any: ...
 
+    def lend(self, other: Any) -> Callable[[], None] | None: ...
+
 
 #: id(model) -> its attachment; an entry leaves when the attachment is removed or the model dies
 _ATTACHED: dict[int, Attached] = {}
@@ -418,12 +420,37 @@ def _wrap_generate(original: Any) -> Any:
     @functools.wraps(original)
     def generate(self: Any, *args: Any, **kwargs: Any) -> Any:
         tracker = _generate_tracker(self)
-        if tracker is None or tracker.host.current_request() is not None or _compiling():
+        if tracker is None or _compiling():
             return original(self, *args, **kwargs)
-        return _generate_as_request(tracker, original, (self, *args), kwargs)
+        undo = _lend_assistant(self, kwargs.get("assistant_model"))
+        try:
+            if tracker.host.current_request() is not None:
+                return original(self, *args, **kwargs)
+            return _generate_as_request(tracker, original, (self, *args), kwargs)
+        finally:
+            if undo is not None:
+                undo()
 
     generate.__kvguardian_original__ = original  # type: ignore[attr-defined]
     return generate
+
+
+def _lend_assistant(model: Any, assistant: Any) -> Callable[[], None] | None:
+    """Speculative decoding (``generate(assistant_model=...)``) of an attached model: the assistant's forwards
+    (its own caches) are observed by the same tracker, as KV of the same request, for the call; returns what
+    undoes it (None: nothing to undo - no assistant, the model not attached, the assistant attached already)."""
+    if assistant is None:
+        return None
+    att = attached(model)
+    if att is None:
+        return None
+    try:
+        return att.lend(assistant)
+    except Exception as exc:  # fail open: the assistant is not observed
+        tracker = att.tracker()
+        if tracker is not None:
+            tracker.host.fail("generate.enter", exc)
+        return None
 
 
 def _generate_as_request(tracker: HFTracker, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

@@ -68,11 +68,12 @@ class Lifecycle:
             rs.ttft = self._now() - rs.start  # this layer's second update: the first token is out
             self._flush(rs)
 
-    def request_ended(self, info: RequestInfo) -> None:
-        """After the ledger ended ``info``: flush its pending events and add its reuse sample."""
+    def request_ended(self, info: RequestInfo) -> list[CacheState]:
+        """After the ledger ended ``info``: flush its pending events and add its reuse sample. Returns the caches
+        it owned."""
         rs = self._reqs.pop(info.request_id, None)
         if rs is None:
-            return
+            return []
         if rs.ttft is None:
             rs.ttft = (info.ended if info.ended is not None else self.ledger.clock()) - rs.start
             self._flush(rs)
@@ -80,9 +81,10 @@ class Lifecycle:
             self._flush(rs)
         if rs.caches:
             self.reuse.add(rs.reused > 0, rs.reused, rs.prefill, ts=info.ended)
-        for st in list(self._caches.values()):
-            if st.owner_req is info:
-                st.rs = None
+        owned = [st for st in self._caches.values() if st.owner_req is info]
+        for st in owned:
+            st.rs = None
+        return owned
 
     def _flush(self, rs: RequestState) -> None:
         req = rs.req

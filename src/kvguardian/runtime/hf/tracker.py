@@ -36,9 +36,13 @@ __all__ = ["CacheState", "HFTracker"]
 _labels = itertools.count(1)
 
 _MAX_RESULTS = 4_096  # requests whose result (weakly) is remembered as a holder-search hint
+_RECHECKS = 3  # request ends after its owner's at which a kept cache is looked at for moved layers
 _MAX_COPIES = 4_096  # deep copies of caches waiting to be seen (weakly), the latest kept
 
 #: why a cache goes through the generic path (KVG107)
+#: layer kinds whose ``keys``/``values`` a program or transformers may replace between updates (a device move)
+MOVABLE = frozenset({"dynamic", "sliding", "hybrid"})
+
 _GENERIC = "the cache has no `layers` list: the tensors returned by update() are audited per layer"
 
 
@@ -77,6 +81,9 @@ class HFTracker:
         # deep copies of known caches not looked at yet: (weak reference to the copy, the request whose KV it is,
         # the original's label); see `note_copy`
         self._copies: deque[tuple[weakref.ref[Any], RequestInfo, str]] = deque(maxlen=_MAX_COPIES)
+        # caches of recently ended requests, looked at again for moved layers at the next request ends, with the
+        # number of looks left (`_recheck_moved`)
+        self._recheck: deque[tuple[CacheState, int]] = deque()
         self.skipped: dict[str, str] = {}  # layer class -> reason it holds no KV
         self.notes: dict[str, str] = {}
         self.updates = 0
@@ -346,9 +353,34 @@ class HFTracker:
     def request_ended(self, info: RequestInfo) -> None:
         """After the ledger ended ``info``: flush its pending events and add its reuse sample; copies made since
         the last request ended are looked at (`note_copy`)."""
-        self.lifecycle.request_ended(info)
+        owned = self.lifecycle.request_ended(info)
         if self._copies:
             self._adopt_copies()
+        self._recheck_moved(owned)
+
+    def _recheck_moved(self, owned: list[CacheState]) -> None:
+        """At each request end, the caches of the last few ended requests are looked at for layers moved since
+        (`_observe_if_moved`: a program parks a kept cache on another device or dtype right after the request),
+        so what they hold is in the ledger when retention is sampled; each cache `_RECHECKS` times, then only
+        before snapshots (`sync`)."""
+        queue = self._recheck
+        for _ in range(len(queue)):
+            try:
+                st, left = queue.popleft()
+            except IndexError:  # another thread's request end took the rest
+                break
+            cache = st.ref()
+            owner = st.owner_req
+            # a cache a newer request updates is that request's (queued again when it ends)
+            if cache is None or self.caches.get(st.cid) is not st or owner is None or owner.ended is None:
+                continue
+            layers = cache.layers
+            for idx, ls in enumerate(st.layers[: len(layers)]):
+                if ls is not None and ls.plan.kind in MOVABLE:
+                    self._observe_if_moved(ls, layers[idx], owner)
+            if left > 1:
+                queue.append((st, left - 1))
+        queue.extend((st, _RECHECKS) for st in owned if not st.generic)
 
     def sync(self) -> None:
         """Bring the filled-token counts of static layers up to date (O(layers) per live cache): done before
@@ -367,14 +399,28 @@ class HFTracker:
                 continue
             layers = cache.layers
             for idx, ls in enumerate(st.layers[: len(layers)]):
-                if ls is None or not ls.plan.static:
+                if ls is None:
                     continue
                 layer = layers[idx]
-                if getattr(layer, "keys", None) is None:
+                if ls.plan.kind in MOVABLE:
+                    self._observe_if_moved(ls, layer, st.owner_req)
+                    continue
+                if not ls.plan.static or getattr(layer, "keys", None) is None:
                     continue
                 n = static_filled(layer, (), {})
                 if n is not None:
                     self.ledger.set_filled([site.slot for site in ls.sites], n)
+
+    def _observe_if_moved(self, ls: LayerState, layer: Any, owner: RequestInfo) -> None:
+        """A layer whose tensors were replaced outside ``update`` - ``layer.keys = layer.keys.to(...)`` (a move to
+        another device or dtype), an offloaded cache's ``offload()``/``prefetch()`` - holds storages the ledger has
+        not seen: they are observed for the cache's owner (O(1) per layer; the old storages' entries go on with
+        them, or were released when they were freed)."""
+        keys = getattr(layer, "keys", None)
+        if keys is None or not hasattr(keys, "untyped_storage"):
+            return
+        if keys.untyped_storage().data_ptr() != self.ledger.slot_key(ls.sites[0].slot):
+            self.ledger.observe_kv(keys, getattr(layer, "values", None), ls.sites, owner)
 
     def cache_ref(self, rec: Record) -> weakref.ref[Any] | None:
         """The weak reference to the live cache whose slot ``rec`` fills, when this tracker knows it."""

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from kvguardian.core.ledger import Ledger
+from kvguardian.callsite import user_site, warn_at_user
+from kvguardian.ledger import Ledger
 
 if TYPE_CHECKING:
     import torch
@@ -56,10 +57,14 @@ class GradEvidence:
             "kv_tensor_bytes": tensor.untyped_storage().nbytes(),
             "layer_updates": {},
             "chained_updates": 0,
+            "call_site": user_site(),  # the user's line that ran the forward (a generate() call, a model call)
             **stats.to_evidence(),
         }
         self._by_request[request_id] = obs
         if len(self._by_request) > self._max:  # bounded: forget the oldest
             self._by_request.pop(next(iter(self._by_request)))
         self._ledger.note_grad(obs)
+        where = f"request {request_id!r}" if request_id is not None else "an unowned cache"
+        warn_at_user(f"kv-guardian KVG101: KV of {where} (layer {layer}) is stored with an autograd graph; "
+                     "decode under torch.inference_mode() or torch.no_grad(), or detach the cache")
         return obs

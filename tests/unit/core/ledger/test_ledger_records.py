@@ -54,7 +54,7 @@ def test_unused_bytes_of_a_static_entry():
 def test_request_write_once_fields():
     hints = {f.name: str(f.type) for f in dataclasses.fields(RequestInfo)}
     assert {name for name, hint in hints.items() if hint.startswith("Final[")} == {
-        "request_id", "tenant", "generation", "started", "implicit"}
+        "request_id", "tenant", "generation", "started", "implicit", "site"}
     led = Ledger()
     info = led.begin_request("a", tenant="t")
     led.end_request("a")  # sets ended, once: a second end is refused
