@@ -259,13 +259,15 @@ def test_wings_import_only_the_wings_below_them():
 # The layers of ARCHITECTURE.md, bottom up: a module may import its own layer and those below, never above.
 # A name is a dotted path under kvguardian (a wing's package or module), placed by its longest listed prefix.
 LAYERS: dict[int, tuple[str, ...]] = {
-    0: ("_errors", "_faults", "findings", "options", "input_file", "callsite"),
-    1: ("ledger", "tensors", "reuse"),
-    2: ("sources", "hf", "paged", "custom"),
-    3: ("detectors", "retention", "accounting", "ranks", "report"),
-    4: ("guard", "check", "kvguardian"),
-    5: ("engines", "keyspace", "oom", "k8s", "lint", "triton", "audit", "sweep", "exporters", "autorun"),
-    6: ("apps", "pytest_plugin", "__main__"),
+    0: ("core.errors", "core.faults", "core.findings", "core.options", "core.input_file", "core.callsite", "core",
+        "_moved"),
+    1: ("core.ledger", "core.tensors", "core.reuse"),
+    2: ("core.detectors", "core.accounting", "core.report", "core.exporters"),
+    3: ("runtime.sources", "runtime.hf", "runtime.paged", "runtime.custom", "runtime"),
+    4: ("runtime.retention", "runtime.ranks"),
+    5: ("runtime.guard", "runtime.check", "kvguardian"),
+    6: ("runtime.engines", "runtime.autorun", "runtime.sweep", "keyspace", "ops", "lint", "triton", "isolation"),
+    7: ("apps", "runtime.pytest_plugin", "__main__"),
 }
 
 

@@ -15,17 +15,17 @@ from collections import Counter, deque
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from kvguardian._errors import UsageError
-from kvguardian.callsite import user_site, warn_at_user
-from kvguardian.ledger.events import EVENT_KINDS, Event, EventBuffer
-from kvguardian.ledger.fields import cache_event, site_of
-from kvguardian.ledger.records import NO_FILL, EntrySite, EntryState, EntryView, Record, RequestInfo, Update
-from kvguardian.ledger.releases import ReleaseQueue
-from kvguardian.ledger.snapshot import LedgerSnapshot
-from kvguardian.ledger.table import EntryTable
-from kvguardian.ledger.tensors import TensorEntries
-from kvguardian.ledger.timeline import Timeline, timeline_json
-from kvguardian.ledger.totals import LedgerTotals
+from kvguardian.core.callsite import user_site, warn_at_user
+from kvguardian.core.errors import UsageError
+from kvguardian.core.ledger.events import EVENT_KINDS, Event, EventBuffer
+from kvguardian.core.ledger.fields import cache_event, site_of
+from kvguardian.core.ledger.records import NO_FILL, EntrySite, EntryState, EntryView, Record, RequestInfo, Update
+from kvguardian.core.ledger.releases import ReleaseQueue
+from kvguardian.core.ledger.snapshot import LedgerSnapshot
+from kvguardian.core.ledger.table import EntryTable
+from kvguardian.core.ledger.tensors import TensorEntries
+from kvguardian.core.ledger.timeline import Timeline, timeline_json
+from kvguardian.core.ledger.totals import LedgerTotals
 
 if TYPE_CHECKING:
     import torch

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from kvguardian.callsite import user_site, warn_at_user
-from kvguardian.ledger import Ledger
+from kvguardian.core.callsite import user_site, warn_at_user
+from kvguardian.core.ledger import Ledger
 
 if TYPE_CHECKING:
     import torch

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from kvguardian.apps.repro.models import DRAFT, build_bart, build_hybrid, build_llama
-from kvguardian.guard import Guard
-from kvguardian.hf import instrument
-from kvguardian.hf.compat import output_cache
+from kvguardian.runtime.guard import Guard
+from kvguardian.runtime.hf import instrument
+from kvguardian.runtime.hf.compat import output_cache
 
 
 def ids_of(n, seed=0):
@@ -65,7 +65,7 @@ def test_assistant_caches_are_the_requests_kv_for_an_attached_model(pair):
 
 def test_assistant_of_a_process_audit_is_the_requests_kv(pair):
     main, draft = pair
-    g = Guard().audit_process()
+    g = Guard().attach_process()
     try:
         out = gen(main, ids_of(7), assistant_model=draft, max_new_tokens=5)
         [rid] = {e.request_id for e in g.events() if e.scope == "cache" and e.kind == "init"}

@@ -8,9 +8,9 @@ import torch
 from transformers import LlamaForCausalLM
 
 from kvguardian.apps.repro.models import TINY, llama_config
-from kvguardian.callsite import KVGuardianWarning
-from kvguardian.guard import Guard
-from kvguardian.hf.compat import output_cache
+from kvguardian.core.callsite import KVGuardianWarning
+from kvguardian.runtime.guard import Guard
+from kvguardian.runtime.hf.compat import output_cache
 
 
 class TrainableWhileServing(LlamaForCausalLM):
