@@ -82,20 +82,30 @@ def test_a_lost_free_on_abort_is_named_by_the_audit_and_seen_by_the_watcher(faul
                   f"{watch_state(watch, faulty)}")
         else:
             raise AssertionError("three rounds of dropped streams never gave 3 aborted requests")
-        seen = wait_until(lambda: any(f.id == "KVG207" for f in watch.board.active()), timeout=30)
-        assert seen, watch_state(watch, faulty)
-        kvg207 = next(f for f in watch.board.active() if f.id == "KVG207")
+        # The black box and the white box count the same blocks. The three views are sampled at different
+        # moments (the watcher's last scrape, the audit's last report file, the gauge now); after a retry round
+        # a KVG207 raised for the first round's blocks is already on the board while the second round's lost
+        # frees have not reached every view (under load: 6 blocks held against 15 lost, in one CI run). Nothing
+        # runs any more, so the views converge: wait (bounded) for one sample in which all three agree, rather
+        # than compare one moment's unequal snapshots.
+        samples: list[tuple[int | None, int, int]] = []
+
+        def agree() -> bool:
+            held = [f.evidence["blocks_held"] for f in watch.board.active() if f.id == "KVG207"]
+            samples.append((held[0] if held else None, faulty_report(servers)["summary"]["pool"]["blocks_lost"],
+                            round(faulty.gauge("vllm:kv_cache_usage_perc") * (NUM_BLOCKS - 1))))
+            return samples[-1][0] is not None and len(set(samples[-1])) == 1
+
+        assert wait_until(agree, timeout=60), (f"KVG207, the audit and the gauge never agreed: (held, lost, gauge) "
+                                               f"last {samples[-3:]}; {watch_state(watch, faulty)}")
     finally:
         watch.stop()
         thread.join(30)
-    report = faulty_report(servers)
     for f in lost_on_abort(servers, ids, before).values():
         assert f["evidence"]["status"] == "FINISHED_ABORTED" and f["evidence"]["num_blocks"] >= 3
         assert f["severity"] == "error" and "when the scheduler freed it" in f["message"]
-    # the black box and the white box count the same blocks
-    audit_lost = report["summary"]["pool"]["blocks_lost"]
-    assert kvg207.evidence["blocks_held"] == audit_lost == round(faulty.gauge("vllm:kv_cache_usage_perc")
-                                                                   * (NUM_BLOCKS - 1))
+    held, lost, gauge = samples[-1]
+    assert held is not None and held == lost == gauge >= 9  # at least the three aborted streams' blocks
     assert audit_findings(servers.faulty_audit_port)["KVG204"] >= 3
 
 
