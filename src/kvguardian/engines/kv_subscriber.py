@@ -290,7 +290,7 @@ class KVEventSubscriber:
                     self.audit.mark_incomplete()
             else:
                 self.audit.apply(ev, now)
-        self.audit.evaluate(now)
+        self.audit.evaluate(now, batch_ts=batch.ts)
 
     # ------------------------------------------------------------------ replay
     def _replay(self, first: int, last_stop: int, holes: list[tuple[int, int]], now: float) -> dict[int, bytes]:
@@ -314,10 +314,14 @@ class KVEventSubscriber:
         if self.deadline is not None:
             give_up = min(give_up, self.deadline)
         finished = answered = False
+        replies = 0
         while not self._stop.is_set() and (left := min(quiet_until, give_up) - time.monotonic()) > 0:
             if not self._dealer.poll(int(min(left, _SLICE) * 1000) or 1):
                 continue
             answered = True
+            replies += 1
+            if replies > _MAX_REPLAYED:
+                break  # more than any buffer we keep: a publisher that does not stop
             quiet_until = time.monotonic() + self.replay_timeout
             try:
                 seq, payload = split_replay_frames(self._dealer.recv_multipart())
