@@ -48,6 +48,12 @@ def _prompt(rng, n=300):
     return [rng.randint(3, 2047) for _ in range(n)]
 
 
+def _shown(*parts):
+    """Findings and event summaries as one string: pytest shortens a non-string assert message, and the cut
+    part (a finding's message, its evidence) is what says why it failed."""
+    return json.dumps([[f.to_dict() for f in p] if isinstance(p, list) else p for p in parts], default=str)
+
+
 def _fresh():
     """A new random source per call: the servers live for the whole session (and tests may be repeated on
     them), and a prompt still in the prefix cache publishes no BlockStored, so a fixed seed's second run
@@ -70,7 +76,7 @@ def _connected_and_fed(run, server, tries=3, wait=10.0):
         server.complete(_prompt(_fresh()))
         if wait_until(lambda: run.sub.batches > before, timeout=wait):
             return
-    raise AssertionError(f"no batch arrived after {tries} new prompts: {run.watch.summary()['kv_events']}")
+    raise AssertionError(f"no batch arrived after {tries} new prompts: {_shown(run.watch.summary()['kv_events'])}")
 
 
 def _past_the_pool(server, extra=6):
@@ -87,7 +93,7 @@ def test_a_restarted_watcher_recovers_the_history_through_replay(clean):
         _connected_and_fed(first, clean)
         for _ in range(5):  # one new prompt at a time: each prefill is its own step, so its own batch
             clean.complete(_prompt(_fresh()))
-        assert wait_until(lambda: first.sub.batches >= 6, timeout=30), first.watch.summary()["kv_events"]
+        assert wait_until(lambda: first.sub.batches >= 6, timeout=30), _shown(first.watch.summary()["kv_events"])
     finally:
         report_a = first.stop()
     second = Running(clean)  # joins late: everything so far is history, fetched through the replay socket
@@ -98,9 +104,9 @@ def test_a_restarted_watcher_recovers_the_history_through_replay(clean):
     finally:
         report_b = second.stop()
     a, b = report_a.summary["kv_events"], report_b.summary["kv_events"]
-    assert b["decode_errors"] == {} and b["replayed"] >= a["batches"] and b["lost"] == 0, (a, b)
-    assert b["history_complete"] is True and b["index_blocks"] >= a["index_blocks"] > 0, (a, b)
-    assert not report_b.findings, [f.to_dict() for f in report_b.findings]
+    assert b["decode_errors"] == {} and b["replayed"] >= a["batches"] and b["lost"] == 0, _shown(a, b)
+    assert b["history_complete"] is True and b["index_blocks"] >= a["index_blocks"] > 0, _shown(a, b)
+    assert not report_b.findings, _shown(report_b.findings, b)
 
 
 class Relay:
@@ -195,21 +201,21 @@ def test_sleep_and_wake_raise_no_stale_index_finding(clean):
     try:
         _connected_and_fed(run, clean)
         clean.burst(4, seed=_seed())
-        assert wait_until(lambda: run.watch.audit.size() > 0, timeout=30), run.watch.summary()["kv_events"]
+        assert wait_until(lambda: run.watch.audit.size() > 0, timeout=30), _shown(run.watch.summary()["kv_events"])
         assert post(clean.url + "/sleep?level=1")[0] == 200
         assert wait_until(lambda: _awake(run) is False, timeout=20)
         assert post(clean.url + "/wake_up")[0] == 200
         assert wait_until(lambda: _awake(run) is True, timeout=20)
         time.sleep(3.0)  # past the grace: the old watcher reported KVG105 here
-        assert not run.watch.board.all(), [f.to_dict() for f in run.watch.board.all()]
+        assert not run.watch.board.all(), _shown(run.watch.board.all(), run.watch.summary()["kv_events"])
         clears = run.watch.audit.clears
         clean.complete(_prompt(_fresh(), 200))  # the first step after waking publishes the clear
-        assert wait_until(lambda: run.watch.audit.clears > clears, timeout=20), run.watch.summary()["kv_events"]
+        assert wait_until(lambda: run.watch.audit.clears > clears, timeout=20), _shown(run.watch.summary()["kv_events"])
         time.sleep(2.5)
     finally:
         report = run.stop()
     assert [f.id for f in report.findings] == [] and report.exit_code("warning") == 0, (
-        [f.to_dict() for f in report.findings], report.summary["kv_events"])
+        _shown(report.findings, report.summary["kv_events"]))
 
 
 def _awake(run):
@@ -287,5 +293,4 @@ def test_clean_traffic_with_evictions_and_aborts_gives_no_finding(clean, fail_on
     assert ev["events"].get("BlockRemoved", 0) > 0 and ev["decode_errors"] == {}
     # Once in five fresh-clone runs (one core kept busy) a clean server gave a KVG208 here (the rebuilt index
     # briefly over the pool's capacity); the finding's evidence and the event summary say how, next time.
-    assert [f.id for f in report.findings] == [] and report.exit_code(fail_on) == 0, (
-        [f.to_dict() for f in report.findings], ev)
+    assert [f.id for f in report.findings] == [] and report.exit_code(fail_on) == 0, _shown(report.findings, ev)
