@@ -251,9 +251,10 @@ class VllmPublisher:
 
     def __init__(self, fmt: str = "map-events", topic: str = "", buffer_steps: int = 10_000,
                  port: int | None = None, replay_port: int | None = None, reply_shape: str = "0.32",
-                 connect: str | None = None, replay_limit: int | None = None) -> None:
+                 connect: str | None = None, replay_limit: int | None = None, replay_delay: float = 0.0) -> None:
         self.fmt = fmt
         self.replay_limit = replay_limit  # answer at most this many batches, then stall (a slow replay)
+        self.replay_delay = replay_delay  # seconds before each replayed batch (a loaded server, still answering)
         self.reply_shape = reply_shape  # "0.32": (b"", topic, seq, payload); "old" (and SGLang): (b"", seq, payload)
         self.topic = topic.encode()
         self.ctx = zmq.Context()
@@ -322,6 +323,7 @@ class VllmPublisher:
                         router.send_multipart([client, b"", *topic, seq.to_bytes(8, "big"), payload])
                     continue
                 for seq, payload in items:
+                    self._stop.wait(self.replay_delay)
                     router.send_multipart([client, b"", *topic, seq.to_bytes(8, "big"), payload])
                 router.send_multipart([client, b"", *([b""] if topic else []), END_SEQ, b""])
         finally:

@@ -10,10 +10,11 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from relay import Relay
-from vllm_server import BLOCK, post
+import zmq
+from vllm_server import BLOCK, NUM_BLOCKS, post
 
 from engine_fakes import wait_until
 from kvg_testing import ROOT
@@ -47,25 +48,65 @@ def _prompt(rng, n=300):
     return [rng.randint(3, 2047) for _ in range(n)]
 
 
+def _shown(*parts):
+    """Findings and event summaries as one string: pytest shortens a non-string assert message, and the cut
+    part (a finding's message, its evidence) is what says why it failed."""
+    return json.dumps([[f.to_dict() for f in p] if isinstance(p, list) else p for p in parts], default=str)
+
+
+def _fresh():
+    """A new random source per call: the servers live for the whole session (and tests may be repeated on
+    them), and a prompt still in the prefix cache publishes no BlockStored, so a fixed seed's second run
+    waited for batches that never came."""
+    return random.Random()
+
+
+def _seed():
+    return _fresh().randrange(2**32)
+
+
+def _connected_and_fed(run, server, tries=3, wait=10.0):
+    """Wait for the subscriber's connection, then send one new prompt until a batch arrives (at most
+    ``tries`` times). Bounded retry because ZeroMQ subscriptions are asynchronous (the slow joiner): a batch
+    published before the publisher has processed our subscription is dropped by PUB, and under load that
+    window is long enough to swallow the one batch a test sends."""
+    assert wait_until(lambda: run.sub.ever_connected, timeout=15), "no publisher connected"
+    before = run.sub.batches
+    for _ in range(tries):
+        server.complete(_prompt(_fresh()))
+        if wait_until(lambda: run.sub.batches > before, timeout=wait):
+            return
+    raise AssertionError(f"no batch arrived after {tries} new prompts: {_shown(run.watch.summary()['kv_events'])}")
+
+
+def _past_the_pool(server, extra=6):
+    """Store more distinct blocks than the pool holds (evictions guaranteed, whatever the cache held before):
+    prompts of three full blocks of fresh tokens, four at a time."""
+    prompts = [_prompt(_fresh(), 3 * BLOCK + 8) for _ in range((NUM_BLOCKS + extra) // 3 + 1)]
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(lambda p: server.complete(p, max_tokens=1), prompts))
+
+
 def test_a_restarted_watcher_recovers_the_history_through_replay(clean):
     first = Running(clean)
     try:
-        assert wait_until(lambda: first.sub.ever_connected, timeout=10)
-        clean.burst(6, seed=11)
-        assert wait_until(lambda: first.sub.batches >= 6, timeout=30)
+        _connected_and_fed(first, clean)
+        for _ in range(5):  # one new prompt at a time: each prefill is its own step, so its own batch
+            clean.complete(_prompt(_fresh()))
+        assert wait_until(lambda: first.sub.batches >= 6, timeout=30), _shown(first.watch.summary()["kv_events"])
     finally:
         report_a = first.stop()
     second = Running(clean)  # joins late: everything so far is history, fetched through the replay socket
     try:
-        clean.complete(_prompt(random.Random(12)))  # one more step: its live batch triggers the history fetch
-        assert wait_until(lambda: second.sub.replayed >= 6, timeout=30)
+        _connected_and_fed(second, clean)  # its first live batch triggers the history fetch
+        assert wait_until(lambda: second.sub.history_complete is not None, timeout=60)
         time.sleep(0.5)
     finally:
         report_b = second.stop()
     a, b = report_a.summary["kv_events"], report_b.summary["kv_events"]
-    assert b["decode_errors"] == {} and b["replayed"] >= a["batches"] and b["lost"] == 0
-    assert b["history_complete"] is True and b["index_blocks"] >= a["index_blocks"] > 0
-    assert not report_b.findings
+    assert b["decode_errors"] == {} and b["replayed"] >= a["batches"] and b["lost"] == 0, _shown(a, b)
+    assert b["history_complete"] is True and b["index_blocks"] >= a["index_blocks"] > 0, _shown(a, b)
+    assert not report_b.findings, _shown(report_b.findings, b)
 
 
 def test_a_gap_on_the_real_stream_is_repaired_from_the_real_replay_socket(clean, servers):
@@ -75,7 +116,7 @@ def test_a_gap_on_the_real_stream_is_repaired_from_the_real_replay_socket(clean,
     try:
         assert wait_until(lambda: direct.sub.ever_connected and behind.sub.ever_connected, timeout=10)
         time.sleep(0.5)
-        clean.burst(8, seed=21, concurrency=1)  # one request per step: several batches
+        clean.burst(8, seed=_seed(), concurrency=1)  # one request per step: several batches
         assert wait_until(lambda: relay.dropped and behind.sub.batches >= direct.sub.batches > 3, timeout=30)
         time.sleep(0.5)
     finally:
@@ -92,7 +133,8 @@ def test_a_batch_gone_from_the_replay_buffer_is_kvg209_with_the_buffer_fix(fault
     run = Running(faulty, events=relay.endpoint)
     try:
         time.sleep(1.0)  # vLLM reconnects its publisher to the relay
-        rng = random.Random(31)
+        assert wait_until(lambda: run.sub.ever_connected, timeout=15)
+        rng = _fresh()
         for _ in range(9):
             faulty.complete(_prompt(rng))
         assert wait_until(lambda: run.sub.lost >= 1, timeout=30)
@@ -107,21 +149,23 @@ def test_a_batch_gone_from_the_replay_buffer_is_kvg209_with_the_buffer_fix(fault
 def test_sleep_and_wake_raise_no_stale_index_finding(clean):
     run = Running(clean, grace=2.0)
     try:
-        clean.burst(4, seed=41)
-        assert wait_until(lambda: run.watch.audit.size() > 0, timeout=30)
+        _connected_and_fed(run, clean)
+        clean.burst(4, seed=_seed())
+        assert wait_until(lambda: run.watch.audit.size() > 0, timeout=30), _shown(run.watch.summary()["kv_events"])
         assert post(clean.url + "/sleep?level=1")[0] == 200
         assert wait_until(lambda: _awake(run) is False, timeout=20)
         assert post(clean.url + "/wake_up")[0] == 200
         assert wait_until(lambda: _awake(run) is True, timeout=20)
         time.sleep(3.0)  # past the grace: the old watcher reported KVG105 here
-        assert not run.watch.board.all()
+        assert not run.watch.board.all(), _shown(run.watch.board.all(), run.watch.summary()["kv_events"])
         clears = run.watch.audit.clears
-        clean.complete(_prompt(random.Random(42), 200))  # the first step after waking publishes the clear
-        assert wait_until(lambda: run.watch.audit.clears > clears, timeout=20)
+        clean.complete(_prompt(_fresh(), 200))  # the first step after waking publishes the clear
+        assert wait_until(lambda: run.watch.audit.clears > clears, timeout=20), _shown(run.watch.summary()["kv_events"])
         time.sleep(2.5)
     finally:
         report = run.stop()
-    assert [f.id for f in report.findings] == [] and report.exit_code("warning") == 0
+    assert [f.id for f in report.findings] == [] and report.exit_code("warning") == 0, (
+        _shown(report.findings, report.summary["kv_events"]))
 
 
 def _awake(run):
@@ -131,11 +175,9 @@ def _awake(run):
 
 def test_full_report_mode_reannouncements_are_not_anomalies(clean):
     run = Running(clean)
-    rng = random.Random(51)
-    prompt = _prompt(rng, 2 * BLOCK + 40)
+    prompt = _prompt(_fresh(), 2 * BLOCK + 40)
     try:
-        assert wait_until(lambda: run.sub.ever_connected, timeout=10)
-        time.sleep(0.5)
+        _connected_and_fed(run, clean)
         clean.complete(prompt)
         clean.complete(prompt, vllm_xargs={"kv_cache_report_mode": "full"})  # re-announces its 2 cached blocks
         assert wait_until(lambda: run.watch.audit.reannounced >= 2, timeout=20)
@@ -153,7 +195,7 @@ def test_connecting_to_a_connecting_publisher_warns_and_binding_receives(faulty,
          servers.faulty_events, "--topic", "kv", "--duration", "8", "--interval", "0.5", "--json"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     time.sleep(3)
-    faulty.burst(4, seed=61)
+    faulty.burst(4, seed=_seed())
     out, err = wrong.communicate(timeout=60)
     summary = json.loads(out)["summary"]
     assert summary["kv_events"]["batches"] == 0 and summary["incomplete"] is True
@@ -163,7 +205,7 @@ def test_connecting_to_a_connecting_publisher_warns_and_binding_receives(faulty,
     try:
         assert wait_until(lambda: run.sub.ever_connected, timeout=15)  # vLLM's publisher reconnects to us
         time.sleep(0.5)
-        faulty.burst(4, seed=62)
+        faulty.burst(4, seed=_seed())
         assert wait_until(lambda: run.sub.batches >= 2, timeout=30)
     finally:
         report = run.stop()
@@ -176,7 +218,7 @@ def test_text_mode_prints_the_summary(clean):
          clean.events, "--replay", clean.replay, "--topic", "kv", "--duration", "6", "--interval", "0.5"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     time.sleep(2)
-    clean.burst(4, seed=71)
+    clean.burst(4, seed=_seed())
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     assert "0 finding(s)" in out and "scrape(s)" in out
@@ -188,8 +230,10 @@ def test_text_mode_prints_the_summary(clean):
 def test_clean_traffic_with_evictions_and_aborts_gives_no_finding(clean, fail_on):
     run = Running(clean, grace=2.0)
     try:
-        clean.burst(30, seed=81)  # more blocks than the pool holds: evictions
-        clean.abort_streams(3)
+        _connected_and_fed(run, clean)
+        clean.burst(30, seed=_seed())  # concurrent requests, half of them sharing a prefix
+        _past_the_pool(clean)  # evictions (30 such requests stored fewer blocks than the pool holds)
+        clean.abort_streams(3, seed=_seed())
         time.sleep(4.0)  # idle past the grace
         assert wait_until(lambda: clean.gauge("vllm:kv_cache_usage_perc") == 0.0, timeout=20)
         time.sleep(3.0)
@@ -199,5 +243,4 @@ def test_clean_traffic_with_evictions_and_aborts_gives_no_finding(clean, fail_on
     assert ev["events"].get("BlockRemoved", 0) > 0 and ev["decode_errors"] == {}
     # Once in five fresh-clone runs (one core kept busy) a clean server gave a KVG208 here (the rebuilt index
     # briefly over the pool's capacity); the finding's evidence and the event summary say how, next time.
-    assert [f.id for f in report.findings] == [] and report.exit_code(fail_on) == 0, (
-        [f.to_dict() for f in report.findings], ev)
+    assert [f.id for f in report.findings] == [] and report.exit_code(fail_on) == 0, _shown(report.findings, ev)

@@ -28,6 +28,7 @@ _DRAIN = 1_000  # messages handled per poll before returning to the caller's loo
 _DRAIN_SECONDS = 0.2  # and at most this long receiving them
 _MAX_REPLAYED = 20_000  # replayed batches kept per request (vLLM buffers 10,000 steps by default)
 _REPLAY_BACKOFF = 5.0  # seconds a silent replay socket is left alone
+_REPLAY_MAX_SECONDS = 60.0  # a replay that keeps answering is still cut off after this long
 _SLICE = 0.1  # longest single wait, so that a stop request is seen promptly
 _WILDCARDS = ("*", "0.0.0.0", "::", "[::]")
 
@@ -289,28 +290,39 @@ class KVEventSubscriber:
                     self.audit.mark_incomplete()
             else:
                 self.audit.apply(ev, now)
-        self.audit.evaluate(now)
+        self.audit.evaluate(now, batch_ts=batch.ts)
 
     # ------------------------------------------------------------------ replay
     def _replay(self, first: int, last_stop: int, holes: list[tuple[int, int]], now: float) -> dict[int, bytes]:
         """One replay request from ``first``; keeps the batches that fall in ``holes``, stops reading once
-        ``last_stop - 1`` has come, after ``replay_timeout`` seconds, or when asked to stop."""
+        ``last_stop - 1`` has come, after ``replay_timeout`` seconds without a reply (``_REPLAY_MAX_SECONDS`` in
+        all, or the watch's end), or when asked to stop."""
         zmq = self._zmq
         if self._dealer is None:
             self._dealer = self._ctx.socket(zmq.DEALER)
             self._dealer.setsockopt(zmq.LINGER, 0)
+            # vLLM's ROUTER drops replies past its send queue: let ours take a whole buffer while we read
+            self._dealer.setsockopt(zmq.RCVHWM, _MAX_REPLAYED)
             self._dealer.connect(self.replay_endpoint)
         self._dealer.send_multipart([b"", first.to_bytes(8, "big")])
         got: dict[int, bytes] = {}
         starts = [a for a, _ in holes]
-        deadline = time.monotonic() + self.replay_timeout
+        # replay_timeout bounds the silence before each reply, not the whole replay: a long history from a
+        # loaded server takes longer than that and is still coming (it timed out part-way, then was dropped)
+        quiet_until = time.monotonic() + self.replay_timeout
+        give_up = time.monotonic() + max(self.replay_timeout, _REPLAY_MAX_SECONDS)
         if self.deadline is not None:
-            deadline = min(deadline, self.deadline)
+            give_up = min(give_up, self.deadline)
         finished = answered = False
-        while not self._stop.is_set() and (left := deadline - time.monotonic()) > 0:
+        replies = 0
+        while not self._stop.is_set() and (left := min(quiet_until, give_up) - time.monotonic()) > 0:
             if not self._dealer.poll(int(min(left, _SLICE) * 1000) or 1):
                 continue
             answered = True
+            replies += 1
+            if replies > _MAX_REPLAYED:
+                break  # more than any buffer we keep: a publisher that does not stop
+            quiet_until = time.monotonic() + self.replay_timeout
             try:
                 seq, payload = split_replay_frames(self._dealer.recv_multipart())
             except DecodeError as exc:

@@ -59,6 +59,7 @@ class PrefixIndexAudit:
         self.reannounced = 0  # blocks announced again while indexed (kv_cache_report_mode "full")
         self.incomplete = False  # events were lost since the last clear: the index may be wrong
         self._sleep_pending: tuple[float, int] | None = None  # (time the engine slept, blocks then), until a clear
+        self._slept_wall: float | None = None  # unix time the sleep was seen, to tell late batches by their ts
         self._woke_at: float | None = None  # the engine woke with blocks uncleared: judged at the next batch
 
     # ------------------------------------------------------------------ feeding
@@ -139,17 +140,19 @@ class PrefixIndexAudit:
         self._worst_split = self._split_prefixes = 0
         self.clears += 1
         self.incomplete = False
-        self._sleep_pending = self._woke_at = None
+        self._sleep_pending = self._woke_at = self._slept_wall = None
         for kind in ("KVG105", "KVG209"):
             self.board.resolve((kind, "prefix-index"), now)
         if restart:
             self.restarts += 1
 
     # ------------------------------------------------------------------ reload (sleep/wake) tracking
-    def note_sleep(self, now: float) -> None:
-        """The engine went to sleep (its KV cache is discarded): the index must be cleared before it is used."""
+    def note_sleep(self, now: float, wall: float | None = None) -> None:
+        """The engine went to sleep (its KV cache is discarded): the index must be cleared before it is used.
+        ``wall``: the unix time the sleep was seen (after the scrape that showed it), for `evaluate`."""
         if self._size and self._sleep_pending is None:
             self._sleep_pending = (now, self._size)
+            self._slept_wall = wall
 
     def note_wake(self, now: float) -> None:
         """The engine woke up. Its clear is published at its next step, so judge at the next batch."""
@@ -182,12 +185,21 @@ class PrefixIndexAudit:
         ), now)
 
     # ------------------------------------------------------------------ checks
-    def evaluate(self, now: float) -> None:
-        """Raise or resolve KVG208 from the index as it is now (after each batch; O(media), not O(index))."""
+    def evaluate(self, now: float, batch_ts: float | None = None) -> None:
+        """Raise or resolve KVG208 from the index as it is now (after each batch; O(media), not O(index)).
+        ``batch_ts``: the batch's own timestamp (the publisher's unix time), when known."""
         self._check_capacity(now)
         self._check_salts(now)
-        if self._woke_at is not None:  # the first batch after a wake: its clear, if any, was applied already
+        if self._woke_at is not None and not self._stamped_before_sleep(batch_ts):
+            # the first batch after a wake: its clear, if any, was applied already
             self._judge_wake(now, "the first event batch after wake-up carried none")
+
+    def _stamped_before_sleep(self, batch_ts: float | None) -> bool:
+        """A batch the engine published before it slept, arriving after the metrics showed the wake: vLLM
+        publishes from a thread, and under load its last batches before a sleep came after the wake was seen
+        (a false KVG105 on a clean server). No step runs while asleep, so a batch stamped before the sleep was
+        seen is not the first after the wake. (Server and watcher clocks are assumed to agree within the sleep.)"""
+        return batch_ts is not None and self._slept_wall is not None and batch_ts < self._slept_wall
 
     def _check_capacity(self, now: float) -> None:
         gpu = sum(len(t) for (medium, _), t in self._index.items() if medium.upper() == _GPU)

@@ -142,10 +142,13 @@ class Watch:
 
     def _observe_vllm(self, vllm: VllmMetricsCheck, scrape: Scrape, now: float) -> None:
         for kind, _key in vllm.observe(scrape, now):
-            if self.audit is not None:
-                (self.audit.note_sleep if kind == "sleep" else self.audit.note_wake)(now)
-                if kind == "wake":
-                    self._woke_queries = vllm.prefix_queries
+            if self.audit is None:
+                continue
+            if kind == "sleep":
+                self.audit.note_sleep(now, wall=self.last_scrape_time)
+            else:
+                self.audit.note_wake(now)
+                self._woke_queries = vllm.prefix_queries
         if self._queries_base is None:
             self._queries_base = (vllm.prefix_queries, vllm.prefix_hits)
         if self.audit is not None:

@@ -135,6 +135,23 @@ def test_a_history_that_comes_only_in_part_is_not_applied(publisher):
     assert [f.id for f in report.findings] == []
 
 
+def test_a_history_slower_than_the_replay_timeout_but_still_coming_is_applied(publisher):
+    """The replay timeout bounds the silence between replies, not the whole replay: a long-running server on a
+    loaded machine answered its history steadily but took longer than the timeout, and it was dropped as partial
+    (a restarted real-vLLM watcher then never recovered the history)."""
+    with vllm_serving(num_gpu_blocks=101, block_size=4, running=0, waiting=0, usage=0.0) as (_, server):
+        pub = publisher(replay_delay=0.3)  # 6 batches in about 1.8 s; Running's replay_timeout is 1.0 s
+        for h in range(10, 16):
+            pub.publish([stored([h])])
+        run = Running(metrics_url=server.url, events=pub.endpoint, replay=pub.replay_endpoint)
+        pub.wait_for_subscriber()
+        pub.publish([stored([20])])
+        assert applied(run, 1) and wait_until(lambda: run.watch.subscriber.history_complete is not None)
+        report = run.stop()
+    ev = report.summary["kv_events"]
+    assert ev["history_complete"] is True and ev["replayed"] == 6 and ev["index_blocks"] == 7
+
+
 def test_a_restarted_publisher_resets_the_index(vllm, publisher):
     _, server = vllm
     first = publisher()

@@ -218,6 +218,23 @@ def test_sleep_without_clear_is_stale_generation_and_a_clear_resolves_it():
     assert not board.active() and audit.size() == 0
 
 
+def test_a_batch_stamped_before_the_sleep_that_comes_after_the_wake_is_not_the_first_after_it():
+    """vLLM publishes from a thread: under load its last batch before a sleep arrived after the metrics showed
+    the wake, and was judged as the first batch after it (a false KVG105 on a real clean server)."""
+    board = FindingBoard()
+    audit = PrefixIndexAudit(board)
+    _store(audit, [1, 2])
+    audit.note_sleep(5.0, wall=1_000.0)
+    audit.note_wake(9.0)
+    audit.apply(BlockStored((3,), 2, 4, "GPU", 0, None, None, None, True), 9.5)
+    audit.evaluate(9.5, batch_ts=999.0)  # published before the sleep was seen
+    assert not board.active()
+    audit.apply(BlockStored((7,), None, 4, "GPU", 0, None, None, b"r", True), 10.0)
+    audit.evaluate(10.0, batch_ts=1_004.0)  # published after the wake, without a clear
+    (f,) = board.active()
+    assert f.id == "KVG105" and f.evidence["blocks_in_index"] == 4
+
+
 def test_the_clear_in_the_first_batch_after_wake_is_healthy():
     board = FindingBoard()
     audit = PrefixIndexAudit(board)
