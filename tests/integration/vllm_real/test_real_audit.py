@@ -70,18 +70,21 @@ def test_a_lost_free_on_abort_is_named_by_the_audit_and_seen_by_the_watcher(faul
     thread.start()
     try:
         before = {f["evidence"]["request_id"] for f in faulty_report(servers)["findings"] if f["id"] == "KVG204"}
-        # The precondition, from the white box: the dropped streams were aborted (not run to their end), so the
+        # The precondition, from the white box: three dropped streams were aborted (not run to their end), so the
         # fault lost their frees. A stream vLLM finished before it saw the disconnect is traffic that did not
-        # trigger the fault; try again with new streams (at most three rounds), never with a looser check.
-        for seed in (7, 8, 9):
-            ids = faulty.abort_streams(3, seed=seed)
-            assert len(ids) == 3
-            if wait_until(lambda ids=ids: len(lost_on_abort(servers, ids, before)) == 3, timeout=20):
+        # trigger the fault (on a loaded machine, 0-1 of 3 streams a round were aborted in some runs): send new
+        # streams until three aborted requests in all (at most six rounds), never with a looser check.
+        ids: list[str] = []
+        for seed in range(7, 13):
+            round_ids = faulty.abort_streams(3, seed=seed)
+            assert len(round_ids) == 3
+            ids += round_ids
+            if wait_until(lambda ids=ids: len(lost_on_abort(servers, ids, before)) >= 3, timeout=20):
                 break
-            print(f"round {seed}: the audit saw {len(lost_on_abort(servers, ids, before))} of 3 aborts; "
+            print(f"round {seed}: the audit saw {len(lost_on_abort(servers, ids, before))} aborts so far; "
                   f"{watch_state(watch, faulty)}")
         else:
-            raise AssertionError("three rounds of dropped streams never gave 3 aborted requests")
+            raise AssertionError("six rounds of dropped streams never gave 3 aborted requests")
         # The black box and the white box count the same blocks. The three views are sampled at different
         # moments (the watcher's last scrape, the audit's last report file, the gauge now); after a retry round
         # a KVG207 raised for the first round's blocks is already on the board while the second round's lost

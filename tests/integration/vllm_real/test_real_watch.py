@@ -13,7 +13,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-import zmq
+from relay import Relay
 from vllm_server import BLOCK, NUM_BLOCKS, post
 
 from engine_fakes import wait_until
