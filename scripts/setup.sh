@@ -107,6 +107,13 @@ fi
 # has no .pyc, and every process that imports it (each `kv-guardian run` child) compiles it again (a .pyc
 # older than its source is ignored: editing stays safe)
 "$VPY" -m compileall -q src/kvguardian >/dev/null || true
+# optimum-quanto (a dev extra) compiles its C++ CPU kernels on first use (torch.utils.cpp_extension, into the
+# virtualenv): once here, not inside the first test that quantizes a cache (40 s of one test worker idle, 280 s
+# under load); loading it when it is built already takes a moment
+if [ "$DEV" = 1 ] && "$VPY" -c 'import optimum.quanto' >/dev/null 2>&1; then
+  "$VPY" -c 'from optimum.quanto.library.extensions import get_extension; get_extension("quanto_cpp").lib' \
+    >/dev/null 2>&1 || say "optimum-quanto's C++ kernels did not build here; the quanto test builds them"
+fi
 
 # overlay_venv DIR MODULE VERSION LOCK REQUIREMENT: a virtualenv that sees .venv's packages (torch, kv-guardian)
 # through a .pth file and holds only MODULE at VERSION and what that needs beyond .venv: LOCK's packages, or
