@@ -416,7 +416,7 @@ def _wrap_model_call(original: Any) -> Any:
         if att is not None:
             return att.call(original, self, args, kwargs)
         tracker = _PROCESS[0]
-        if tracker is None or ACTIVE.get() is not None or _compiling():  # nested: the outer forward observes
+        if tracker is None or _compiling() or ACTIVE.get() is not None:  # nested: the outer forward observes
             return original(self, *args, **kwargs)
         return observe_forward(tracker, original, self, args, kwargs)
 
