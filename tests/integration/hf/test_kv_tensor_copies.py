@@ -40,7 +40,7 @@ def model():
     return build_llama(TINY)
 
 
-def serve(model, convert, *, keep, requests=3):
+def serve(model, convert, *, keep, requests=2):
     """``requests`` top-level generates, each an implicit request; every layer's keys and values converted by
     ``convert`` and, with ``keep``, appended to `KEPT`; then the guard's check."""
     KEPT.clear()
