@@ -4,11 +4,12 @@
 A conversion that returns the same storage - ``.to()`` to the dtype and device the tensor has, ``.contiguous()``
 of a contiguous tensor, ``.detach()``, a slice - is the tracked KV itself: kept, it is KVG102 with the keeping
 list in its holder chain; dropped at the request's end, nothing. A real copy - ``clone()``, ``torch.cat``,
-``.to()`` another dtype, ``.contiguous()`` of a transposed tensor - is a new storage that nothing links to the KV
-it came from but the call that made it; the ledger does not intercept those calls (every route measured costs
-the model's own decode steps far more than the hook's budget: docs/concepts/ledger.md), so a kept copy is not
-seen. Those cases are strict xfails: following copies one day turns them into failures to update."""
+``.to()`` another dtype, ``.contiguous()`` of a transposed tensor, ``copy.deepcopy`` of a tensor - is a new
+storage that nothing links to the KV it came from but the call that made it; the ledger does not intercept
+those calls (what each route would cost or break: docs/notes/transformers.md, bench/copy_follow.py), so a kept
+copy is not seen. Those cases are strict xfails: following copies one day turns them into failures to update."""
 
+import copy
 import gc
 
 import pytest
@@ -32,6 +33,7 @@ COPIES = {
     "cat": lambda t: torch.cat([t, t], dim=0),
     "to_other_dtype": lambda t: t.to(torch.float16),
     "contiguous_of_transposed": lambda t: t.transpose(1, 2).contiguous(),
+    "deepcopy_of_tensor": copy.deepcopy,  # a whole cache's deepcopy is followed (test_cache_copies), a tensor's not
 }
 
 
