@@ -250,3 +250,28 @@ def test_beam_search_outputs_kept_are_found(tiny_model, stride, path):
                      if r.request_id == rid and r.state is EntryState.ORPHANED)
         assert got == want, rid
     assert sum(f.id == "KVG102" for f in report.findings) >= 3
+
+
+@pytest.mark.parametrize("stride", [pytest.param(8, marks=pytest.mark.xfail(
+    strict=True, reason="the price of sampling: a storage kept only from a skipped step is never observed")), 1])
+def test_a_storage_kept_only_from_a_skipped_step(tiny_model, stride):
+    """Under the process audit (kv-guardian run's path), a forward hook keeping layer 0's keys at the 5th
+    forward of each request only - a skipped one with ``decode_stride=8`` - and nothing else: found with every
+    forward observed; with sampling (the default) not seen, which is what ``--decode-stride 1`` is for."""
+    kept, calls = [], [0]
+
+    def hook(module, args, kwargs, output):
+        calls[0] += 1
+        cache = kwargs.get("past_key_values") or kwargs.get("cache")
+        if calls[0] == 5 and cache is not None:
+            kept.append(cache.layers[0].keys)
+
+    handle = tiny_model.register_forward_hook(hook, with_kwargs=True)
+    try:
+        with guarding(tiny_model, stride, "direct") as g:
+            tiny_model.generate(ids_of(8), max_new_tokens=8, min_new_tokens=8, do_sample=False)
+            report = g.check()
+    finally:
+        handle.remove()
+    assert len(kept) == 1
+    assert any(f.id == "KVG102" and "kept" in f.render_chain() for f in report.findings)
