@@ -3,9 +3,12 @@ inside kvguardian per layer update, counted with ``sys.settrace`` over steady-st
 
 On a shared machine, timings of a few microseconds per layer drift by tens of percent between runs; the count of
 executed bytecodes does not, so two versions of the hook can be compared exactly (run it once per checkout).
-Both paths are counted: ``attached`` (``guard.attach(model)``: updates queued during the forward and observed
-when it returns) and ``direct`` (``guard.attach_process()``: each update observed at once). No model compute:
-the small config's cache layers are updated directly, one token per step, as a decode step does.
+Three paths are counted: ``attached`` (``guard.attach(model)``: updates queued during the forward and observed
+when it returns), ``direct`` (``guard.attach_process()``, what ``kv-guardian run`` and the pytest plugin do: a
+model forward's updates queued and observed when it returns, as attached) and ``outside`` (``attach_process()``,
+a cache updated outside any model forward: each update observed at once). All inside one request, so decode
+steps are sampled (``Guard(decode_stride=8)``, the default). No model compute: the small config's cache layers
+are updated directly, one token per step, as a decode step does.
 
     .venv/bin/python bench/hook_ops.py [--steps 20] [--out bench/results/hook_ops.json]
 """
@@ -37,10 +40,10 @@ def count(cache_kind: str, path: str, steps: int) -> dict[str, Any]:
     heads, dim = cfg.num_key_value_heads, cfg.hidden_size // cfg.num_attention_heads
     pkg = os.path.dirname(kvguardian.__file__)
     guard = Guard()
-    if path == "direct":
-        guard.attach_process(generate=False)
-    else:
+    if path == "attached":
         instrument.install_cache_patch()
+    else:
+        guard.attach_process(generate=False)
     tracker = guard.hf_tracker()
     make = {"static": lambda: StaticCache(config=cfg, max_cache_len=steps + 16),
             "fp8": lambda: QuantizedCache(backend="fp8", config=cfg)}.get(cache_kind, lambda: DynamicCache(config=cfg))
@@ -57,20 +60,26 @@ def count(cache_kind: str, path: str, steps: int) -> dict[str, Any]:
             counts["bytecodes"] += 1
         return tracer
 
-    def step(x: Any, pos: int, n: int) -> None:
+    def layers_step(_: Any, x: Any, pos: int, n: int) -> None:  # a decode forward's cache updates
         kwargs = {"cache_position": torch.arange(pos, pos + n)}
-        if path == "attached":
-            active, pending = instrument.ACTIVE.set(tracker), instrument.PENDING.set([])
         for i in range(layers):
             if cache_kind == "static":
                 cache.update(x, x, i, kwargs)
             else:
                 cache.update(x, x, i)
+
+    def step(x: Any, pos: int, n: int) -> None:
         if path == "attached":
+            active, pending = instrument.ACTIVE.set(tracker), instrument.PENDING.set([])
+            layers_step(None, x, pos, n)
             updates = instrument.PENDING.get()
             instrument.ACTIVE.reset(active)
             instrument.PENDING.reset(pending)
             tracker.on_updates(updates or [], None)
+        elif path == "direct":  # what the forward wrapper of the process audit does around a model's forward
+            instrument.observe_forward(tracker, layers_step, None, (x, pos, n), {})
+        else:
+            layers_step(None, x, pos, n)
 
     try:
         with torch.inference_mode(), guard.request("r"):
@@ -84,10 +93,10 @@ def count(cache_kind: str, path: str, steps: int) -> dict[str, Any]:
             finally:
                 sys.settrace(None)
     finally:
-        if path == "direct":
-            guard.detach_process()
-        else:
+        if path == "attached":
             instrument.uninstall_cache_patch()
+        else:
+            guard.detach_process()
     n = steps * layers
     return {"cache": cache_kind, "path": path, "updates": n, "bytecodes_per_update": round(counts["bytecodes"] / n, 1),
             "python_calls_per_update": round(counts["calls"] / n, 2)}
@@ -100,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     rows = []
     for cache_kind in ("dynamic", "static", "fp8"):
-        for path in ("attached", "direct"):
+        for path in ("attached", "direct", "outside"):
             row = count(cache_kind, path, args.steps)
             rows.append(row)
             print(f"{cache_kind:8s} {path:8s} {row['bytecodes_per_update']:7.1f} bytecodes "

@@ -18,6 +18,8 @@ call, over every layer update the forwards made - observed, or only counted by d
 from __future__ import annotations
 
 import argparse
+import contextlib
+import itertools
 import json
 import os
 import platform
@@ -32,6 +34,33 @@ from results_io import save_json
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHES = ("dynamic", "static", "fp8")
+PATHS = ("attached", "direct")
+
+
+def _spec(config: str) -> Any:
+    """tiny (2 layers, hidden 64), small (8 layers, hidden 512) or medium (16 layers, hidden 1024)."""
+    from kvguardian.apps.repro.models import SMALL, TINY, TinySpec
+
+    medium = TinySpec(hidden=1024, layers=16, heads=16, kv_heads=8, intermediate=2816, vocab=1024)
+    return {"tiny": TINY, "small": SMALL, "medium": medium}[config]
+
+
+@contextlib.contextmanager
+def _guarding(model: Any, path: str, stride: int) -> Any:
+    """A guard on ``model`` for the block: ``attached`` (``guard.attach(model)``) or ``direct``
+    (``guard.attach_process()``, what ``kv-guardian run`` and the pytest plugin do: each top-level generate an
+    implicit request)."""
+    from kvguardian.runtime.guard import Guard
+
+    guard = Guard(decode_stride=stride)
+    if path == "attached":
+        guard.attach(model)
+    else:
+        guard.attach_process(generate=True)
+    try:
+        yield guard
+    finally:
+        guard.detach()
 
 
 def _gen_kwargs(model: Any, cache: str, tokens: int) -> dict[str, Any]:
@@ -61,42 +90,46 @@ def _decode(model: Any, ids: Any, cache: str, tokens: int) -> tuple[float, float
     return time.process_time() - c0, time.perf_counter() - w0
 
 
-def _hook_share(model: Any, ids: Any, cache: str, tokens: int, stride: int) -> dict[str, float]:
+def _hook_share(model: Any, ids: Any, cache: str, tokens: int, stride: int, path: str) -> dict[str, float]:
     """Time spent inside the tracker per layer update, and as a share of one guarded generate's time: the whole
     of ``HFTracker.on_updates`` (a forward's updates, observed or - with decode-step sampling, see
     `kvguardian.runtime.hf.sampling` - only counted; the ledger's batch and its releases included) over every update the
     forwards made. Both by the monotonic clock (perf_counter: a cheap vDSO read; process_time is a system call
     that costs more than the hook on a loaded machine); the CPU-time figure by this thread's clock."""
-    from kvguardian.runtime.guard import Guard
-
-    guard = Guard(decode_stride=stride)
-    guard.attach(model)
-    tracker = guard.hf_tracker()
-    inner = tracker.on_update
     observed = [0.0, 0]
-
-    def timed(u: Any) -> None:
-        t = time.perf_counter()
-        inner(u)
-        observed[0] += time.perf_counter() - t
-        observed[1] += 1
-
-    batch = tracker.on_updates
     spent = [0.0, 0, 0]  # wall seconds, updates, CPU ns
+    in_batch = [False]
+    with _guarding(model, path, stride) as guard:
+        tracker = guard.hf_tracker()
+        inner = tracker.on_update
 
-    def timed_batch(updates: Any, started: Any) -> None:  # one forward's updates
-        c, t = time.thread_time_ns(), time.perf_counter()
-        batch(updates, started)
-        spent[0] += time.perf_counter() - t
-        spent[2] += time.thread_time_ns() - c
-        spent[1] += len(updates)
+        def timed(u: Any) -> None:
+            c, t = time.thread_time_ns(), time.perf_counter()
+            inner(u)
+            dt = time.perf_counter() - t
+            observed[0] += dt
+            observed[1] += 1
+            if not in_batch[0]:  # an update observed at once by the Cache.update wrapper (the direct path)
+                spent[0] += dt
+                spent[2] += time.thread_time_ns() - c
+                spent[1] += 1
 
-    tracker.on_update = timed  # type: ignore[method-assign]  # HFTracker.on_updates calls self.on_update
-    tracker.on_updates = timed_batch  # type: ignore[method-assign]  # the attachment calls tracker.on_updates
-    try:
+        batch = tracker.on_updates
+
+        def timed_batch(updates: Any, started: Any) -> None:  # one forward's updates
+            c, t = time.thread_time_ns(), time.perf_counter()
+            in_batch[0] = True
+            try:
+                batch(updates, started)
+            finally:
+                in_batch[0] = False
+            spent[0] += time.perf_counter() - t
+            spent[2] += time.thread_time_ns() - c
+            spent[1] += len(updates)
+
+        tracker.on_update = timed  # type: ignore[method-assign]  # HFTracker.on_updates calls self.on_update
+        tracker.on_updates = timed_batch  # type: ignore[method-assign]  # the forward wrapper calls on_updates
         _, wall = _decode(model, ids, cache, tokens)
-    finally:
-        guard.detach()
     n = max(spent[1], 1)
     return {"hook_us_per_update": round(spent[0] / n * 1e6, 2), "updates": spent[1],
             "hook_share": round(spent[0] / wall, 5) if wall else 0.0,
@@ -157,12 +190,13 @@ class _Shims:
         return outer
 
     def run(self, guard: Any, model: Any, fn: Any) -> Any:
-        """``fn()`` with the timers on, ``guard`` attached to ``model`` between them (None: unguarded)."""
+        """``fn()`` with the timers on, ``guard(model)`` (attaching or auditing the process) between them (None:
+        unguarded)."""
         self.cache_cls.update = self._inner(self.update0)  # type: ignore[method-assign]
         self.model_cls.__call__ = self._inner(self.call0)  # type: ignore[method-assign]
         try:
             if guard is not None:
-                guard.attach(model)  # wraps the inner timers
+                guard = guard(model)  # wraps the inner timers
             self.cache_cls.update = self._outer(self.cache_cls.__dict__["update"], model=False)  # type: ignore[method-assign]
             self.model_cls.__call__ = self._outer(self.model_cls.__dict__["__call__"], model=True)  # type: ignore[method-assign]
             return fn()
@@ -174,7 +208,7 @@ class _Shims:
                 del self.model_cls.__call__
 
 
-def _hook_all_in(model: Any, ids: Any, cache: str, tokens: int, stride: int) -> dict[str, Any]:
+def _hook_all_in(model: Any, ids: Any, cache: str, tokens: int, stride: int, path: str) -> dict[str, Any]:
     """What kv-guardian costs per layer update inside ``generate``, nothing left out but the storages' release
     callbacks (a deque append each, inside the model's own kernels): the time just inside minus just outside
     its wrappers, summed per decode forward; guarded minus unguarded (the timers' own cost) in interleaved
@@ -183,10 +217,14 @@ def _hook_all_in(model: Any, ids: Any, cache: str, tokens: int, stride: int) -> 
     processes' time slices that a mean would count."""
     from kvguardian.runtime.guard import Guard
 
+    def guard(m: Any) -> Guard:
+        g = Guard(decode_stride=stride)
+        return g.attach(m) if path == "attached" else g.attach_process(generate=True)
+
     per: dict[str, list[tuple[int, int]]] = {"guarded": [], "unguarded": []}
     for guarded in (False, True, True, False):
         shims = _Shims()
-        shims.run(Guard(decode_stride=stride) if guarded else None, model, lambda: _decode(model, ids, cache, tokens))
+        shims.run(guard if guarded else None, model, lambda: _decode(model, ids, cache, tokens))
         per["guarded" if guarded else "unguarded"].extend(shims.forwards[1:])  # the prefill left out
     ups = statistics.median(n for _, n in per["guarded"]) or 1
     g = statistics.median(ns for ns, _ in per["guarded"])
@@ -199,13 +237,12 @@ def _hook_all_in(model: Any, ids: Any, cache: str, tokens: int, stride: int) -> 
             "hook_all_in_forwards": len(per["guarded"])}
 
 
-def bench_decode(config: str, cache: str, tokens: int, pairs: int, stride: int) -> dict[str, Any]:
+def bench_decode(config: str, cache: str, tokens: int, pairs: int, stride: int, path: str) -> dict[str, Any]:
     import torch
 
-    from kvguardian.apps.repro.models import SMALL, TINY, build_llama
-    from kvguardian.runtime.guard import Guard
+    from kvguardian.apps.repro.models import build_llama
 
-    spec = {"tiny": TINY, "small": SMALL}[config]
+    spec = _spec(config)
     model = build_llama(spec)
     ids = torch.randint(0, spec.vocab, (1, 8), generator=torch.Generator().manual_seed(0))
     _decode(model, ids, cache, min(tokens, 16))  # warm-up
@@ -213,12 +250,8 @@ def bench_decode(config: str, cache: str, tokens: int, pairs: int, stride: int) 
 
     def one(guarded: bool) -> None:
         if guarded:
-            guard = Guard(decode_stride=stride)
-            guard.attach(model)
-            try:
+            with _guarding(model, path, stride):
                 rows["guarded"].append(_decode(model, ids, cache, tokens))
-            finally:
-                guard.detach()
         else:
             rows["unguarded"].append(_decode(model, ids, cache, tokens))
 
@@ -228,14 +261,15 @@ def bench_decode(config: str, cache: str, tokens: int, pairs: int, stride: int) 
             one(g)
     cpu_ratios = [tokens / g[0] / (tokens / u[0]) for u, g in zip(rows["unguarded"], rows["guarded"])]
     wall_ratios = [tokens / g[1] / (tokens / u[1]) for u, g in zip(rows["unguarded"], rows["guarded"])]
-    share = _hook_share(model, ids, cache, tokens, stride)
-    share.update(_hook_all_in(model, ids, cache, tokens, stride))
+    share = _hook_share(model, ids, cache, tokens, stride, path)
+    share.update(_hook_all_in(model, ids, cache, tokens, stride, path))
 
     def tps(vals: list[tuple[float, float]], i: int) -> float:
         return round(statistics.median(tokens / v[i] for v in vals), 2)
 
     return {
-        "config": config, "model": spec.describe(), "cache": cache, "new_tokens": tokens, "pairs": pairs,
+        "config": config, "path": path, "model": spec.describe(), "cache": cache, "new_tokens": tokens,
+        "pairs": pairs,
         "unguarded_tokens_per_s_cpu": tps(rows["unguarded"], 0),
         "guarded_tokens_per_s_cpu": tps(rows["guarded"], 0),
         "unguarded_tokens_per_s_wall": tps(rows["unguarded"], 1),
@@ -257,10 +291,11 @@ def _make_cache(model: Any, cache: str, max_len: int) -> Any:
     return DynamicCache(config=model.config)
 
 
-def bench_steps(config: str, cache: str, tokens: int, rounds: int, stride: int) -> dict[str, Any]:
+def bench_steps(config: str, cache: str, tokens: int, rounds: int, stride: int, path: str) -> dict[str, Any]:
     """Interleaved steps: one manual decode loop where the guard's hooks run on even steps and are switched
-    off on odd ones (``Attachment.enabled``: the forward hooks return at once, so the ``Cache.update`` wrapper
-    sees no active guard and costs one context-variable read), so each guarded step has an unguarded
+    off on odd ones (attached: ``Attachment.enabled``, the forward hooks return at once, so the ``Cache.update``
+    wrapper sees no active guard and costs one context-variable read; direct: the process audit stopped and
+    started again between steps, outside the timed forward), so each guarded step has an unguarded
     neighbour of the same sequence length, measured under the same machine conditions. On a shared VM whose
     speed drifts by tens of percent between runs, this resolves a 1-2% effect that whole-generate comparisons
     cannot. Ratio = median over neighbour pairs
@@ -269,17 +304,29 @@ def bench_steps(config: str, cache: str, tokens: int, rounds: int, stride: int) 
     ``stride`` of them observed, `kvguardian.runtime.hf.sampling`)."""
     import torch
 
-    from kvguardian.apps.repro.models import SMALL, TINY, build_llama
+    from kvguardian.apps.repro.models import build_llama
     from kvguardian.runtime.guard import Guard
     from kvguardian.runtime.hf.compat import cache_kwarg
 
-    spec = {"tiny": TINY, "small": SMALL}[config]
+    spec = _spec(config)
     model = build_llama(spec)
     kw = cache_kwarg()
     ids = torch.randint(0, spec.vocab, (1, 8), generator=torch.Generator().manual_seed(0))
     guard = Guard(decode_stride=stride)
-    guard.attach(model)
-    attachment = guard.attachments[-1]
+    if path == "attached":
+        guard.attach(model)
+        attachment = guard.attachments[-1]
+
+        def switch(on: bool) -> None:
+            attachment.enabled = on
+    else:
+        guard.attach_process(generate=False)
+
+        def switch(on: bool) -> None:
+            if on:
+                guard.attach_process(generate=False)
+            else:
+                guard.detach_process()
     ratios: list[float] = []
     hooked: list[float] = []
     plain: list[float] = []
@@ -287,13 +334,14 @@ def bench_steps(config: str, cache: str, tokens: int, rounds: int, stride: int) 
         for _ in range(rounds):
             c = _make_cache(model, cache, ids.shape[1] + tokens + 1)
             x = ids
+            switch(True)
             with guard.request(f"steps-{len(ratios)}"), torch.inference_mode():
                 out = model(x, use_cache=True, **{kw: c})  # prefill, not timed
                 x = out.logits[:, -1:].argmax(-1)
                 prev: float | None = None
                 for step in range(tokens):
                     on = step % 2 == 0
-                    attachment.enabled = on
+                    switch(on)
                     t0 = time.perf_counter()
                     out = model(x, use_cache=True, **{kw: c})
                     dt = time.perf_counter() - t0
@@ -302,12 +350,13 @@ def bench_steps(config: str, cache: str, tokens: int, rounds: int, stride: int) 
                     if not on and prev is not None:
                         ratios.append(dt / prev)
                     prev = dt
+                switch(True)
             del c, out
     finally:
-        attachment.enabled = True
+        switch(True)
         guard.detach()
     return {
-        "config": config, "cache": cache, "steps": tokens, "rounds": rounds,
+        "config": config, "path": path, "cache": cache, "steps": tokens, "rounds": rounds,
         "guarded_step_us_median": round(statistics.median(hooked) * 1e6, 1),
         "unguarded_step_us_median": round(statistics.median(plain) * 1e6, 1),
         "ratio": round(statistics.median(ratios), 4),
@@ -334,7 +383,11 @@ def bench_startup(reps: int) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--configs", default="tiny,small", help="comma-separated: tiny, small (default: both)")
+    ap.add_argument("--configs", default="tiny,small",
+                    help="comma-separated: tiny, small, medium (default: tiny,small)")
+    ap.add_argument("--paths", default="attached",
+                    help="comma-separated: attached (guard.attach), direct (guard.attach_process, what "
+                         "kv-guardian run does) (default: attached)")
     ap.add_argument("--caches", default=",".join(CACHES), help="comma-separated: dynamic, static, fp8")
     ap.add_argument("--tokens", type=int, default=512, help="new tokens per generate (default: 512)")
     ap.add_argument("--pairs", type=int, default=4, help="guarded/unguarded pairs per case (default: 4)")
@@ -362,25 +415,27 @@ def main(argv: list[str] | None = None) -> int:
         "decode": [],
         "interleaved_steps": [],
     }
-    for config in args.configs.split(","):
-        for cache in args.caches.split(","):
-            if args.step_rounds > 0:
-                srow = bench_steps(config.strip(), cache.strip(), args.tokens, args.step_rounds, args.decode_stride)
-                results["interleaved_steps"].append(srow)
-                print(f"{srow['config']:5s} {srow['cache']:7s} interleaved steps: guarded "
-                      f"{srow['guarded_step_us_median']:.0f} us, unguarded {srow['unguarded_step_us_median']:.0f} us, "
-                      f"ratio {srow['ratio']:.4f} ({srow['pairs']} neighbour pairs)", flush=True)
-            if args.skip_generate:
-                continue
-            row = bench_decode(config.strip(), cache.strip(), args.tokens, args.pairs, args.decode_stride)
-            results["decode"].append(row)
-            print(f"{row['config']:5s} {row['cache']:7s} unguarded {row['unguarded_tokens_per_s_cpu']:8.1f} tok/s  "
-                  f"guarded {row['guarded_tokens_per_s_cpu']:8.1f} tok/s  ratio {row['ratio']:.4f} "
-                  f"(wall {row['ratio_wall']:.4f})  hooks {row['hook_share'] * 100:.2f}% of decode time "
-                  f"({row['hook_us_per_update']} us/update wall, {row['hook_cpu_us_per_update']} us CPU); all-in "
-                  f"{row['hook_all_in_us_per_update']} us/update (mean {row['hook_all_in_us_per_update_mean']}; "
-                  f"target 5)",
-                  flush=True)
+    for config, cache, path in itertools.product(args.configs.split(","), args.caches.split(","),
+                                                 args.paths.split(",")):
+        config, cache, path = config.strip(), cache.strip(), path.strip()
+        if args.step_rounds > 0:
+            srow = bench_steps(config, cache, args.tokens, args.step_rounds, args.decode_stride, path)
+            results["interleaved_steps"].append(srow)
+            print(f"{srow['config']:5s} {srow['cache']:7s} {path:8s} interleaved steps: guarded "
+                  f"{srow['guarded_step_us_median']:.0f} us, unguarded {srow['unguarded_step_us_median']:.0f} us, "
+                  f"ratio {srow['ratio']:.4f} ({srow['pairs']} neighbour pairs)", flush=True)
+        if args.skip_generate:
+            continue
+        row = bench_decode(config, cache, args.tokens, args.pairs, args.decode_stride, path)
+        results["decode"].append(row)
+        print(f"{row['config']:5s} {row['cache']:7s} {path:8s} "
+              f"unguarded {row['unguarded_tokens_per_s_cpu']:8.1f} tok/s  "
+              f"guarded {row['guarded_tokens_per_s_cpu']:8.1f} tok/s  ratio {row['ratio']:.4f} "
+              f"(wall {row['ratio_wall']:.4f})  hooks {row['hook_share'] * 100:.2f}% of decode time "
+              f"({row['hook_us_per_update']} us/update wall, {row['hook_cpu_us_per_update']} us CPU); all-in "
+              f"{row['hook_all_in_us_per_update']} us/update (mean {row['hook_all_in_us_per_update_mean']}; "
+              f"target 5)",
+              flush=True)
     if args.startup_reps > 0:
         results["run_startup"] = bench_startup(args.startup_reps)
         print("run start-up:", json.dumps(results["run_startup"]), flush=True)

@@ -62,12 +62,13 @@ def expectation(path: Path) -> Expectation:
     return Expectation(path.stem, expect == "leak", tuple(fields.get("holder", ())))
 
 
-def run(path: Path, *, timeout: float = 600) -> Outcome:
+def run(path: Path, *, timeout: float = 600, options: tuple[str, ...] = ()) -> Outcome:
+    """``path`` under ``kv-guardian run --fail-on warning`` (and ``options``): its exit code and findings."""
     with tempfile.TemporaryDirectory() as d:
         report = Path(d) / "report.json"
         proc = subprocess.run(
-            [sys.executable, "-m", "kvguardian", "run", "--output", str(report), "--fail-on", "warning", "--",
-             sys.executable, str(path)],
+            [sys.executable, "-m", "kvguardian", "run", "--output", str(report), "--fail-on", "warning", *options,
+             "--", sys.executable, str(path)],
             capture_output=True, text=True, timeout=timeout, cwd=ROOT, env={**os.environ, "PYTHONHASHSEED": "0"},
         )
         data = json.loads(report.read_text()) if report.exists() else {"findings": []}

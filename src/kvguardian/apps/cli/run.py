@@ -59,6 +59,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="wall-clock safety net of the holder-chain search at exit; it is bounded by objects "
                         "visited (default: %(default)s)")
     p.add_argument("--redact", action="store_true", help="hide dictionary keys in holder chains")
+    p.add_argument("--decode-stride", type=int, default=8, metavar="N",
+                   help="inside a request, observe a cache's decode forwards one in N after its first two (everything "
+                        "is observed again at request end); 1 observes every forward (default: %(default)s)")
     add_html_option(p)
     p.add_argument("--memory-snapshot", metavar="OUT.pickle",
                    help="also write the KV history as a PyTorch memory snapshot (python -m "
@@ -85,7 +88,8 @@ def _child_env(folder: str, args: argparse.Namespace) -> dict[str, str]:
     parts = [str(BOOT_DIR), pkg_parent] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(parts))
     env[ENV_DIR] = folder
-    env[ENV_OPTIONS] = json.dumps({"holder_seconds": args.holder_seconds, "redact": args.redact})
+    env[ENV_OPTIONS] = json.dumps({"holder_seconds": args.holder_seconds, "redact": args.redact,
+                                   "decode_stride": args.decode_stride})
     env.setdefault("KVG_VLLM_AUDIT", "1")  # a vLLM server audits its own KV cache manager (engines/vllm_plugin)
     return env
 
@@ -141,6 +145,8 @@ def _program(args: argparse.Namespace) -> list[str]:
         raise UsageError("no program to run; fix: kv-guardian run -- python app.py [args...]")
     if not args.holder_seconds > 0 or args.holder_seconds == float("inf"):
         raise UsageError(f"--holder-seconds {args.holder_seconds} must be a number > 0; fix: e.g. 3")
+    if args.decode_stride < 1:
+        raise UsageError(f"--decode-stride {args.decode_stride} must be an integer >= 1; fix: e.g. 8 (1: every step)")
     outputs = [("--output", args.output), ("--html", args.html), ("--memory-snapshot", args.memory_snapshot),
                ("--trace", args.trace)]
     check_outputs(outputs, [(f"a file the program is given ({a})", a) for a in cmd if os.path.isfile(a)])

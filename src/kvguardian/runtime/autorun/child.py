@@ -22,7 +22,7 @@ from kvguardian.runtime.autorun import ENV_DIR, ENV_OPTIONS
 
 __all__ = ["activate", "finish"]
 
-_WATCH = ("transformers.cache_utils", "transformers.generation.utils")
+_WATCH = ("transformers.cache_utils", "transformers.generation.utils", "transformers.modeling_utils")
 _state: dict[str, Any] = {"guard": None, "status": None, "message": None, "dir": None, "options": {},
                           "started": time.time(), "done": False, "activated": False, "kv": False}
 
@@ -92,6 +92,10 @@ def _on_imported(name: str) -> None:
             from kvguardian.runtime.hf.instrument import install_generate_patch
 
             install_generate_patch()
+        elif name == "transformers.modeling_utils" and _state["guard"] is not None:
+            from kvguardian.runtime.hf.instrument import install_forward_patch
+
+            install_forward_patch()  # a model forward's cache updates observed together, decode steps sampled
     except Exception as exc:  # fail open
         _state["status"] = "error"
         _state["message"] = f"instrumentation failed: {type(exc).__name__}: {exc}"
@@ -119,6 +123,7 @@ def _start_guard() -> None:
         retention_sampling=True,
         holder_search_seconds=float(opts.get("holder_seconds", 120.0)),
         redact=bool(opts.get("redact", False)),
+        decode_stride=int(opts.get("decode_stride", 8)),
     )
     guard.attach_process(generate=False)  # generate is patched once generation.utils has finished loading
     guard.on_kv_growth = _first_kv
@@ -128,6 +133,10 @@ def _start_guard() -> None:
         from kvguardian.runtime.hf.instrument import install_generate_patch
 
         install_generate_patch()
+    if hasattr(sys.modules.get("transformers.modeling_utils"), "PreTrainedModel"):
+        from kvguardian.runtime.hf.instrument import install_forward_patch
+
+        install_forward_patch()
 
 
 def _first_kv() -> None:

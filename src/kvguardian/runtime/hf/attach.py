@@ -12,7 +12,6 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from kvguardian.core import faults as _faults
 from kvguardian.core.errors import UsageError
 from kvguardian.runtime.hf import instrument
 from kvguardian.runtime.hf.compat import check_transformers_version
@@ -37,7 +36,6 @@ class Attachment:
 
     def __init__(self, tracker: HFTracker, model: PreTrainedModel) -> None:
         self._tracker = weakref.ref(tracker)
-        self._clock = tracker.host.ledger.clock
         self._model = weakref.ref(model, self._model_died)
         self._key: int | None = id(model)
         self.enabled = True
@@ -51,22 +49,12 @@ class Attachment:
         return self._tracker()
 
     def call(self, original: Any, model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """Run ``original(model, *args, **kwargs)`` (the model's ``__call__``) with its cache updates observed."""
+        """Run ``original(model, *args, **kwargs)`` (the model's ``__call__``) with its cache updates observed
+        (`instrument.observe_forward`)."""
         t = self._tracker()
         if t is None or not self.enabled or self._model() is not model or instrument.compiling():
             return original(model, *args, **kwargs)
-        try:
-            if _faults.FAULTS:
-                _faults.maybe_fail("forward.pre")
-            tokens = (instrument.ACTIVE.set(t), instrument.PENDING.set([]))
-        except Exception as exc:
-            t.host.fail("forward.pre", exc)
-            return original(model, *args, **kwargs)
-        started = self._clock()
-        try:
-            return original(model, *args, **kwargs)
-        finally:
-            _observe_forward(t, tokens, started)
+        return instrument.observe_forward(t, original, model, args, kwargs)
 
     def lend(self, other: Any) -> Callable[[], None] | None:
         """Attach ``other`` (the assistant model of a speculative ``generate()`` call of this model) to the same
@@ -94,20 +82,6 @@ class Attachment:
         key = self._key
         if key is not None:
             instrument.register_attached(key, self, on=False)
-
-
-def _observe_forward(t: HFTracker, tokens: tuple[Any, Any], started: float) -> None:
-    """After an attached model's forward returned or raised: observe its queued updates (fail open)."""
-    try:
-        updates = instrument.PENDING.get()
-        instrument.ACTIVE.reset(tokens[0])
-        instrument.PENDING.reset(tokens[1])
-        if updates:
-            t.on_updates(updates, started)
-        if _faults.FAULTS:
-            _faults.maybe_fail("forward.post")
-    except Exception as exc:
-        t.host.fail("forward.post", exc)
 
 
 def _not_a_model_fix(model: Any, torch: Any, transformers: Any) -> str:

@@ -3,7 +3,8 @@
 
 ``Cache.update`` is wrapped once, process-wide, with a signature every 5.x release accepts; the wrapper calls
 the original first, so the model's result never changes. An update goes to the tracker of the attached model
-running a forward (queued until it returns), else to the process tracker. Under ``torch.compile`` the wrappers
+running a forward, else to the process tracker: inside a top-level model forward it is queued until the forward
+returns (`observe_forward`), outside one observed at once. Under ``torch.compile`` the wrappers
 pass straight through. ``Cache`` also gets a ``__deepcopy__`` so a kept copy is still audited. Which tracker
 sees what, and why: docs/design/hf.md.
 """
@@ -14,6 +15,7 @@ import contextvars
 import copy
 import copyreg
 import functools
+import sys
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
@@ -40,8 +42,10 @@ __all__ = [
     "check_transformers_version",
     "compiling",
     "install_cache_patch",
+    "install_forward_patch",
     "install_generate_patch",
     "install_model_patch",
+    "observe_forward",
     "process_tracker",
     "register_attached",
     "set_process_tracker",
@@ -133,11 +137,15 @@ def process_tracker() -> HFTracker | None:
 def set_process_tracker(tracker: HFTracker | None, *, generate: bool = True) -> HFTracker | None:
     """Make ``tracker`` see every cache update of the process not claimed by an attached model (None: stop).
     Installs the cache patch (and, with ``generate``, the class-level generate patch, which imports
-    ``transformers.generation.utils``). Returns the previous process tracker."""
+    ``transformers.generation.utils``, and the forward patch; without, the forward patch only if
+    ``transformers.modeling_utils`` is loaded: `install_forward_patch` does it later). Returns the previous
+    process tracker."""
     previous = _PROCESS[0]
     if tracker is not None and previous is None:
         check_transformers_version()
         install_cache_patch(generate=generate)
+        if generate or hasattr(sys.modules.get("transformers.modeling_utils"), "PreTrainedModel"):
+            install_forward_patch()
     _PROCESS[0] = tracker
     if tracker is None and previous is not None:
         _PROCESS_GENERATE[0] = False
@@ -353,16 +361,25 @@ def install_generate_patch() -> None:
         _PROCESS_GENERATE[0] = True
 
 
+def install_forward_patch() -> None:
+    """Wrap ``PreTrainedModel.__call__`` (idempotent; undone with the cache patch): the cache updates of a
+    top-level forward are observed together when it returns (`observe_forward`). Imports
+    ``transformers.modeling_utils``."""
+    with _patch_lock:
+        from transformers import PreTrainedModel
+
+        if (PreTrainedModel, "__call__") not in _originals:
+            _set(PreTrainedModel, "__call__", _wrap_model_call(PreTrainedModel.__call__))
+
+
 def install_model_patch(model_cls: type) -> None:
     """The class-level wrappers an attached model of ``model_cls`` needs (idempotent; undone with the cache
     patch): ``PreTrainedModel.__call__`` (its forward), and ``generate`` of `GenerationMixin` and of every class
     of ``model_cls``'s hierarchy that overrides it."""
     with _patch_lock:
-        from transformers import PreTrainedModel
         from transformers.generation.utils import GenerationMixin
 
-        if (PreTrainedModel, "__call__") not in _originals:
-            _set(PreTrainedModel, "__call__", _wrap_model_call(PreTrainedModel.__call__))
+        install_forward_patch()
         _wrap_generate_of(GenerationMixin)
         for cls in model_cls.__mro__:
             if "generate" in cls.__dict__ and isinstance(cls.__dict__["generate"], type(_never)):
@@ -398,12 +415,50 @@ def _wrap_model_call(original: Any) -> Any:
     @functools.wraps(original)
     def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
         att = _ATTACHED.get(id(self))
-        if att is None:
+        if att is not None:
+            return att.call(original, self, args, kwargs)
+        tracker = _PROCESS[0]
+        if tracker is None or _compiling() or ACTIVE.get() is not None:  # nested: the outer forward observes
             return original(self, *args, **kwargs)
-        return att.call(original, self, args, kwargs)
+        return observe_forward(tracker, original, self, args, kwargs)
 
     __call__.__kvguardian_original__ = original  # type: ignore[attr-defined]
     return __call__
+
+
+def observe_forward(tracker: HFTracker, original: Any, model: Any, args: tuple[Any, ...],
+                    kwargs: dict[str, Any]) -> Any:
+    """Run ``original(model, *args, **kwargs)`` (a model's ``__call__``) with ``tracker`` active: the
+    ``Cache.update`` wrapper queues the forward's updates (O(1) each), and the whole list is observed in order
+    when the forward returns or raises (`HFTracker.on_updates`, which samples decode steps): back to back the
+    bookkeeping stays in the CPU caches. State is per call (context variables), so threads and nested calls
+    stay apart. Fails open: the model's result and exceptions are its own."""
+    try:
+        if _faults.FAULTS:
+            _faults.maybe_fail("forward.pre")
+        tokens = (ACTIVE.set(tracker), PENDING.set([]))
+    except Exception as exc:
+        tracker.host.fail("forward.pre", exc)
+        return original(model, *args, **kwargs)
+    started = tracker.ledger.clock()
+    try:
+        return original(model, *args, **kwargs)
+    finally:
+        _forward_done(tracker, tokens, started)
+
+
+def _forward_done(tracker: HFTracker, tokens: tuple[Any, Any], started: float) -> None:
+    """After a forward returned or raised: observe its queued updates (fail open)."""
+    try:
+        updates = PENDING.get()
+        ACTIVE.reset(tokens[0])
+        PENDING.reset(tokens[1])
+        if updates:
+            tracker.on_updates(updates, started)
+        if _faults.FAULTS:
+            _faults.maybe_fail("forward.post")
+    except Exception as exc:
+        tracker.host.fail("forward.post", exc)
 
 
 def _generate_tracker(model: Any) -> HFTracker | None:

@@ -72,7 +72,7 @@ def test_assistant_of_a_process_audit_is_the_requests_kv(pair):
         assert [d for d, _ in cache_inits(g, rid)] == ["1 layers", "4 layers"]
         assert output_cache(out) is not None
     finally:
-        g.stop_auditing_process()
+        g.detach_process()
 
 
 def test_bart_self_and_cross_attention_caches():

@@ -1,6 +1,7 @@
-"""An attached model's cache updates are observed when its forward returns (see hf.instrument.Attachment):
-what that must not change - nothing extra kept alive meanwhile, order against crop/reset, a forward that
-raises, first-token latency - checked on the tiny model (both transformers virtualenvs)."""
+"""An attached model's cache updates are observed when its forward returns (see hf.instrument.Attachment), and
+so are those of any top-level model forward under the process audit (`instrument.observe_forward`): what that
+must not change - nothing extra kept alive meanwhile, order against crop/reset, a forward that raises,
+first-token latency - checked on the tiny model (both transformers virtualenvs)."""
 
 import pytest
 import torch
@@ -57,8 +58,14 @@ def test_pending_updates_keep_no_tensors_alive(tiny_model, make):
         assert big_args == []
 
 
-def test_updates_are_observed_when_the_forward_returns(tiny_model):
-    g = Guard().attach(tiny_model)
+def guard_on(model, path):
+    g = Guard()
+    return g.attach(model) if path == "attached" else g.attach_process()
+
+
+@pytest.mark.parametrize("path", ["attached", "process"])
+def test_updates_are_observed_when_the_forward_returns(tiny_model, path):
+    g = guard_on(tiny_model, path)
     handle, seen = in_forward(tiny_model, lambda pending: len(g.snapshot().records))
     try:
         with g.request("r1"), torch.inference_mode():
@@ -72,8 +79,9 @@ def test_updates_are_observed_when_the_forward_returns(tiny_model):
     assert {(r.layer, r.kind) for r in after} == {(0, "k"), (0, "v"), (1, "k"), (1, "v")}
 
 
-def test_a_forward_that_raises_is_observed(tiny_model):
-    g = Guard().attach(tiny_model)
+@pytest.mark.parametrize("path", ["attached", "process"])
+def test_a_forward_that_raises_is_observed(tiny_model, path):
+    g = guard_on(tiny_model, path)
 
     def boom(module, args, output):
         raise RuntimeError("model failure after the cache updates")
@@ -93,8 +101,9 @@ def test_a_forward_that_raises_is_observed(tiny_model):
         layer.keys.untyped_storage().nbytes() + layer.values.untyped_storage().nbytes() for layer in cache.layers)
 
 
-def test_reset_inside_a_forward_sees_the_earlier_updates_first(tiny_model):
-    g = Guard().attach(tiny_model)
+@pytest.mark.parametrize("path", ["attached", "process"])
+def test_reset_inside_a_forward_sees_the_earlier_updates_first(tiny_model, path):
+    g = guard_on(tiny_model, path)
     cache = DynamicCache(config=tiny_model.config)
     def reset(pending):
         kv = sum(layer.keys.untyped_storage().nbytes() + layer.values.untyped_storage().nbytes()
