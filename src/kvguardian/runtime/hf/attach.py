@@ -8,6 +8,7 @@ the model, so nothing of kv-guardian is in the model's ``__dict__`` or hooks: a 
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -81,7 +82,12 @@ class Attachment:
     def _model_died(self, ref: Any) -> None:  # the id may be reused by a new object from now on
         key = self._key
         if key is not None:
+            self._key = None
             instrument.register_attached(key, self, on=False)
+            # the model's use of the class-level patch ends with it (else the patch stayed installed for the
+            # rest of the process); from a short-lived thread, as this weakref callback may run inside a
+            # section that holds the patch lock (GC can run anywhere), where dropping it would undo half a patch
+            threading.Thread(target=instrument.uninstall_cache_patch, name="kvguardian-unpatch", daemon=True).start()
 
 
 def _not_a_model_fix(model: Any, torch: Any, transformers: Any) -> str:

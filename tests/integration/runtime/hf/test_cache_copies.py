@@ -103,3 +103,21 @@ def test_an_error_noting_a_copy_never_reaches_the_program(model, guard, monkeypa
     dup = copy.deepcopy(cache)
     assert all(torch.equal(a, b) for a, b in zip(layer_tensors(dup), layer_tensors(cache)))
     assert guard.summary()["instrumentation_errors"] >= 1
+
+
+def test_a_model_that_dies_attached_takes_its_use_of_the_patch_with_it():
+    """A model garbage-collected while attached (never detached) no longer keeps the class-level patch installed
+    for the rest of the process (it did: every later Cache.update of the process went through the wrapper, and a
+    later test's "nothing is patched" check failed in CI)."""
+    from engine_fakes import wait_until
+
+    assert "__deepcopy__" not in cache_utils.Cache.__dict__
+    g = Guard()
+    doomed = build_llama(TINY)
+    g.attach(doomed)
+    assert "__deepcopy__" in cache_utils.Cache.__dict__
+    del doomed
+    gc.collect()
+    assert wait_until(lambda: "__deepcopy__" not in cache_utils.Cache.__dict__, timeout=10)
+    g.detach()  # the dead model's attachment is already gone: nothing to drop twice
+    assert "__deepcopy__" not in cache_utils.Cache.__dict__
