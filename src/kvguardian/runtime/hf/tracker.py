@@ -573,7 +573,23 @@ class HFTracker:
             "notes": dict(self.notes),
             "unknown_classes": dict(self.unknown),
             "cold_first_token_s_median": round(statistics.median(cold), 6) if cold else None,
+            "not_seen": not_seen(sampled=self.sampler is not None),
         }
+
+
+#: What the ledger cannot see, said in every report (summary.hf.not_seen) so a clean result is read for what it is.
+NOT_SEEN_COPIES = ("KV copied into a new tensor (clone(), torch.cat, .to() another dtype or device, .contiguous() of "
+                   "a non-contiguous tensor, copy.deepcopy of one tensor, copy_ into the program's own buffer) is not "
+                   "followed: following copies means intercepting every torch call of the program (docs/notes/"
+                   "transformers.md); views, slices, detach() and deep copies of whole caches are followed")
+NOT_SEEN_SKIPPED = ("with decode-step sampling (decode_stride > 1), a tensor kept only from a skipped decode step is "
+                    "not seen (the cache itself, the prefill, first and last steps always are); decode_stride=1 "
+                    "observes every step")
+
+
+def not_seen(*, sampled: bool) -> list[str]:
+    """The limits of this audit that apply to this tracker's settings."""
+    return [NOT_SEEN_COPIES, *([NOT_SEEN_SKIPPED] if sampled else [])]
 
 
 def _layer_tail(cache: Cache, st: CacheState, idx: int, rec: Record) -> list[str] | None:

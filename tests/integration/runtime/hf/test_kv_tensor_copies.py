@@ -83,3 +83,16 @@ def test_a_conversion_dropped_at_the_request_end_is_no_finding(model, kind):
 def test_a_kept_copy_is_kvg102_naming_its_list(model, kind):
     found = kept_findings(serve(model, COPIES[kind], keep=True))
     assert found and all("KEPT" in f.render_chain() for f in found)
+
+
+@pytest.mark.parametrize("stride", [8, 1])
+def test_the_report_says_what_the_ledger_cannot_see(model, stride):
+    """A clean result is read for what it is: every report's summary names the copies the ledger does not follow,
+    and, where decode steps are sampled, what a skipped step can hide."""
+    g = Guard(decode_stride=stride).attach(model)
+    try:
+        not_seen = g.check().summary["hf"]["not_seen"]
+    finally:
+        g.detach()
+    assert any("clone()" in line and "torch.cat" in line for line in not_seen)
+    assert any("skipped decode step" in line for line in not_seen) == (stride > 1)
