@@ -8,6 +8,7 @@ the model, so nothing of kv-guardian is in the model's ``__dict__`` or hooks: a 
 
 from __future__ import annotations
 
+import sys
 import threading
 import weakref
 from collections.abc import Callable
@@ -86,8 +87,12 @@ class Attachment:
             instrument.register_attached(key, self, on=False)
             # the model's use of the class-level patch ends with it (else the patch stayed installed for the
             # rest of the process); from a short-lived thread, as this weakref callback may run inside a
-            # section that holds the patch lock (GC can run anywhere), where dropping it would undo half a patch
-            threading.Thread(target=instrument.uninstall_cache_patch, name="kvguardian-unpatch", daemon=True).start()
+            # section that holds the patch lock (GC can run anywhere), where dropping it would undo half a patch.
+            # Not while the interpreter finalizes: no thread starts then (start() would wait forever), and the
+            # patch goes with the process.
+            if not sys.is_finalizing():
+                threading.Thread(target=instrument.uninstall_cache_patch, name="kvguardian-unpatch",
+                                 daemon=True).start()
 
 
 def _not_a_model_fix(model: Any, torch: Any, transformers: Any) -> str:
