@@ -5,7 +5,7 @@ import torch
 
 from kvguardian.core.accounting import kv_accounting, seq_bucket
 from kvguardian.core.errors import UsageError
-from kvguardian.core.ledger import Ledger
+from kvguardian.core.ledger import EntrySite, Ledger, Update
 from kvguardian.core.reuse import ReuseWindow
 
 
@@ -44,11 +44,11 @@ def test_accounting_by_request_tenant_layer_head_and_static_fill():
     big = torch.zeros(1, 2, 40, 8)
     cropped = big[..., :10, :]  # a cropped view keeps the whole 2560-byte storage alive
     del big
-    led.observe_tensor(dyn[0], kind="k", layer=0, request=a, source="DynamicLayer")
-    led.observe_tensor(dyn[1], kind="v", layer=0, request=a, source="DynamicLayer", role="cross")
-    led.observe_tensor(static, kind="k", layer=1, request=b, source="StaticLayer", filled_tokens=25,
-                       capacity_tokens=100)
-    led.observe_tensor(cropped, kind="v", layer=1, request=b, source="DynamicLayer")
+    led.observe(dyn[0], EntrySite(kind="k", layer=0, source="DynamicLayer"), a)
+    led.observe(dyn[1], EntrySite(kind="v", layer=0, source="DynamicLayer", role="cross"), a)
+    static_site = EntrySite(kind="k", layer=1, source="StaticLayer")
+    led.observe(static, static_site, b, Update(filled_tokens=25, capacity_tokens=100))
+    led.observe(cropped, EntrySite(kind="v", layer=1, source="DynamicLayer"), b)
     acc = kv_accounting(led.snapshot())
     assert acc["total_bytes"] == 640 * 2 + 12800 + 2560
     assert acc["by_request"] == {"b": 12800 + 2560, "a": 1280}

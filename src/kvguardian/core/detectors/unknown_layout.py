@@ -1,7 +1,7 @@
 """KVG107 unknown-cache-layout: a cache or cache-layer class kv-guardian does not know was audited through the
 generic path (every tensor it returns or holds), so its accounting is approximate.
 
-The transformers source notes each such class once (`Ledger.note_unknown`); one finding per class.
+The transformers source notes each such class once (`Ledger.notes.unknown`); one finding per class.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The keyword forms of what sources report: `Ledger.observe_tensor`, `Ledger.add_entry` and
-`Ledger.emit_cache_event` take these fields by keyword and turn them into the small named types here."""
+"""The keyword forms of what sources report: `Ledger.add_entry` and `Notes.cache_event` take these fields by
+keyword and turn them into the small named types here."""
 
 from __future__ import annotations
 

@@ -2,25 +2,28 @@
 
 A KV entry is one unit of KV memory: a layer's K or V storage, a pool block, or anything a source adds. Tensor
 entries are keyed by their storage's data pointer (views count once), and the ledger never holds a strong
-reference to a tensor (`releases`). Sources write; detectors read `snapshot()`; sinks read snapshots, `totals()`
+reference to a tensor (`releases`). Sources write (requests, `observe`/`observe_kv` for tensors, `add_entry` for
+anything else, and the `slots` and `notes` facets); detectors read `snapshot()`; sinks read snapshots, `totals()`
 and events. Details: docs/design/ledger.md.
 """
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
-from collections import Counter, deque
-from collections.abc import Callable, Hashable, Iterable, Iterator
+from collections import deque
+from collections.abc import Callable, Hashable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from kvguardian.core.callsite import user_site, warn_at_user
+from kvguardian.core.callsite import user_site
 from kvguardian.core.errors import UsageError
-from kvguardian.core.ledger.events import EVENT_KINDS, Event, EventBuffer
-from kvguardian.core.ledger.fields import cache_event, site_of
+from kvguardian.core.ledger.events import Event, EventBuffer
+from kvguardian.core.ledger.fields import site_of
+from kvguardian.core.ledger.notes import Notes
 from kvguardian.core.ledger.records import NO_FILL, EntrySite, EntryState, EntryView, Record, RequestInfo, Update
 from kvguardian.core.ledger.releases import ReleaseQueue
+from kvguardian.core.ledger.renamed import renamed
+from kvguardian.core.ledger.slots import Slots
 from kvguardian.core.ledger.snapshot import LedgerSnapshot
 from kvguardian.core.ledger.table import EntryTable
 from kvguardian.core.ledger.tensors import TensorEntries
@@ -31,7 +34,7 @@ if TYPE_CHECKING:
     import torch
     from typing_extensions import Unpack
 
-    from kvguardian.core.ledger.fields import BlockFields, CacheEventFields, EntryFields
+    from kvguardian.core.ledger.fields import BlockFields
 
 __all__ = ["Ledger"]
 
@@ -48,6 +51,10 @@ class Ledger:
         timeline_interval: seconds between the timeline's interval samples (besides one per request end).
         timeline_lanes: requests whose span the timeline keeps.
         clock: monotonic clock, injectable for tests.
+
+    Attributes:
+        slots: what a source does with the entries filling its slots (`kvguardian.core.ledger.slots.Slots`).
+        notes: what sources report besides entries (`kvguardian.core.ledger.notes.Notes`).
     """
 
     def __init__(
@@ -71,12 +78,9 @@ class Ledger:
                                  clock=clock)
         self._tensors = TensorEntries(self._table)
         self._observe_tensor = self._tensors.observe  # bound once: observe_kv runs per layer per decode step
-        self._touch_tensors = self._tensors.touch
         self._series: deque[tuple[float, str, int]] = deque(maxlen=series_capacity)
-        self._grad_obs: deque[dict[str, Any]] = deque(maxlen=256)
-        self.instrumentation_errors: Counter[str] = Counter()
-        self._unknown: dict[str, str] = {}  # class a source audits through a generic path -> why (bounded)
-        self._unknown_sites: dict[str, str | None] = {}  # the same classes -> the user's line first met at
+        self.slots: Slots = Slots(self._lock, self._table, self._releases, self._tensors, clock)
+        self.notes: Notes = Notes(self._lock, self._table, self._events, clock)
         self._timeline = Timeline(clock(), capacity=timeline_capacity, interval_s=timeline_interval,
                                   lanes=timeline_lanes)
         self._table.on_request_freed = self._timeline.freed
@@ -91,22 +95,6 @@ class Ledger:
     def generation(self) -> int:
         """The model generation new entries belong to (`bump_generation`)."""
         return self._table.generation
-
-    @property
-    def events_dropped(self) -> int:
-        return self._events.dropped
-
-    @property
-    def released_entries(self) -> int:
-        return self._table.totals.released_entries
-
-    @property
-    def released_bytes(self) -> int:
-        return self._table.totals.released_bytes
-
-    def set_release_error_handler(self, handler: Callable[[str, BaseException], None] | None) -> None:
-        """Who is told when applying a storage's release fails (fail-open: the guard counts and logs it)."""
-        self._table.on_release_error = handler
 
     # ------------------------------------------------------------------ requests
     def begin_request(self, request_id: str, tenant: str | None = None, *, implicit: bool = False) -> RequestInfo:
@@ -136,16 +124,6 @@ class Ledger:
     def request(self, request_id: str) -> RequestInfo | None:
         return self._table.requests.get(request_id)
 
-    def active_requests(self) -> list[RequestInfo]:
-        with self._lock:
-            return [r for r in self._table.requests.values() if r.active]
-
-    def ended_owners(self) -> int:
-        """Ended requests that still own entries (settled)."""
-        with self._lock:
-            self._table.settle()
-            return sum(1 for r in self._table.requests.values() if r.ended is not None and r.entry_ids)
-
     def bump_generation(self) -> int:
         """A model reload: entries created from now on belong to the next generation."""
         with self._lock:
@@ -165,13 +143,6 @@ class Ledger:
             if self._releases.freed and not table.batch:
                 table.drain()
             return rec
-
-    def observe_tensor(self, tensor: torch.Tensor, *, request: RequestInfo | None,
-                       **fields: Unpack[EntryFields]) -> Record | None:
-        """`observe` with the site and fill by keyword: ``kind``, ``layer``, ``source``, ``slot``, ``role``,
-        ``cache``, ``filled_tokens``, ``capacity_tokens``."""
-        site, update = site_of(fields)
-        return self.observe(tensor, site, request, update)
 
     def observe_kv(self, keys: torch.Tensor, values: torch.Tensor | None, sites: tuple[EntrySite, EntrySite],
                    request: RequestInfo | None, update: Update = NO_FILL) -> bool:
@@ -199,35 +170,13 @@ class Ledger:
             lock.release()
         return grad
 
-    def touch_kv(self, sites: tuple[EntrySite, EntrySite], request: RequestInfo | None,
-                 update: Update = NO_FILL) -> bool:
-        """`observe_kv` of a layer whose keys and values are the very tensor objects the source observed last
-        (a static cache's, written in place; grad mode off): the entries' fill, time and append, without reading
-        the tensors. Returns False, changing nothing, when either entry's storage is gone or the slot has none:
-        then the source calls `observe_kv`."""
-        lock = self._lock
-        lock.acquire()
-        try:
-            return self._touch_tensors(sites, request, update, self._clock())
-        finally:
-            lock.release()
-
-    @contextlib.contextmanager
-    def observe_batch(self) -> Iterator[None]:
-        """Observe several slots' updates (one forward's layers) before applying the releases that happened
-        meanwhile (`begin_batch` ... `end_batch`). A forward replaces every layer's storage before its updates
-        are observed; applying the old storages' releases at the first observation would close the other
-        layers' entries and open new ones, where observing first lets each entry continue with its new
-        storage."""
-        self.begin_batch()
-        try:
-            yield
-        finally:
-            self.end_batch()
-
     def begin_batch(self) -> None:
-        """`observe_batch` without the context-manager protocol (the per-forward path: a generator's set-up
-        costs as much as a layer's observation there); every call is paired with one `end_batch`."""
+        """Observe several slots' updates (one forward's layers) before applying the releases that happened
+        meanwhile; every call is paired with one `end_batch`. A forward replaces every layer's storage before its
+        updates are observed: applying the old storages' releases at the first observation would close the other
+        layers' entries and open new ones, where observing first lets each entry continue with its new storage.
+        (Not a context manager: on the per-forward path a generator's set-up costs as much as a layer's
+        observation.)"""
         with self._lock:
             self._table.batch += 1
 
@@ -243,53 +192,6 @@ class Ledger:
                 now, timeline = self._clock(), self._timeline  # once per forward: the interval sample,
                 if now >= timeline.next_due:  # if due (tick() inlined)
                     timeline.take(now, table.totals)
-
-    def follow(self, slots: Iterable[Hashable], *, on: bool = True, at: float | None = None) -> None:
-        """A source observes the entries filling ``slots`` only now and then (a cache's decode steps, sampled):
-        while followed, an entry whose storage dies is taken to have moved on to a newer storage in its slot,
-        not released - it stays live with its last observed size until the source observes the slot again (the
-        entry continues with the newer storage). ``on=False`` when the source has observed them again, or the
-        object holding the slots died at ``at``: a followed entry whose storage is gone and was not observed
-        again is released then."""
-        with self._lock:
-            self._table.follow(slots, on, at)
-
-    def add_appends(self, n: int) -> None:
-        """Count ``n`` appends a source saw but did not observe one by one (a sampled cache's skipped steps)."""
-        with self._lock:
-            self._table.events.appends += n
-
-    def set_filled(self, slots: Iterable[Hashable], filled_tokens: int) -> None:
-        """The entries filling ``slots`` hold ``filled_tokens`` tokens now (a source read its counters)."""
-        with self._lock:
-            by_slot = self._table.slots
-            refill = self._table.totals.refill
-            for slot in slots:
-                rec = by_slot.get(slot)
-                if rec is not None:
-                    refill(rec, rec.storage_bytes, rec.logical_bytes, filled_tokens)
-
-    def slot_key(self, slot: Hashable) -> Hashable | None:
-        """The key (storage address) of the entry filling ``slot``, pending releases applied first (None: no
-        entry): a source compares it with what the slot's holder holds now to see a storage replaced behind its
-        back - observed then, it gets an entry of its own (its dtype and device), not the freed one's."""
-        with self._lock:
-            table = self._table
-            if self._releases.freed and not table.batch:
-                table.drain()
-            rec = table.slots.get(slot)
-            return rec.key if rec is not None else None
-
-    def slot_bytes(self, slots: Iterable[Hashable]) -> int:
-        """Storage bytes of the entries filling ``slots`` now."""
-        with self._lock:
-            by_slot = self._table.slots
-            total = 0
-            for slot in slots:
-                rec = by_slot.get(slot)
-                if rec is not None:
-                    total += rec.storage_bytes
-            return total
 
     # ------------------------------------------------------------------ other entries
     def add_entry(self, key: Hashable, *, nbytes: int, request: RequestInfo | None,
@@ -343,56 +245,7 @@ class Ledger:
         with self._lock:
             self._table.retain(keys, None)
 
-    # ------------------------------------------------------------------ notes from sources
-    def note_grad(self, observation: dict[str, Any]) -> None:
-        """Keep the evidence of a grad-tracked KV observation (bounded)."""
-        with self._lock:
-            self._grad_obs.append(observation)
-
-    def note_error(self, site: str) -> int:
-        """Count an instrumentation error at ``site``; returns the count so far for that site."""
-        self.instrumentation_errors[site] += 1
-        return self.instrumentation_errors[site]
-
-    def note_unknown(self, cls: str, why: str) -> None:
-        """A source met a class it does not know (a cache or layer class) and audits it through a generic path,
-        because ``why`` (the first reason is kept; at most 256 classes)."""
-        with self._lock:
-            if cls in self._unknown or len(self._unknown) >= 256:
-                return
-            self._unknown[cls] = why
-            self._unknown_sites[cls] = user_site()
-        warn_at_user(f"kv-guardian KVG107: cache class {cls} is not one kv-guardian knows; audited through the "
-                     f"generic path ({why})")
-
-    def unknown_sites(self) -> dict[str, str | None]:
-        """Class -> the user's line where it was first met (`note_unknown`)."""
-        with self._lock:
-            return dict(self._unknown_sites)
-
-    def unknown_classes(self) -> dict[str, str]:
-        """Class -> why, for every class audited through a generic path (`note_unknown`)."""
-        with self._lock:
-            return dict(self._unknown)
-
-    def emit_cache_event(self, kind: str, *, cache: str, request: RequestInfo | None,
-                         **fields: Unpack[CacheEventFields]) -> None:
-        """A lifecycle event about a whole cache object (scope "cache"), reported by a source: init on its
-        first prefill, hit when a later request reuses it, evict on crop/reset, release when it is freed.
-        ``fields`` are `Event` fields by keyword (``nbytes``, ``layer``, ``detail``, ``shape``, ...) and ``ts``
-        (default: now)."""
-        if kind not in EVENT_KINDS:
-            raise UsageError(f"unknown event kind {kind!r}; use one of {', '.join(EVENT_KINDS)}")
-        event = cache_event(kind, cache, request, fields, self._clock)
-        with self._lock:
-            self._events.cache_event(event)
-
     # ------------------------------------------------------------------ reading
-    def live_keys(self) -> set[Hashable]:
-        with self._lock:
-            self._table.settle()
-            return set(self._table.by_key)
-
     def records(self, state: EntryState | None = None) -> list[Record]:
         """Copies of the indexed entries (settled), of one state or all."""
         with self._lock:
@@ -411,17 +264,11 @@ class Ledger:
                 records=tuple(r.copy() for r in table.by_id.values()),
                 requests={k: v.copy() for k, v in table.requests.items()},
                 retained_series=tuple(self._series),
-                grad_observations=tuple(
-                    {**o, "layers": list(o.get("layers", ())), "layer_updates": dict(o.get("layer_updates", {}))}
-                    for o in self._grad_obs
-                ),
                 event_counts=self._events.all_counts(),
                 events_dropped=self._events.dropped,
-                instrumentation_errors=dict(self.instrumentation_errors),
                 released_entries=table.totals.released_entries,
                 released_bytes=table.totals.released_bytes,
-                unknown_classes=dict(self._unknown),
-                unknown_sites=dict(self._unknown_sites),
+                **self.notes.copied(),
             )
 
     def timeline(self, snap: LedgerSnapshot) -> dict[str, Any]:
@@ -452,7 +299,7 @@ class Ledger:
                 generation=table.generation,
                 event_counts=self._events.entry_counts(),
                 events_dropped=self._events.dropped,
-                instrumentation_errors=dict(self.instrumentation_errors),
+                instrumentation_errors=self.notes.errors(),
                 released_entries=table.totals.released_entries,
                 released_bytes=table.totals.released_bytes,
                 unused_bytes=table.totals.unused,
@@ -480,3 +327,8 @@ class Ledger:
         with self._lock:
             self._table.settle()
             self._table.check()
+
+    def __getattr__(self, name: str) -> Any:
+        """The names this class had before its surface was cut (0.x): each still works, with a
+        `DeprecationWarning` that names its replacement (`kvguardian.core.ledger.renamed`)."""
+        return renamed(self, name)

@@ -110,7 +110,7 @@ class Record:
     cache: Final[str | None] = None  # label of the cache object the storage belongs to, when known
     incarnation: int = 0  # storages this entry tracked before the current one (see the class doc)
     appends: int = 0  # appends by the current owner; only the first is buffered as an event
-    # the entry follows its slot between a source's observations (`Ledger.follow`): its storage dying is the slot
+    # the entry follows its slot between a source's observations (`Ledger.slots.follow`): its storage dying is the slot
     # moving on to a newer one the source has not observed yet, not a release
     follows: bool = False
 

@@ -41,7 +41,7 @@ class EntryTable:
         self.requests: OrderedDict[str, RequestInfo] = OrderedDict()
         self.request_history = request_history  # ended requests remembered after their last entry went
         self.generation = 0  # the model generation new entries belong to
-        self.batch = 0  # > 0 inside Ledger.observe_batch(): releases wait for its end
+        self.batch = 0  # > 0 inside Ledger.begin_batch() ... end_batch(): releases wait for its end
         # entry id -> (weak reference, time of death) of a following entry's storage that died: the release is
         # postponed until the source observes the slot again (it continues) or stops following it (`follow`)
         self.postponed: dict[int, tuple[Any, float]] = {}

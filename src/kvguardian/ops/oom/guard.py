@@ -535,7 +535,7 @@ class OOMGuard:
         g = self._guard
         if g is not None:
             try:
-                g.ledger.emit_cache_event(kind, cache=f"oom-guard:{action}", request=None, nbytes=nbytes or 0,
+                g.ledger.notes.cache_event(kind, cache=f"oom-guard:{action}", request=None, nbytes=nbytes or 0,
                                           detail=detail)
             except Exception as exc:
                 self._contain("ledger", exc)

@@ -92,16 +92,16 @@ class Lifecycle:
         ledger = self.ledger
         for st in rs.inits:
             f = st.fields
-            ledger.emit_cache_event(
-                "init", cache=st.label, request=req, nbytes=ledger.slot_bytes(st.slots()), layer=f.get("layer"),
+            ledger.notes.cache_event(
+                "init", cache=st.label, request=req, nbytes=ledger.slots.nbytes(st.slots()), layer=f.get("layer"),
                 shape=f.get("shape"), dtype=f.get("dtype"), device=f.get("device"), first_token_s=ttft,
                 detail=f"{st.layer_count} layers" if st.layer_count else None,
             )
             st.fields = {}
         cold = statistics.median(self.cold_ttft) if self.cold_ttft else None
         for st, previous, ratio in rs.hits:
-            ledger.emit_cache_event(
-                "hit", cache=st.label, request=req, nbytes=ledger.slot_bytes(st.slots()), hit_ratio=round(ratio, 6),
+            ledger.notes.cache_event(
+                "hit", cache=st.label, request=req, nbytes=ledger.slots.nbytes(st.slots()), hit_ratio=round(ratio, 6),
                 first_token_s=ttft,
                 latency_delta=(ttft - cold) if ttft is not None and cold is not None else None,
                 detail=f"reused from {previous}" if previous else "prefilled before this request (a copy)",

@@ -36,11 +36,11 @@ class ObserveEnv(NamedTuple):
     observe_kv: Callable[[Any, Any, tuple[EntrySite, EntrySite], RequestInfo | None, Update], bool]  # Ledger's
     observe: Callable[[Any, EntrySite, RequestInfo | None], Any]  # Ledger.observe
     grad_enabled: Callable[[], bool]  # torch.is_grad_enabled, or a constant False without torch
-    touch_kv: Callable[[tuple[EntrySite, EntrySite], RequestInfo | None, Update], bool]  # Ledger.touch_kv
+    touch_kv: Callable[[tuple[EntrySite, EntrySite], RequestInfo | None, Update], bool]  # Ledger.slots.touch
 
     @classmethod
     def of(cls, ledger: Ledger, grad_enabled: Callable[[], bool]) -> ObserveEnv:
-        return cls(ledger.observe_kv, ledger.observe, grad_enabled, ledger.touch_kv)
+        return cls(ledger.observe_kv, ledger.observe, grad_enabled, ledger.slots.touch)
 
 
 class LayerState:

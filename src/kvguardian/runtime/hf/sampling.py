@@ -40,7 +40,7 @@ class Sampler:
         followed from now on (the tracker skips a forward, inlined in `HFTracker.on_updates`, when the cache's
         `skip_left` says so, its one cache is the one updated, its owner is the current request and grad mode is
         off; it only counts the updates in ``st.skipped``)."""
-        self.ledger.follow(slots_of(st), on=True)
+        self.ledger.slots.follow(slots_of(st), on=True)
         st.following = True
         self.following[st.cid] = st
 
@@ -61,7 +61,7 @@ class Sampler:
 
     def fold_appends(self, st: CacheState) -> None:
         """The appends of the skipped updates (a key and a value each), counted at once."""
-        self.ledger.add_appends(2 * st.skipped)
+        self.ledger.slots.skipped(2 * st.skipped)
         st.skipped = 0
 
     def unfollow(self, st: CacheState, at: float | None = None) -> None:
@@ -69,7 +69,7 @@ class Sampler:
         self.following.pop(st.cid, None)
         if st.following:
             st.following = False
-            self.ledger.follow(slots_of(st), on=False, at=at)
+            self.ledger.slots.follow(slots_of(st), on=False, at=at)
         if st.skipped:
             self.fold_appends(st)
 

@@ -112,7 +112,7 @@ class HFTracker:
     @property
     def unknown(self) -> dict[str, str]:
         """Cache and layer classes audited through the generic path: class -> why (KVG107)."""
-        return self.ledger.unknown_classes()
+        return self.ledger.notes.unknown_classes()
 
     def _now(self) -> float:
         """The time of the update being observed: its forward's start when observed after the forward."""
@@ -236,7 +236,7 @@ class HFTracker:
             for i, layer in enumerate(layers):
                 self._plan_layer(st, i, layer, len(layers))
         if st.generic:
-            self.ledger.note_unknown(f"{type(cache).__module__}.{type(cache).__qualname__}", _GENERIC)
+            self.ledger.notes.unknown(f"{type(cache).__module__}.{type(cache).__qualname__}", _GENERIC)
         return st
 
     def _make_on_dead(self) -> Any:
@@ -261,7 +261,7 @@ class HFTracker:
             if self.sampler is not None:
                 self.sampler.unfollow(st, st.died)
             if st.init_done or st.owner is not None:
-                self.ledger.emit_cache_event("release", cache=st.label, request=st.owner_req, detail="freed")
+                self.ledger.notes.cache_event("release", cache=st.label, request=st.owner_req, detail="freed")
             if st.manual is not None and st.manual.ended is None:
                 self._end_manual(st)
 
@@ -282,7 +282,7 @@ class HFTracker:
         if plan.note:
             self.notes.setdefault(plan.cls_name, plan.note)
         if not plan.known:
-            self.ledger.note_unknown(plan.cls_name, plan.note or "unknown layer class")
+            self.ledger.notes.unknown(plan.cls_name, plan.note or "unknown layer class")
         return ls
 
     def classify(self, cache: Cache) -> dict[str, Any]:
@@ -409,7 +409,7 @@ class HFTracker:
                     continue
                 n = static_filled(layer, (), {})
                 if n is not None:
-                    self.ledger.set_filled([site.slot for site in ls.sites], n)
+                    self.ledger.slots.fill([site.slot for site in ls.sites], n)
 
     def _observe_if_moved(self, ls: LayerState, layer: Any, owner: RequestInfo) -> None:
         """A layer whose tensors were replaced outside ``update`` - ``layer.keys = layer.keys.to(...)`` (a move to
@@ -419,7 +419,7 @@ class HFTracker:
         keys = getattr(layer, "keys", None)
         if keys is None or not hasattr(keys, "untyped_storage"):
             return
-        if keys.untyped_storage().data_ptr() != self.ledger.slot_key(ls.sites[0].slot):
+        if keys.untyped_storage().data_ptr() != self.ledger.slots.key(ls.sites[0].slot):
             self.ledger.observe_kv(keys, getattr(layer, "values", None), ls.sites, owner)
 
     def cache_ref(self, rec: Record) -> weakref.ref[Any] | None:
@@ -517,8 +517,8 @@ class HFTracker:
                 continue
             st.owner, st.owner_req, st.init_done = owner.request_id, owner, True
             self._observe_layers(cache, st, owner)
-            self.ledger.emit_cache_event("init", cache=st.label, request=owner, detail=f"a deep copy of {source}",
-                                         nbytes=self.ledger.slot_bytes(st.slots()))
+            self.ledger.notes.cache_event("init", cache=st.label, request=owner, detail=f"a deep copy of {source}",
+                                          nbytes=self.ledger.slots.nbytes(st.slots()))
 
     def _observe_layers(self, cache: Cache, st: CacheState, owner: RequestInfo) -> None:
         """Observe every layer's keys and values of ``cache`` as they are now, for ``owner`` (O(layers))."""
@@ -543,8 +543,8 @@ class HFTracker:
         st = self.caches.get(id(cache))
         if st is None or st.ref() is not cache:
             return
-        self.ledger.emit_cache_event("evict", cache=st.label, request=st.owner_req, detail=detail,
-                                     nbytes=self.ledger.slot_bytes(st.slots()))
+        self.ledger.notes.cache_event("evict", cache=st.label, request=st.owner_req, detail=detail,
+                                      nbytes=self.ledger.slots.nbytes(st.slots()))
         if st.following:  # sampled: observed by each layer's own observer, and no longer followed
             self._refresh(st)
         elif st.owner_req is not None:

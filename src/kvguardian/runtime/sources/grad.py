@@ -20,7 +20,7 @@ __all__ = ["GradEvidence"]
 
 
 class GradEvidence:
-    """Per request, the evidence of its grad-tracked KV; bounded, shared with the ledger (`Ledger.note_grad`)."""
+    """Per request, the evidence of its grad-tracked KV; bounded, shared with the ledger (`Ledger.notes.grad`)."""
 
     def __init__(self, ledger: Ledger, *, max_requests: int = 1_024) -> None:
         self._ledger = ledger
@@ -63,7 +63,7 @@ class GradEvidence:
         self._by_request[request_id] = obs
         if len(self._by_request) > self._max:  # bounded: forget the oldest
             self._by_request.pop(next(iter(self._by_request)))
-        self._ledger.note_grad(obs)
+        self._ledger.notes.grad(obs)
         where = f"request {request_id!r}" if request_id is not None else "an unowned cache"
         warn_at_user(f"kv-guardian KVG101: KV of {where} (layer {layer}) is stored with an autograd graph; "
                      "decode under torch.inference_mode() or torch.no_grad(), or detach the cache")

@@ -42,8 +42,8 @@ class RequestScope:
     def __init__(self, ledger: Ledger, *, strict: bool = False) -> None:
         self._ledger = ledger
         self.strict = strict
-        self._failopen = _faults.FailOpen(ledger.note_error, strict=strict)
-        ledger.set_release_error_handler(self.fail)  # the weakref callback fails open too
+        self._failopen = _faults.FailOpen(ledger.notes.error, strict=strict)
+        ledger.notes.release_errors_to(self.fail)  # the weakref callback fails open too
         self._current: contextvars.ContextVar[RequestInfo | None] = contextvars.ContextVar(
             f"kvguardian_request_{next(_scope_ids)}", default=None
         )

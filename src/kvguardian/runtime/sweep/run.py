@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from kvguardian.core.findings import Report
+from kvguardian.core.ledger import EntrySite
 from kvguardian.runtime.sweep.lengths import length_kind
 from kvguardian.runtime.sweep.memory import CudaProbe, MallocProbe
 from kvguardian.runtime.sweep.targets import BadOutput, Target
@@ -315,12 +316,12 @@ def _track(guard: Guard, source: str, tensors: list[torch.Tensor], tracked: dict
     """
     req = guard.current_request()
     for kind, t in zip(("q", "k", "v", "o"), tensors):
-        guard.ledger.observe_tensor(t, kind=kind, layer=0, request=req, source=source)
+        guard.ledger.observe(t, EntrySite(kind, 0, source), req)
         tracked[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
 
 
 def _alive_bytes(guard: Guard, tracked: dict[int, int]) -> int:
-    live = guard.ledger.live_keys()
+    live = {r.key for r in guard.ledger.records()}
     return sum(b for key, b in tracked.items() if key in live)
 
 

@@ -301,7 +301,7 @@ def counting_guard():
     decode forward observed: `hf.sampling` is tested in test_decode_sampling.py)."""
     g = Guard(decode_stride=1)
     calls = {"observe_kv": 0, "observe": 0, "touch_kv": 0, "tensors": 0}
-    observe_kv, observe, touch_kv = g.ledger.observe_kv, g.ledger.observe, g.ledger.touch_kv
+    observe_kv, observe, touch_kv = g.ledger.observe_kv, g.ledger.observe, g.ledger.slots.touch
 
     def counted_kv(keys, values, *args):
         calls["observe_kv"] += 1
@@ -318,7 +318,7 @@ def counting_guard():
         return touch_kv(*args)
 
     # the instance's: what the observers call
-    g.ledger.observe_kv, g.ledger.observe, g.ledger.touch_kv = counted_kv, counted, counted_touch
+    g.ledger.observe_kv, g.ledger.observe, g.ledger.slots.touch = counted_kv, counted, counted_touch
     return g, calls
 
 

@@ -4,13 +4,13 @@ the slot's owner died (released at that time). What the decode-step sampler of `
 
 import torch
 
-from kvguardian.core.ledger import EntryState, Ledger
+from kvguardian.core.ledger import EntrySite, EntryState, Ledger
 
 SLOT = ("cache", 0, "k")
 
 
 def observe(led, t, req, slot=SLOT):
-    return led.observe_tensor(t, kind="k", layer=0, request=req, source="DynamicLayer", slot=slot)
+    return led.observe(t, EntrySite(kind="k", layer=0, source="DynamicLayer", slot=slot), req)
 
 
 def followed(rows=4):
@@ -19,7 +19,7 @@ def followed(rows=4):
     req = led.begin_request("r1")
     t = torch.zeros(rows, 64)
     rec = observe(led, t, req)
-    led.follow([SLOT])
+    led.slots.follow([SLOT])
     return led, req, t, rec
 
 
@@ -36,7 +36,7 @@ def test_a_followed_entry_outlives_its_storage_and_continues_with_the_next():
     t2 = torch.zeros(6, 64)  # the slot's storage when the source looks again
     again = observe(led, t2, req)
     assert again is rec and rec.storage_bytes == 6 * 64 * 4 and rec.key == t2.untyped_storage().data_ptr()
-    led.follow([SLOT], on=False)
+    led.slots.follow([SLOT], on=False)
     led.check_invariants()
     del t2  # not followed any more: its death is a release
     assert len(led) == 0 and len(releases(led)) == 1
@@ -46,7 +46,7 @@ def test_stopping_releases_a_followed_entry_whose_storage_is_gone_at_the_owners_
     led, _, t, _ = followed()
     del t
     died = led.clock() + 5.0
-    led.follow([SLOT], on=False, at=died)
+    led.slots.follow([SLOT], on=False, at=died)
     assert len(led) == 0
     [rel] = releases(led)
     assert rel.ts == died
@@ -54,7 +54,7 @@ def test_stopping_releases_a_followed_entry_whose_storage_is_gone_at_the_owners_
 
 def test_stopping_keeps_a_followed_entry_whose_storage_is_alive():
     led, _, t, _ = followed()
-    led.follow([SLOT], on=False, at=led.clock())  # the cache died, but something else holds the storage
+    led.slots.follow([SLOT], on=False, at=led.clock())  # the cache died, but something else holds the storage
     assert len(led) == 1 and releases(led) == []
     del t
     assert len(led) == 0 and len(releases(led)) == 1
@@ -83,7 +83,7 @@ def test_a_superseded_storage_is_released_when_it_dies_and_the_new_entry_follows
     assert second is not first and first.superseded and second.follows and not first.follows
     del old
     assert len(led) == 1 and len(releases(led)) == 0  # a superseded entry leaves silently
-    assert led.released_entries == 1
+    assert led.totals().released_entries == 1
     del new  # followed: postponed, not released
     led.check_invariants()
     assert len(led) == 1

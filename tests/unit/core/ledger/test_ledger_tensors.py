@@ -19,7 +19,7 @@ def test_recycled_slot_counts_like_release_plus_new():
     snap = led.snapshot()
     assert len(snap.records) == 1 and snap.records[0].storage_bytes == 4 * 2 * 4 * 4
     assert snap.records[0].incarnation == 3
-    assert led.released_entries == 3 and led.released_bytes == (1 + 2 + 3) * 2 * 4 * 4
+    assert led.totals().released_entries == 3 and led.totals().released_bytes == (1 + 2 + 3) * 2 * 4 * 4
     led.check_invariants()
     del k
     assert len(led) == 0 and led.snapshot().event_counts["release"] == 1
@@ -50,7 +50,7 @@ def _observed_twice(touch: bool):
     req = led.begin_request("r")
     k, v = torch.zeros(1, 2, 8, 4), torch.zeros(1, 2, 8, 4)
     led.observe_kv(k, v, SITES, req, Update(3, 8, False))
-    answer = led.touch_kv(SITES, req, Update(4, 8, False)) if touch else led.observe_kv(
+    answer = led.slots.touch(SITES, req, Update(4, 8, False)) if touch else led.observe_kv(
         k, v, SITES, req, Update(4, 8, False))
     return led, k, v, answer
 
@@ -81,9 +81,9 @@ def test_touch_kv_changes_nothing_when_a_storage_is_gone():
     del k  # the keys' storage is freed
     from kvguardian.core.ledger import Update
 
-    assert led.touch_kv(SITES, led.request("r"), Update(5, 8, False)) is False
+    assert led.slots.touch(SITES, led.request("r"), Update(5, 8, False)) is False
     assert [r.filled_tokens for r in led.snapshot().records] == [4]  # the values' entry untouched too
     assert led.snapshot().event_counts["append"] == before["append"]
     other = (EntrySite("k", 1, "StaticLayer", ("c", 1, "k")), EntrySite("v", 1, "StaticLayer", ("c", 1, "v")))
-    assert led.touch_kv(other, led.request("r")) is False
+    assert led.slots.touch(other, led.request("r")) is False
     led.check_invariants()

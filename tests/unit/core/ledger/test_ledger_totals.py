@@ -9,7 +9,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvguardian.core.ledger import EntrySite, EntryState, Ledger
+from kvguardian.core.ledger import EntrySite, EntryState, Ledger, Update
 
 OPS = st.lists(
     st.one_of(
@@ -93,12 +93,12 @@ class Driver:
 
     def op_touch(self, i, r, filled):
         key = self.key(i)
-        if key is not None and key in self.led.live_keys():  # a hit when another request touches it
+        if key is not None and key in {r.key for r in self.led.records()}:  # a hit when another request touches it
             self.led.touch_entry(key, self.reqs[r], filled_tokens=filled)
 
     def op_release(self, i):
         key = self.key(i)
-        if key is not None and key in self.led.live_keys():
+        if key is not None and key in {r.key for r in self.led.records()}:
             self.led.release_entry(key)
 
     def op_retain(self, i):
@@ -125,8 +125,8 @@ class Driver:
             current = None  # the old storage dies here unless a kept view holds it: the entry is recycled
             t = torch.zeros(n + (n % 3), 8)[:n]  # a new storage, sometimes larger than the view
             self._replace(slot, t)
-        self.led.observe_tensor(t, kind="k", layer=layer, request=self.reqs[r], source="t",
-                                slot=slot if layer < 2 else None)
+        site = EntrySite(kind="k", layer=layer, source="t", slot=slot if layer < 2 else None)
+        self.led.observe(t, site, self.reqs[r])
 
     def op_static(self, r, layer, filled, new):
         slot = ("st", layer)
@@ -134,11 +134,11 @@ class Driver:
         if new or current is None:
             current = torch.zeros(16, 4)  # 16 tokens of capacity
             self._replace(slot, current)
-        self.led.observe_tensor(current, kind="k", layer=layer, request=self.reqs[r], source="StaticLayer",
-                                slot=slot, filled_tokens=filled if filled >= 0 else None, capacity_tokens=16)
+        site = EntrySite(kind="k", layer=layer, source="StaticLayer", slot=slot)
+        self.led.observe(current, site, self.reqs[r], Update(filled if filled >= 0 else None, capacity_tokens=16))
 
     def op_fill(self, layer, filled):
-        self.led.set_filled([("st", layer)], max(filled, 0))
+        self.led.slots.fill([("st", layer)], max(filled, 0))
 
     def op_drop(self, i):
         if self.tensors:
@@ -183,16 +183,15 @@ def test_unused_bytes_of_partial_fills_static_caches_and_releases():
     assert all(r.state is EntryState.ORPHANED for r in led.snapshot().records)
     led.release_entry(("b", "static"))
     assert assert_totals_exact(led).unused_bytes == 0
-    # a static layer: filled through the update, then through set_filled (a source read the tensor counter)
+    # a static layer: filled through the update, then through slots.fill (a source read the tensor counter)
     req = led.begin_request("r2")
     keys = torch.zeros(32, 8)
-    led.observe_tensor(keys, kind="k", layer=0, request=req, source="StaticLayer", slot="st", filled_tokens=8,
-                       capacity_tokens=32)
+    site = EntrySite(kind="k", layer=0, source="StaticLayer", slot="st")
+    led.observe(keys, site, req, Update(filled_tokens=8, capacity_tokens=32))
     assert assert_totals_exact(led).unused_bytes == 32 * 8 * 4 * 3 // 4
-    led.observe_tensor(keys, kind="k", layer=0, request=req, source="StaticLayer", slot="st", filled_tokens=16,
-                       capacity_tokens=32)
+    led.observe(keys, site, req, Update(filled_tokens=16, capacity_tokens=32))
     assert assert_totals_exact(led).unused_bytes == 32 * 8 * 4 // 2
-    led.set_filled(["st"], 32)
+    led.slots.fill(["st"], 32)
     assert assert_totals_exact(led).unused_bytes == 0
     del keys
     gc.collect()
@@ -208,27 +207,27 @@ def test_unused_bytes_followed_on_every_observation_path():
 
     # slotless: a full view first, then a crop of the same storage
     a = torch.zeros(8, 8)
-    led.observe_tensor(a, kind="k", layer=0, request=req, source="t")
+    led.observe(a, EntrySite(kind="k", layer=0, source="t"), req)
     assert check() == 0.0
-    led.observe_tensor(a[:2], kind="k", layer=0, request=req, source="t")
+    led.observe(a[:2], EntrySite(kind="k", layer=0, source="t"), req)
     assert check() > 0
     # a slot: full, then a crop of the same storage (_continue)
     b = torch.zeros(8, 8)
-    led.observe_tensor(b, kind="k", layer=1, request=req, source="t", slot="s1")
-    led.observe_tensor(b[:4], kind="k", layer=1, request=req, source="t", slot="s1")
+    led.observe(b, EntrySite(kind="k", layer=1, source="t", slot="s1"), req)
+    led.observe(b[:4], EntrySite(kind="k", layer=1, source="t", slot="s1"), req)
     check()
     # a slot whose storage died, continued by a new storage seen through a smaller view (_recycle)
     c = torch.zeros(8, 8)
-    led.observe_tensor(c, kind="k", layer=2, request=req, source="t", slot="s2")
+    led.observe(c, EntrySite(kind="k", layer=2, source="t", slot="s2"), req)
     del c
     gc.collect()
     d = torch.zeros(16, 8)
-    led.observe_tensor(d[:9], kind="k", layer=2, request=req, source="t", slot="s2")
+    led.observe(d[:9], EntrySite(kind="k", layer=2, source="t", slot="s2"), req)
     check()
     # and continued again by a full view: its unused bytes go back to none
     del d
     gc.collect()
-    led.observe_tensor(torch.zeros(4, 8), kind="k", layer=2, request=req, source="t", slot="s2")
+    led.observe(torch.zeros(4, 8), EntrySite(kind="k", layer=2, source="t", slot="s2"), req)
     check()
     # the same through _observe (recycling found by storage address rather than by the slot's fast path)
     e = torch.zeros(8, 8)
