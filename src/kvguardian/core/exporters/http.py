@@ -92,6 +92,12 @@ class Limits:
     slow_requests: int = 4  # slow routes running at once, each on its own daemon thread
 
 
+#: connections the kernel queues before the loop accepts them (asyncio's default is 100): a burst beyond the queue
+#: has its SYNs dropped, and each such client waits a whole TCP retransmit (1 s, then 3 s) to get in. The system's
+#: cap (net.core.somaxconn, 4096 on current kernels) bounds it.
+_BACKLOG = socket.SOMAXCONN
+
+
 class MetricsHTTPServer:
     """Serve ``registry`` (anything prometheus_client's encoders take; None: no ``/metrics``) on ``host:port``
     from a daemon thread, with the routes added by `route`. ``title`` heads the index at ``/``."""
@@ -110,7 +116,7 @@ class MetricsHTTPServer:
         try:
             self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             self._sock.bind((host, port))
-            self._sock.listen(128)
+            self._sock.listen(_BACKLOG)
         except OSError:
             self._sock.close()
             raise
@@ -145,7 +151,7 @@ class MetricsHTTPServer:
 
         async def start() -> None:
             self._server = await asyncio.start_server(
-                self._client, sock=self._sock, limit=self.limits.max_header_bytes, ssl=self._ssl,
+                self._client, sock=self._sock, backlog=_BACKLOG, limit=self.limits.max_header_bytes, ssl=self._ssl,
                 ssl_handshake_timeout=self.limits.header_timeout if self._ssl is not None else None)
             self._started.set()
 
