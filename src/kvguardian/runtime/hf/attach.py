@@ -25,6 +25,9 @@ if TYPE_CHECKING:
 
 __all__ = ["Attachment", "attach_model", "check_attachable"]
 
+#: held while an assistant is lent or returned, so two calls that lend the same assistant at once share one loan
+_LOANS = threading.Lock()
+
 
 class Attachment:
     """One tracker's attachment to one model; `remove` undoes it.
@@ -41,6 +44,7 @@ class Attachment:
         self._model = weakref.ref(model, self._model_died)
         self._key: int | None = id(model)
         self.enabled = True
+        self.loans = 0  # the calls using this attachment as a lent assistant (`lend`); 0: attached by the user
         instrument.register_attached(id(model), self)
 
     def model(self) -> Any:
@@ -60,16 +64,32 @@ class Attachment:
 
     def lend(self, other: Any) -> Callable[[], None] | None:
         """Attach ``other`` (the assistant model of a speculative ``generate()`` call of this model) to the same
-        tracker until the returned function is called; None, attaching nothing, when ``other`` is not a model
-        that can be attached (attached already, to this guard or another)."""
+        tracker until the returned function is called. Calls that overlap (threads) and lend the same assistant to
+        the same tracker share one loan: it ends with the last of them. None, attaching nothing, when ``other``
+        cannot be attached (attached by a user, or lent to another guard)."""
         t = self._tracker()
         if t is None or not self.enabled:
             return None
-        try:
-            check_attachable(other)
-        except UsageError:
-            return None
-        return attach_model(t, other).remove
+        with _LOANS:
+            loan = instrument.attached(other)
+            if isinstance(loan, Attachment) and loan.loans and loan.tracker() is t:
+                loan.loans += 1
+                return loan.repay
+            try:
+                check_attachable(other)
+            except UsageError:
+                return None
+            loan = attach_model(t, other)
+            loan.loans = 1
+            return loan.repay
+
+    def repay(self) -> None:
+        """One call that was lent this attachment (`lend`) ended; the last one removes it."""
+        with _LOANS:
+            self.loans -= 1
+            if self.loans > 0:
+                return
+            self.remove()
 
     def remove(self) -> None:
         """Detach: the model is no longer audited (idempotent)."""

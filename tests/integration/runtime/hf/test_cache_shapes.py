@@ -168,3 +168,48 @@ def test_offloaded_cache_on_cuda(tiny_model):  # pragma: no cover - runs only wh
     finally:
         g.detach()
         tiny_model.to("cpu")
+
+
+def test_an_assistant_two_overlapping_calls_share_stays_observed_until_the_last_ends(pair):
+    """Two ``generate(assistant_model=draft)`` calls that overlap (threads of one server) lend the same assistant:
+    the first call to end must not take it from the second, whose assistant caches were then not observed."""
+    import threading
+
+    main, draft = pair
+    g = Guard().attach(main)
+    att = instrument.attached(main)
+    try:
+        first, second = att.lend(draft), att.lend(draft)
+        assert first is not None and second is not None
+        first()
+        assert instrument.attached(draft) is not None, "the second call's assistant is still observed"
+        second()
+        assert instrument.attached(draft) is None
+        # the same through real generate() calls in two threads, the first ending while the second runs
+        inside, release = threading.Event(), threading.Event()
+
+        def hold(*_):  # the slow call waits inside its assistant's first forward
+            inside.set()
+            release.wait(30)
+
+        hook = draft.register_forward_hook(hold)
+        seen = []
+
+        def slow():
+            with g.request("slow"):
+                gen(main, ids_of(7, seed=1), assistant_model=draft, max_new_tokens=3)
+
+        th = threading.Thread(target=slow)
+        th.start()
+        assert inside.wait(60)
+        hook.remove()
+        with g.request("quick"):
+            gen(main, ids_of(5, seed=2), assistant_model=draft, max_new_tokens=3)
+        seen.append(instrument.attached(draft) is not None)
+        release.set()
+        th.join(60)
+        assert seen == [True], "the slow call's assistant stayed observed after the quick call ended"
+        assert instrument.attached(draft) is None
+        assert [d for d, _ in cache_inits(g, "slow")] == ["1 layers", "4 layers"]
+    finally:
+        g.detach()
