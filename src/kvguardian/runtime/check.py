@@ -6,8 +6,8 @@
    alive (bounded in time; the sources' live caches are where a search starts when they hold the storage);
 3. **retention verdicts**: for each ended owner, is its KV held by a collection that grows with requests
    (`kvguardian.runtime.retention`);
-4. **detectors**: every registered detector over the snapshot and what steps 2-3 found (`kvguardian.core.detectors`,
-   one module per finding id, KVG100 and KVG107 included);
+4. **detectors**: every registered detector over the snapshot and what steps 2-3 found
+   (`kvguardian.core.detectors`, one module per finding id);
 5. **the report**: the findings and the summary.
 """
 

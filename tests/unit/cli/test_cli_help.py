@@ -73,3 +73,17 @@ def test_one_command_s_parser_imports_no_other_command():
     parser = build_parser("lint")  # what `kv-guardian lint ...` builds: the table (every module) is not made
     assert parser.epilog is None
     assert "lint" in parser.parse_args(["lint", "x.py"]).command
+
+
+@pytest.mark.parametrize("name", ["run", "oom-guard"])
+def test_a_command_s_exit_codes_are_in_its_help_before_the_example(name, monkeypatch):
+    """A CI job or a Kubernetes probe branches on them, so ``--help`` (and the generated CLI reference) lists
+    each, kept as laid out at 80 columns."""
+    import importlib
+
+    monkeypatch.setenv("COLUMNS", "80")
+    module = importlib.import_module(COMMANDS[name])
+    [text] = [parser.format_help() for prog, parser in all_parsers() if prog == f"kv-guardian {name}"]
+    block = text[text.index("exit codes:\n"):text.index("example: ")]
+    for code, meaning in module.EXITS:
+        assert re.search(rf"^  {re.escape(code)}\s+{re.escape(meaning)}$", block, re.M), (code, block)

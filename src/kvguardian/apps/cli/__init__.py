@@ -1,11 +1,11 @@
 """The ``kv-guardian`` command line: one module per command, kept apart from reporters.
 
 Every command module has ``NAME``, ``HELP``, ``EXAMPLE`` (one command line, shown under its ``--help``),
-``add_arguments(parser)`` and ``run(args) -> int``; `GROUPS` sorts the commands by who runs them for
-``kv-guardian --help``. `main`
-turns kv-guardian's own errors into one line on stderr and an exit code; a traceback is shown only for a bug,
-and only with ``KVG_DEBUG=1``. Every line it writes is escaped and masked (`kvguardian.core.report.escape`), and
-the ``kvguardian`` logger's warnings appear on stderr as one line each.
+``add_arguments(parser)`` and ``run(args) -> int``, and may list its ``EXITS`` (code, meaning) for its ``--help``;
+`GROUPS` sorts the commands by who runs them for ``kv-guardian --help``. `main` turns kv-guardian's own errors into
+one line on stderr and an exit code; a traceback is shown only for a bug, and only with ``KVG_DEBUG=1``. Every line
+it writes is escaped and masked (`kvguardian.core.report.escape`), and the ``kvguardian`` logger's warnings appear
+on stderr as one line each.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn
 
 from kvguardian import __version__
-from kvguardian.apps.cli.options import example
+from kvguardian.apps.cli.options import example, exit_codes
 from kvguardian.core.errors import EXIT_ENVIRONMENT, EXIT_INTERNAL, EXIT_USAGE, KVGuardianError
 from kvguardian.core.report.escape import visible
 
@@ -131,7 +131,8 @@ def build_parser(only: str | None = None) -> ArgumentParser:
         module = importlib.import_module(module_name)
         helps[name] = module.HELP
         old_names = [old for old, new in ALIASES.items() if new == name]  # argparse lists aliases nowhere in help
-        p = sub.add_parser(name, description=module.HELP, epilog=example(module.EXAMPLE), aliases=old_names)
+        epilog = "\n\n".join(filter(None, [exit_codes(getattr(module, "EXITS", ())), example(module.EXAMPLE)]))
+        p = sub.add_parser(name, description=module.HELP, epilog=epilog, aliases=old_names)
         module.add_arguments(p)
         p.set_defaults(_run=module.run)
     if only is None:

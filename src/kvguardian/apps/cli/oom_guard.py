@@ -5,10 +5,8 @@
     kv-guardian oom-guard --pod-uid $POD_UID --cgroup-root /host/cgroup --host 0.0.0.0   # in Kubernetes
 
 Serves /ready (the readiness probe), /drain (preStop), /metrics and /status on kv-guardian's bounded HTTP
-server, with TLS and basic auth from --web-config; see `kvguardian.ops.oom.sidecar`.
-It cannot evict inside vLLM or SGLang: it turns readiness false and drains. Exit codes: 0 on SIGTERM or
-after --duration, 2 for bad input (no such PID or cgroup, no memory limit, watermarks out of order), 3 when
-something it needs is missing (NVML) or the target went away while watched.
+server, with TLS and basic auth from --web-config (`kvguardian.ops.oom.sidecar`). It cannot evict inside vLLM
+or SGLang: it turns readiness false and drains. Exit codes: `EXITS`.
 """
 
 from __future__ import annotations
@@ -31,6 +29,11 @@ from kvguardian.ops.oom.policy import Watermarks
 NAME = "oom-guard"
 HELP = "sidecar pre-OOM guard for a server we cannot hook: /ready turns false and /drain waits before an OOM kill"
 EXAMPLE = "kv-guardian oom-guard --pid 4242 --metrics http://127.0.0.1:8000/metrics --port 8081"
+EXITS = (
+    ("0", "SIGTERM, or --duration passed"),
+    ("2", "bad input: no such PID or cgroup, no memory limit, watermarks out of order"),
+    ("3", "something it needs is missing (NVML), or the target went away while watched"),
+)
 
 
 #: The policy's watermarks: each a `Watermarks` field of the same name -> its help.

@@ -2,13 +2,12 @@
 
 The command line's flag vocabulary (``tests/unit/cli/test_cli_conventions.py`` checks it on every parser):
 
-* ``-o/--output FILE`` is always where a command writes its main result (`add_output`); an input is never ``-o``.
+* ``-o/--output FILE`` is always a command's main output (`add_output`), never an input.
 * A command that prints its result in more than one form has ``--format {text,json,...}`` (default text), and
   ``--json`` is short for ``--format json`` (`add_format`): code reads ``args.format``.
 * A listener binds ``--host``/``--port``; a second one takes a prefix (``--exporter-host``/``--exporter-port``).
-* A renamed flag stays one release as a hidden alias (`add_hidden_alias`): it parses, ``--help`` does not show it.
-* Every (sub)command's ``--help`` ends with an example that runs it (`example`: a command module's ``EXAMPLE``,
-  a subcommand's ``epilog``).
+* A renamed flag stays one release as a hidden alias (`add_hidden_alias`), not shown by ``--help``.
+* Every (sub)command's ``--help`` ends with an example that runs it (`example`).
 """
 
 from __future__ import annotations
@@ -26,6 +25,15 @@ def example(*commands: str) -> str:
     if len(commands) == 1:
         return f"example: {commands[0]}"
     return "\n".join(["examples:", *(f"  {command}" for command in commands)])
+
+
+def exit_codes(codes: Sequence[tuple[str, str]]) -> str:
+    """The ``exit codes:`` paragraph of a command's ``--help`` (a module's ``EXITS``: code, meaning), before its
+    example; empty when the command has none to list."""
+    if not codes:
+        return ""
+    width = max(len(code) for code, _ in codes)
+    return "\n".join(["exit codes:", *(f"  {code:<{width}}  {meaning}" for code, meaning in codes)])
 
 
 def add_subcommands(p: argparse.ArgumentParser, dest: str, metavar: str) -> Any:

@@ -1,25 +1,11 @@
 """``kv-guardian run [-o FILE] [--fail-on warning|error] -- python app.py args...``
 
-Audits an unmodified program, like ``memray run``: the program runs as a child process with its own stdin,
-stdout and stderr; a ``sitecustomize`` put first on its PYTHONPATH instruments transformers when the program
-imports it (every Python process it starts, too). Each top-level ``generate()`` call and each manually driven
-cache is a request. At exit each audited process writes a report; this command merges them, writes
-``-o/--output FILE`` (JSON, checked before the program starts), prints a summary on stderr, and exits with:
-
-* the program's own exit code when it is not 0 (128+N when killed by signal N), after one line saying so;
-* 1 when findings reach ``--fail-on`` (default ``error``);
-* 3 when nothing could be audited: transformers is unsupported, the interpreter ignores PYTHONPATH
-  (``python -E``/``-I``/``-S``), or every process that used a transformers cache exited without running its
-  exit handlers (``os._exit``, a signal). A process that only imported transformers (vLLM's model worker) has
-  nothing to audit; a process whose audit is streamed while it runs (a vLLM engine core, see
-  `kvguardian.runtime.engines.vllm_plugin`) and that is killed keeps its last streamed report (``complete: false``,
-  with the reason);
-* 127/126 when the program cannot be found/executed, 2 for a usage error; 0 otherwise.
-
-Signals reach the program exactly as without kv-guardian (`kvguardian.runtime.autorun.relay`): Ctrl-C raises
-``KeyboardInterrupt`` in it, a SIGTERM/SIGHUP sent to kv-guardian is forwarded, and kv-guardian waits for the
-program, still writes the report (``complete: false`` when a process died without being audited) and exits
-with the program's status.
+Audits an unmodified program, like ``memray run``: the program runs as a child with its own stdin, stdout and
+stderr; a ``sitecustomize`` first on its PYTHONPATH instruments transformers when the program (or any Python
+process it starts) imports it. Each top-level ``generate()`` call and each manually driven cache is a request.
+At exit each audited process writes a report; this command merges them into ``-o FILE`` and exits with `EXITS`.
+Signals reach the program as without kv-guardian (`kvguardian.runtime.autorun.relay`). Details:
+docs/design/autorun.md.
 """
 
 from __future__ import annotations
@@ -48,6 +34,15 @@ from kvguardian.core.report.output import add_html_option, check_outputs, write_
 NAME = "run"
 HELP = "audit an unmodified Python program's KV caches (like `memray run`): kv-guardian run -- python app.py"
 EXAMPLE = "kv-guardian run -o kv.json --fail-on warning -- python app.py"
+EXITS = (
+    ("0", "the program exited 0 and no finding reached --fail-on"),
+    ("N", "the program's own exit code when not 0 (128+N: killed by signal N)"),
+    ("1", "findings reached --fail-on (default: error)"),
+    ("2", "a usage error"),
+    ("3", "nothing could be audited (transformers unsupported, python -E/-I/-S, or"),
+    ("", "every process with a cache exited without its exit handlers)"),
+    ("126/127", "the program cannot be executed / found"),
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

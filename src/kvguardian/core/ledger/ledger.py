@@ -46,15 +46,13 @@ class Ledger:
         event_capacity: events kept before the oldest are dropped (and counted as dropped).
         request_history: ended requests remembered after their last entry was released.
         series_capacity: request-end samples kept for the growth trend test.
-        timeline_capacity: samples of KV bytes by state kept for the report's timeline (`kvguardian.core.ledger.
-            timeline`: when full, pairs are merged and the sampling interval doubles).
-        timeline_interval: seconds between the timeline's interval samples (besides one per request end).
-        timeline_lanes: requests whose span the timeline keeps.
+        timeline_capacity, timeline_interval, timeline_lanes: the report's timeline (`timeline`): samples kept,
+            seconds between interval samples, requests whose span it keeps.
         clock: monotonic clock, injectable for tests.
 
     Attributes:
-        slots: what a source does with the entries filling its slots (`kvguardian.core.ledger.slots.Slots`).
-        notes: what sources report besides entries (`kvguardian.core.ledger.notes.Notes`).
+        slots: what a source does with the entries filling its slots (`Slots`).
+        notes: what sources report besides entries (`Notes`).
     """
 
     def __init__(

@@ -1,13 +1,9 @@
 """KVG406 handler-callback-registry: a request handler appends a closure to a module-level list for good.
 
-Fires inside a request handler (a route, an ``async def``, a ``handle*``/``generate*``/... function, or one taking
-``request``/``prompt``) that registers a closure, a ``functools.partial`` or a local object's bound method into a
-module- or class-level container that nothing in the module removes from, or with ``atexit.register`` (no
-``atexit.unregister``). In Go and Java (through tree-sitter) it
-fires on a ``func`` literal, lambda, anonymous class or ``local::method`` that captures the handler's KV cache,
-tensor map or ``generate``/``forward`` result and is kept: appended or put into a package variable, struct field
-or Java field, passed to ``Subscribe``/``addListener``/``register``/``scheduleAtFixedRate``, or run as a goroutine
-that loops forever.
+Fires inside a request handler (a route, an ``async def``, a ``handle*``/``generate*``/... function) that registers
+a closure, a ``functools.partial`` or a local object's bound method into a module- or class-level container that
+nothing in the module removes from, or with ``atexit.register`` (no ``atexit.unregister``). In Go and Java, a
+closure that captures the handler's KV and is kept (`kvguardian.lint.treesitter.closures`).
 
 Fix: register callbacks once at start-up, or remove the request's callback when it ends.
 

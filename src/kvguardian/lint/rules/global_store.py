@@ -6,11 +6,10 @@ serve loop), into a container built at module or class level, when the value men
 
 Fix: keep per-request results in the request's scope, or bound the container (``deque(maxlen=N)``, an LRU).
 
-A key from a fixed set (a constant, an item of a literal tuple, ``i % N``, a loop variable over a literal
-list, an Enum member) bounds the table.
+A key from a fixed set (a constant, ``i % N``, an Enum member...) bounds the table.
 
-False positives: removal in another module, or a container bounded by a fixed key set the rule cannot see
-(keys from a list defined elsewhere); silence with ``# noqa: KVG402``. Example: docs/design/lint.md.
+False positives: removal in another module, or keys from a fixed set defined elsewhere; silence with
+``# noqa: KVG402``. Example: docs/design/lint.md.
 """
 
 from __future__ import annotations

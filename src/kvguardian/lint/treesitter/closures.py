@@ -2,15 +2,12 @@
 
 The rule and its documentation are `kvguardian.lint.rules.callbacks`; this module finds, in a tree-sitter tree:
 
-- closures: a Go ``func`` literal; a Java lambda, anonymous class, or ``local::method`` reference (also through a
-  local variable that holds one, or wrapped in ``new Thread(...)``);
-- what they capture: a name declared in the handler (parameter or local) that holds a KV cache, a tensor map or a
-  ``generate``/``forward`` result, by its type, its value or (untyped) its name; ``n := kv.Len()`` is a value;
-- long-lived places: a Go package variable or receiver field, a Java field (a controller lives as long as the
-  process) that nothing in the file removes from and that is not bounded (array, LRU, bounded queue); a
-  registration call (``Subscribe``, ``addListener``, ``register``, ``scheduleAtFixedRate``...) that the handler
-  does not undo (``removeListener`` on the same receiver, or a call on the handle it returned); a Go goroutine
-  that loops forever.
+- closures: a Go ``func`` literal; a Java lambda, anonymous class or ``local::method`` reference;
+- what they capture: a handler's name that holds a KV cache, a tensor map or a ``generate``/``forward`` result;
+- long-lived places: a package variable, field or registration (``addListener``, ``scheduleAtFixedRate``...)
+  that nothing undoes or bounds, or a goroutine that loops forever.
+
+What each of these covers, case by case: docs/design/lint.md (KVG406).
 """
 
 from __future__ import annotations

@@ -2,20 +2,11 @@
 
     python -m kvguardian.ops.k8s.manifests            # write deploy/k8s/
     python -m kvguardian.ops.k8s.manifests --check    # exit 1 when a committed file differs from what is generated
-    kubectl kustomize deploy/k8s/overlays/example # the objects of one overlay (offline)
 
-- ``base/``: the device plugin's DaemonSet (and its ServiceAccount, which gets no token and no Role: it talks
-  to the kubelet's socket only), a ServiceMonitor for every namespace's guarded pods, and a PrometheusRule made
-  from ``deploy/prometheus/kvguardian-rules.yml`` (one source of truth; a test checks they are equal);
-- ``components/oom-guard/``: a kustomize Component that adds the ``kv-guardian oom-guard`` native sidecar
-  (Kubernetes 1.29+) to every Deployment labelled ``kvguardian.dev/oom-guard: enabled`` (readiness from its
-  ``/ready``, the server's preStop calling its ``/drain``, the grace period above the drain deadline, the pod's
-  cgroup mounted read-only) and a headless Service the ServiceMonitor finds them by;
-- ``overlays/platform``: the base, labelled for a kube-prometheus-stack Prometheus; ``overlays/example``: a vLLM
-  Deployment with the component, in namespace ``llm``.
-
-No object needs the Kubernetes API: there is no Role or ClusterRole (Prometheus's own discovery RBAC is the
-Operator's). The pod, part by part: docs/design/k8s.md; fleets: docs/notes/fleet.md.
+``base/`` holds the device plugin's DaemonSet, a ServiceMonitor and the PrometheusRule (made from
+``deploy/prometheus/kvguardian-rules.yml``); ``components/oom-guard/`` adds the oom-guard native sidecar to every
+Deployment labelled ``kvguardian.dev/oom-guard: enabled``; ``overlays/`` are ``platform`` and ``example``. No
+object needs the Kubernetes API (no Role). Each file, and the pod part by part: docs/design/k8s.md.
 """
 from __future__ import annotations
 
