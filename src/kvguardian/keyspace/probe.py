@@ -120,7 +120,7 @@ def choose_mode(client: Any, version: tuple[int, ...], sub: str, wanted: str = "
         return "pipeline", why
 
 
-def _split_timing(reply: Any) -> tuple[np.ndarray, float]:
+def _split_timing(reply: object) -> tuple[np.ndarray, float]:
     """The probe script's reply: the [N, 4] probe and the script's run time in seconds (its last row)."""
     arr = np.asarray(reply, dtype=np.int64).reshape(-1, 4)
     t = arr[-1]

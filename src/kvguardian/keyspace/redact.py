@@ -52,7 +52,7 @@ class Redactor:
         return "".join(tok if tok in DELIMITERS or tok == "…" else self.token(tok) for tok in tokenize(key))
 
 
-def redact_value(r: Redactor, k: str, v: Any) -> Any:
+def redact_value(r: Redactor, k: str, v: object) -> Any:
     """``v`` (found under key ``k``) with every ``pattern`` and key-name field inside it redacted."""
     if k == "pattern" and isinstance(v, str):
         return r.pattern(v)

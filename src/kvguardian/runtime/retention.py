@@ -398,7 +398,7 @@ def _thread_functions() -> Counter[str]:
     return functions_on_stacks()
 
 
-def _weak(obj: Any) -> Any:
+def _weak(obj: object) -> Any:
     if obj is None:
         return None
     try:

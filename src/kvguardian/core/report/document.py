@@ -168,7 +168,7 @@ def classify(data: Any, *, source: str = "report", where: str = "the report") ->
 
 
 # ---------------------------------------------------------------------------------------------- helpers
-def _mapping(value: Any, what: str) -> Mapping[str, Any]:
+def _mapping(value: object, what: str) -> Mapping[str, Any]:
     if value is None:
         return {}
     if not isinstance(value, Mapping):
@@ -177,7 +177,7 @@ def _mapping(value: Any, what: str) -> Mapping[str, Any]:
     return value
 
 
-def _number(value: Any) -> float | None:
+def _number(value: object) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         return None
     return float(value)

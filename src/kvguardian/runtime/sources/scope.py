@@ -133,7 +133,7 @@ class RequestScope:
         if hook is not None:
             hook()
 
-    def retain(self, obj: Any, *, reason: str) -> int:
+    def retain(self, obj: object, *, reason: str) -> int:
         return self.declared.retain(obj, reason=reason)
 
     def add_source(self, source: Source) -> None:
@@ -154,7 +154,7 @@ class RequestScope:
         if owner is not None:
             self._internal.append(owner)
 
-    def add_internal(self, obj: Any) -> None:
+    def add_internal(self, obj: object) -> None:
         """Keep ``obj`` (one of kv-guardian's own objects) out of holder-chain searches."""
         self._internal.append(obj)
 
