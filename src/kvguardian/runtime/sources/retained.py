@@ -58,7 +58,7 @@ class DeclaredRetention:
             self._declared = live
             del obj
 
-    def _apply(self, obj: object, reason: str, ref: Any) -> int:
+    def _apply(self, obj: object, reason: str, ref: weakref.ref[Any] | None) -> int:
         """Mark what ``obj`` holds now; what it held before and no longer holds is not retained any more."""
         from kvguardian.core.tensors.storage import reachable_tensors
 

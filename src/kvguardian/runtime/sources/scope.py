@@ -147,7 +147,7 @@ class RequestScope:
         return tuple(self._internal)
 
     # ------------------------------------------------------------------ what the guard uses
-    def add_listener(self, on_request_end: Callable[[RequestInfo], None], *, owner: Any = None) -> None:
+    def add_listener(self, on_request_end: Callable[[RequestInfo], None], *, owner: object = None) -> None:
         """Call ``on_request_end(info)`` after every request end, after the sources; ``owner`` (the listener's
         object) is kept out of holder-chain searches."""
         self._listeners.append(on_request_end)
