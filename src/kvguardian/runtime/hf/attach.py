@@ -81,7 +81,8 @@ class Attachment:
         instrument.register_attached(key, self, on=False)
         instrument.uninstall_cache_patch()
 
-    def _model_died(self, ref: Any) -> None:  # the id may be reused by a new object from now on
+    # the id may be reused by a new object from now on
+    def _model_died(self, ref: weakref.ref[PreTrainedModel]) -> None:
         key = self._key
         if key is not None:
             self._key = None

@@ -245,7 +245,7 @@ class HFTracker:
 
         clock = self._clock
 
-        def on_dead(ref: Any) -> None:  # inside a deallocation: only queue it
+        def on_dead(ref: weakref.ref[Any]) -> None:  # inside a deallocation: only queue it
             st = by_ref.pop(id(ref), None)
             if st is not None:
                 st.died = clock()
