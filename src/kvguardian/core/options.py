@@ -14,14 +14,14 @@ from kvguardian.core.errors import UsageError
 __all__ = ["Bounds", "check_flag", "check_guard", "check_int", "check_real"]
 
 
-def _refuse(owner: str, name: str, value: Any, must: str, example: str) -> UsageError:
+def _refuse(owner: str, name: str, value: object, must: str, example: str) -> UsageError:
     shown = repr(value)
     if len(shown) > 40:
         shown = shown[:37] + "..."
     return UsageError(f"{owner}({name}={shown}): {name} must be {must}; fix: e.g. {owner}({name}={example})")
 
 
-def check_int(owner: str, name: str, value: Any, *, minimum: int, example: int) -> int:
+def check_int(owner: str, name: str, value: object, *, minimum: int, example: int) -> int:
     """``value`` if it is an int >= ``minimum`` (not a bool), else `UsageError`."""
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise _refuse(owner, name, value, f"an integer >= {minimum}", str(example))
@@ -52,7 +52,7 @@ def check_real(owner: str, name: str, value: Any, bounds: Bounds, example: float
     return float(value)
 
 
-def check_flag(owner: str, name: str, value: Any) -> bool:
+def check_flag(owner: str, name: str, value: object) -> bool:
     """``value`` if it is a bool, else `UsageError` (a string such as ``"false"`` would be true)."""
     if not isinstance(value, bool):
         raise _refuse(owner, name, value, "True or False", "True")

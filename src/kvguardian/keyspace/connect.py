@@ -14,13 +14,17 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from typing import TYPE_CHECKING, Any
+from urllib.parse import SplitResult, parse_qsl, urlencode, urlsplit, urlunsplit
 
 from kvguardian.core.errors import EXIT_ENVIRONMENT, UsageError, require
 from kvguardian.core.report import secrets
 from kvguardian.keyspace import cluster
 from kvguardian.keyspace.cluster import ClusterNode
+
+if TYPE_CHECKING:
+    import redis
+    from redis.connection import AbstractConnection
 
 __all__ = ["AUTH_ENV", "Node", "Topology", "connect", "discover", "display_url", "node_client", "url_db"]
 
@@ -60,7 +64,7 @@ def _remember_credentials(url: str) -> str | None:
     return env if env and not has_password else None
 
 
-def _path_db(parts: Any) -> str:
+def _path_db(parts: SplitResult) -> str:
     """The database a split URL's path names (``/3``), as text; '' for none (and for a socket's path)."""
     return parts.path.strip("/") if parts.scheme != "unix" else ""
 
@@ -144,7 +148,7 @@ def connect(url: str, *, timeout: float = 10.0) -> Any:
     return client
 
 
-def ping(client: Any, where: str) -> None:
+def ping(client: redis.Redis, where: str) -> None:
     """PING, with every failure turned into one line naming ``where`` and the fix."""
     import redis
 
@@ -216,7 +220,7 @@ class Topology:
             return (0,)
 
 
-def _info(client: Any, section: str, where: str) -> dict[str, Any]:
+def _info(client: redis.Redis, section: str, where: str) -> dict[str, Any]:
     import redis
 
     try:
@@ -226,7 +230,7 @@ def _info(client: Any, section: str, where: str) -> dict[str, Any]:
                          exit_code=EXIT_ENVIRONMENT) from None
 
 
-def node_client(seed: Any, host: str, port: int, *, readonly: bool = False) -> Any:
+def node_client(seed: redis.Redis, host: str, port: int, *, readonly: bool = False) -> Any:
     """A client for another node with the seed's credentials, TLS settings and timeouts; ``readonly``: every
     connection sends READONLY first (reads from a Cluster replica)."""
     import redis
@@ -242,7 +246,7 @@ def node_client(seed: Any, host: str, port: int, *, readonly: bool = False) -> A
     return redis.Redis(connection_pool=redis.ConnectionPool(connection_class=cls, **kwargs))
 
 
-def _raw(client: Any, *args: Any) -> Any:
+def _raw(client: redis.Redis, *args: Any) -> Any:
     """One command without redis-py's reply callbacks (they turn CLUSTER NODES into a dict)."""
     conn = client.connection_pool.get_connection()
     try:
@@ -252,7 +256,7 @@ def _raw(client: Any, *args: Any) -> Any:
         client.connection_pool.release(conn)
 
 
-def _cluster_nodes(seed: Any, where: str, *, replicas: bool) -> tuple[list[ClusterNode], list[str]]:
+def _cluster_nodes(seed: redis.Redis, where: str, *, replicas: bool) -> tuple[list[ClusterNode], list[str]]:
     """The node to read for each shard, from CLUSTER NODES (`kvguardian.keyspace.cluster`), and one line for
     each shard that cannot be read."""
     import redis
@@ -268,7 +272,7 @@ def _cluster_nodes(seed: Any, where: str, *, replicas: bool) -> tuple[list[Clust
     return cluster.choose(cluster.shards(cluster.parse_nodes(str(text), seed_host)), replicas=replicas)
 
 
-def _readonly_on_connect(conn: Any) -> None:
+def _readonly_on_connect(conn: AbstractConnection) -> None:
     """Connect as usual, then READONLY: a Cluster replica serves reads of its master's slots on this connection."""
     conn.on_connect()
     conn.send_command("READONLY")
@@ -276,7 +280,7 @@ def _readonly_on_connect(conn: Any) -> None:
         raise ConnectionError("READONLY was refused")
 
 
-def _dbsize(client: Any, where: str, topo: Topology) -> int:
+def _dbsize(client: redis.Redis, where: str, topo: Topology) -> int:
     """DBSIZE (the progress bar's total); 0 and a warning when the ACL user may not run it."""
     import redis
 
@@ -288,7 +292,7 @@ def _dbsize(client: Any, where: str, topo: Topology) -> int:
         return 0
 
 
-def _idle_denied(client: Any, metric: str, where: str) -> str | None:
+def _idle_denied(client: redis.Redis, metric: str, where: str) -> str | None:
     """Why OBJECT IDLETIME (FREQ under LFU) is refused, or None. Asked about a key that does not exist: the
     ACL check comes first, and a permitted call answers nil, touching nothing."""
     import redis
@@ -305,7 +309,7 @@ def _idle_denied(client: Any, metric: str, where: str) -> str | None:
     return None
 
 
-def discover(seed: Any, url: str, *, replicas: bool = False) -> Topology:
+def discover(seed: redis.Redis, url: str, *, replicas: bool = False) -> Topology:
     """Facts of the server behind ``seed`` and the nodes to scan: the server itself, or one node per shard
     of a Cluster (its master; with ``replicas`` a replica, read through READONLY). A Cluster node that cannot
     be reached is named in ``unreachable`` and the others are scanned.
@@ -357,7 +361,7 @@ def _node_facts(node: Node, where: str, topo: Topology, *, server: dict[str, Any
     topo.idle_unknown = topo.idle_unknown or _idle_denied(node.client, topo.idle_metric, where)
 
 
-def _cluster_topology(seed: Any, where: str, topo: Topology, *, replicas: bool) -> None:
+def _cluster_topology(seed: redis.Redis, where: str, topo: Topology, *, replicas: bool) -> None:
     """One node per shard into ``topo.nodes``; a shard that cannot be read into ``topo.unreachable``."""
     import redis
 

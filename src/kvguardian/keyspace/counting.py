@@ -14,11 +14,14 @@ import multiprocessing as mp
 import pickle
 import signal
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from kvguardian.keyspace.pacing import lower_priority
+
+if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
 
 __all__ = ["Counting", "InProcess", "MinerProcess", "can_fork"]
 
@@ -62,7 +65,7 @@ class InProcess:
         pass
 
 
-def _child(make: Callable[[], Batches], nice: int, conn: Any) -> None:
+def _child(make: Callable[[], Batches], nice: int, conn: Connection) -> None:
     # a terminal's Ctrl-C or hang-up reaches the whole process group: the scan decides how to end (a partial
     # result), and this child ends when its pipe closes (SIGTERM, sent to one process, still ends it)
     for sig in (signal.SIGINT, signal.SIGHUP):

@@ -12,14 +12,17 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from kvguardian.core.exporters.prometheus import family
 from kvguardian.keyspace.connect import connect, display_url
 from kvguardian.keyspace.metrics import info_families, scan_families
 from kvguardian.keyspace.result import ScanResult
 from kvguardian.keyspace.scan import IDLE_UNKNOWN, ScanOptions, scan
+
+if TYPE_CHECKING:
+    from kvguardian.core.exporters.webconfig import WebConfig
 
 __all__ = ["Exporter"]
 
@@ -30,7 +33,7 @@ class Exporter:
     """Owns the scan thread, the last completed scan, and the collector; `serve` adds the HTTP server."""
 
     def __init__(self, url: str, options: ScanOptions | None = None, *, interval: float = 300.0, top: int = 50,
-                 finalize: Any = None) -> None:
+                 finalize: Callable[[ScanResult], ScanResult] | None = None) -> None:
         self.url = url
         self.options = options or ScanOptions()
         self.interval = interval
@@ -98,7 +101,7 @@ class Exporter:
             fam.add_metric([], float(value))
             yield fam
 
-    def serve(self, port: int, addr: str = "127.0.0.1", *, web_config: Any = None) -> tuple[str, int]:
+    def serve(self, port: int, addr: str = "127.0.0.1", *, web_config: WebConfig | None = None) -> tuple[str, int]:
         """Serve /metrics on ``addr:port`` (127.0.0.1 unless told otherwise), with ``web_config``'s TLS and
         basic auth when given; returns the bound address.
 

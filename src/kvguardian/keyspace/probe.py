@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import hashlib
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from kvguardian.core.errors import EXIT_ENVIRONMENT, UsageError
 from kvguardian.keyspace.stats import TYPE_CODE
+
+if TYPE_CHECKING:
+    import redis
 
 __all__ = ["LUA_PROBE", "LUA_SCAN_PROBE", "Lane", "choose_mode"]
 
@@ -97,7 +100,7 @@ for i = 1, nk do
 LUA_SCAN_SHA = hashlib.sha1(LUA_SCAN_PROBE.encode()).hexdigest()
 
 
-def choose_mode(client: Any, version: tuple[int, ...], sub: str, wanted: str = "auto") -> tuple[str, str]:
+def choose_mode(client: redis.Redis, version: tuple[int, ...], sub: str, wanted: str = "auto") -> tuple[str, str]:
     """``("lua" | "pipeline", why)``: Lua when the server and the ACL allow a read-only script."""
     import redis
 
@@ -120,7 +123,7 @@ def choose_mode(client: Any, version: tuple[int, ...], sub: str, wanted: str = "
         return "pipeline", why
 
 
-def _split_timing(reply: Any) -> tuple[np.ndarray, float]:
+def _split_timing(reply: object) -> tuple[np.ndarray, float]:
     """The probe script's reply: the [N, 4] probe and the script's run time in seconds (its last row)."""
     arr = np.asarray(reply, dtype=np.int64).reshape(-1, 4)
     t = arr[-1]
@@ -154,7 +157,8 @@ def _permission_error(exc: Exception, where: str) -> UsageError:
 class Lane:
     """One server's scan: SCAN cursor, the batch in flight, the probe mode."""
 
-    def __init__(self, client: Any, where: str, *, mode: str, sub: str, batch: int, match: bytes | None) -> None:
+    def __init__(self, client: redis.Redis, where: str, *, mode: str, sub: str, batch: int,
+                 match: bytes | None) -> None:
         self.client = client
         self.where = where
         self.mode = mode  # "lua" or "pipeline"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-from typing import Any
+from typing import Any, TypeGuard
 
 from kvguardian.keyspace.patterns import OVERFLOW
 from kvguardian.keyspace.result import ScanResult
@@ -52,7 +52,7 @@ class Redactor:
         return "".join(tok if tok in DELIMITERS or tok == "…" else self.token(tok) for tok in tokenize(key))
 
 
-def redact_value(r: Redactor, k: str, v: Any) -> Any:
+def redact_value(r: Redactor, k: str, v: object) -> Any:
     """``v`` (found under key ``k``) with every ``pattern`` and key-name field inside it redacted."""
     if k == "pattern" and isinstance(v, str):
         return r.pattern(v)
@@ -105,7 +105,7 @@ def _replace_names(data: Any, names: dict[str, str], pattern: re.Pattern[str]) -
     return data
 
 
-def is_keyspace_json(data: Any) -> bool:
+def is_keyspace_json(data: object) -> TypeGuard[dict[str, Any]]:
     """Whether report JSON ``data`` is a Redis scan (``redis scan --json``) or diff (``redis diff --json``)."""
     return isinstance(data, dict) and (data.get("schema") == "kv-guardian/redis-scan" or "rows" in data)
 

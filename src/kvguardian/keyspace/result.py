@@ -146,7 +146,7 @@ _PATTERN_COUNTS = ("keys", "bytes", "bytes_p50", "bytes_max", "no_ttl_keys", "no
                    "cold_bytes", "collection_keys", "collection_bytes")
 
 
-def _check_pattern(p: Any) -> None:
+def _check_pattern(p: object) -> None:
     """One pattern row as the verdicts, the diff, the tables and the metrics read it (fills defaults)."""
     if not isinstance(p, dict) or not isinstance(p.get("pattern"), str):
         raise ValueError(f"bad pattern entry {str(p)[:80]!r}")
@@ -170,7 +170,7 @@ def _check_pattern(p: Any) -> None:
         t["bytes"] = _count(t.get("bytes", 0), f"{name!r}: top_keys.bytes")
 
 
-def _server(v: Any) -> dict[str, Any]:
+def _server(v: object) -> dict[str, Any]:
     server = _dict(v)
     nodes = server.get("nodes") or []
     if not isinstance(nodes, list) or not all(isinstance(n, dict) and isinstance(n.get("role", ""), str)
@@ -179,7 +179,7 @@ def _server(v: Any) -> dict[str, Any]:
     return server
 
 
-def _number(v: Any, what: str = "a number") -> float:
+def _number(v: object, what: str = "a number") -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
         raise ValueError(f"{what} must be a finite number, got {str(v)[:40]!r}")
     return float(v)
@@ -192,27 +192,27 @@ def _time(data: dict[str, Any], key: str) -> float:
     return value
 
 
-def _count(v: Any, what: str = "a count") -> int:
+def _count(v: object, what: str = "a count") -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v < 0:
         raise ValueError(f"{what} must be an integer >= 0, got {str(v)[:40]!r}")
     return v
 
 
-def _bool(v: Any) -> bool:
+def _bool(v: object) -> bool:
     if not isinstance(v, bool):
         raise ValueError(f"expected true or false, got {str(v)[:40]!r}")
     return v
 
 
-def _opt_str(v: Any) -> str | None:
+def _opt_str(v: object) -> str | None:
     return None if v is None else str(v)
 
 
-def _opt_int(v: Any) -> int | None:
+def _opt_int(v: object) -> int | None:
     return None if v is None else _count(v, "'sample'")
 
 
-def _dict(v: Any) -> dict[str, Any]:
+def _dict(v: object) -> dict[str, Any]:
     if not isinstance(v, dict):
         raise ValueError(f"expected an object, got {str(v)[:40]!r}")
     return v

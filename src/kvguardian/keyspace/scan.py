@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -21,6 +21,9 @@ from kvguardian.core.errors import UsageError
 from kvguardian.keyspace.connect import Topology, connect, discover, display_url
 from kvguardian.keyspace.counting import Counting, InProcess, MinerProcess, can_fork
 from kvguardian.keyspace.pacing import BatchSizer, lower_priority
+
+if TYPE_CHECKING:
+    import redis
 from kvguardian.keyspace.patterns import OVERFLOW, OVERFLOW_ID, PatternMiner
 from kvguardian.keyspace.probe import Lane, choose_mode
 from kvguardian.keyspace.result import ScanResult, key_text
@@ -133,7 +136,7 @@ class _Count:
 
 
 def scan(url: str, options: ScanOptions | None = None, *, progress: Progress | None = None,
-          stop: threading.Event | None = None, client: Any = None) -> ScanResult:
+          stop: threading.Event | None = None, client: redis.Redis | None = None) -> ScanResult:
     """Scan the Redis (or Redis Cluster) at ``url``; see the module docstring for how it ends.
 
     With ``options.nice`` (the default) the scan runs in a thread of its own and its mining and statistics
@@ -174,7 +177,7 @@ def scan(url: str, options: ScanOptions | None = None, *, progress: Progress | N
 
 
 def _scan(url: str, opts: ScanOptions, progress: Progress | None, stop: threading.Event | None,
-           client: Any) -> ScanResult:
+           client: redis.Redis | None) -> ScanResult:
     seed = client if client is not None else connect(url, timeout=opts.timeout)
     topo = discover(seed, url, replicas=opts.replicas)
     sub = "FREQ" if topo.idle_metric == "freq" else "IDLETIME"

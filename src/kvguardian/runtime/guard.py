@@ -213,7 +213,7 @@ class Guard:
 
         track_tensors(self.scope, (keys, values), layer=layer, source=source)
 
-    def retain(self, obj: Any, *, reason: str, evict: EvictCallback | None = None) -> int:
+    def retain(self, obj: object, *, reason: str, evict: EvictCallback | None = None) -> int:
         """Declare that the KV reachable from ``obj`` is kept on purpose (a prefix cache, a session store).
 
         Objects that support weak references (caches, tensors, most classes) are re-examined at every

@@ -259,7 +259,7 @@ class RetentionMonitor:
             for nid in nodes:
                 self._see(_identity(ch, nid), (_size_of(ch, nid, count[nid]), count[nid]), rid, refs.get(rid))
 
-    def _see(self, key: tuple[Any, ...], size: tuple[int, int], rid: str, ref: Any) -> None:
+    def _see(self, key: tuple[Any, ...], size: tuple[int, int], rid: str, ref: weakref.ref[Any] | None) -> None:
         h = self._history.get(key)
         if h is None:
             h = self._history[key] = _History(str(key[1]))
@@ -398,7 +398,7 @@ def _thread_functions() -> Counter[str]:
     return functions_on_stacks()
 
 
-def _weak(obj: Any) -> Any:
+def _weak(obj: object) -> weakref.ref[Any] | None:
     if obj is None:
         return None
     try:

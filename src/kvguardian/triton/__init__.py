@@ -16,7 +16,7 @@ from kvguardian.triton.rewrite import SanitizerError
 __all__ = ["SanitizerError", "paged_decode", "sanitize"]
 
 
-def sanitize(kernel: Any, **kwargs: Any) -> Any:
+def sanitize(kernel: object, **kwargs: Any) -> Any:
     """See `kvguardian.triton.sanitizer.sanitize`."""
     from kvguardian.core.errors import require
 

@@ -9,13 +9,15 @@ blocks with an online softmax. Runs on a GPU, or on a CPU with ``TRITON_INTERPRE
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import triton
 import triton.language as tl
 
 if TYPE_CHECKING:
     import torch
+
+    from kvguardian.triton.sanitizer import SanitizedKernel
 
 __all__ = ["paged_decode", "paged_decode_kernel"]
 
@@ -51,7 +53,8 @@ def paged_decode_kernel(q, k_cache, v_cache, block_table, seq_lens, out, scale,
 
 
 def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
-                 seq_lens: torch.Tensor, *, scale: float | None = None, kernel: Any = None) -> torch.Tensor:
+                 seq_lens: torch.Tensor, *, scale: float | None = None,
+                 kernel: SanitizedKernel | None = None) -> torch.Tensor:
     """Attention output ``[num_seqs, heads, head_dim]``; ``kernel`` may be a `sanitize`-d copy of the kernel."""
     import torch
 

@@ -17,10 +17,17 @@ import linecache
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvguardian.core.findings import Finding, Severity
 from kvguardian.triton.rewrite import CHECK_NAME, Rewritten, SanitizerError, Site, rewrite_kernel
+
+if TYPE_CHECKING:
+    import torch
+    from triton.runtime.jit import JITFunction
+
+    #: a launch grid, as Triton takes it: the programs per axis, or a function of the launch's meta-parameters
+    Grid = tuple[int, ...] | Callable[[dict[str, Any]], tuple[int, ...]]
 
 __all__ = ["SanitizedKernel", "SanitizerError", "Violation", "sanitize"]
 
@@ -43,7 +50,7 @@ class Violation:
     position: int  # token position in the sequence, -1 when the block is not the sequence's
 
 
-def _python_fn(kernel: Any) -> Callable[..., Any]:
+def _python_fn(kernel: object) -> Callable[..., Any]:
     fn = getattr(kernel, "fn", kernel)
     while hasattr(fn, "fn"):
         fn = fn.fn
@@ -52,7 +59,8 @@ def _python_fn(kernel: Any) -> Callable[..., Any]:
     return fn  # type: ignore[no-any-return]
 
 
-def sanitize(kernel: Any, *, kv_caches: Sequence[str], block_table: Any, seq_lens: Any, block_size: Any,
+def sanitize(kernel: object, *, kv_caches: Sequence[str], block_table: str | torch.Tensor,
+             seq_lens: str | torch.Tensor, block_size: str | int,
              sequence: str = "tl.program_id(0)", slot_dim: int = 1) -> SanitizedKernel:
     """Return the kernel with a KV-ownership check after every KV-cache load and store.
 
@@ -93,8 +101,9 @@ def sanitize(kernel: Any, *, kv_caches: Sequence[str], block_table: Any, seq_len
 class SanitizedKernel:
     """Launch like the kernel (``k[grid](*args, **kwargs)``); violations are read back after each launch."""
 
-    def __init__(self, jitted: Any, rw: Rewritten, filename: str, caches: tuple[str, ...], block_table: Any,
-                 seq_lens: Any, block_size: Any, slot_dim: int) -> None:
+    def __init__(self, jitted: JITFunction, rw: Rewritten, filename: str, caches: tuple[str, ...],
+                 block_table: str | torch.Tensor, seq_lens: str | torch.Tensor, block_size: str | int,
+                 slot_dim: int) -> None:
         self.jitted = jitted
         self.rewritten = rw
         self.filename = filename
@@ -107,7 +116,7 @@ class SanitizedKernel:
         self.violations: deque[Violation] = deque(maxlen=_REPORTS)
         self.sites = rw.sites
 
-    def __getitem__(self, grid: Any) -> Callable[..., Any]:
+    def __getitem__(self, grid: Grid) -> Callable[..., Any]:
         def launch(*args: Any, **kwargs: Any) -> Any:
             return self.launch(grid, *args, **kwargs)
 
@@ -122,14 +131,14 @@ class SanitizedKernel:
         bound.update(kwargs)
         return bound
 
-    def _resolve(self, value: Any, bound: dict[str, Any], what: str) -> Any:
+    def _resolve(self, value: object, bound: dict[str, Any], what: str) -> Any:
         if isinstance(value, str):
             if value not in bound:
                 raise SanitizerError(f"{self.rewritten.name}: the launch passes no {what} argument {value!r}")
             return bound[value]
         return value
 
-    def launch(self, grid: Any, *args: Any, **kwargs: Any) -> Any:
+    def launch(self, grid: Grid, *args: Any, **kwargs: Any) -> Any:
         import torch
 
         bound = self._bound(args, kwargs)

@@ -16,10 +16,14 @@ import argparse
 import json
 import signal
 import threading
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from kvguardian.apps.cli.options import add_duration_option
 from kvguardian.core.errors import EXIT_OK
+
+if TYPE_CHECKING:
+    from kvguardian.ops.oom.signals.nvml import Nvml
 
 NAME = "device-plugin"
 HELP = "Kubernetes device plugin: advertise KV-cache budgets (chunks of GPU memory) and inject them on Allocate"
@@ -39,7 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_duration_option(p)
 
 
-def _gpu_mb(args: argparse.Namespace) -> tuple[list[int], Any]:
+def _gpu_mb(args: argparse.Namespace) -> tuple[list[int], Nvml | None]:
     """Per-GPU MiB from NVML (and the module, for health); empty with --total-mb when NVML is absent."""
     from kvguardian.ops.oom.signals.base import SignalUnavailable
     from kvguardian.ops.oom.signals.nvml import device_memory, load_nvml
@@ -53,7 +57,7 @@ def _gpu_mb(args: argparse.Namespace) -> tuple[list[int], Any]:
         raise
 
 
-def _health(nvml: Any) -> Any:
+def _health(nvml: Nvml) -> Callable[[], set[int | None]]:
     def unhealthy() -> set[int | None]:
         bad: set[int | None] = set()
         for i in range(int(nvml.nvmlDeviceGetCount())):

@@ -18,13 +18,17 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvguardian.apps.cli.options import add_duration_option
 from kvguardian.apps.cli.signals import stopping
 from kvguardian.apps.cli.web_options import add_web_config, web_config
 from kvguardian.core.errors import EXIT_ENVIRONMENT, EXIT_OK, UsageError
 from kvguardian.ops.oom.policy import Watermarks
+
+if TYPE_CHECKING:
+    from kvguardian.ops.oom.sidecar import Sidecar
+    from kvguardian.ops.oom.signals.base import Signal
 
 NAME = "oom-guard"
 HELP = "sidecar pre-OOM guard for a server we cannot hook: /ready turns false and /drain waits before an OOM kill"
@@ -77,7 +81,7 @@ class _FixedLimit:
 
     fast = False
 
-    def __init__(self, inner: Any, limit: int) -> None:
+    def __init__(self, inner: Signal, limit: int) -> None:
         self.inner, self.limit, self.name = inner, limit, inner.name
 
     def read(self) -> Any:
@@ -114,7 +118,7 @@ def _check_numbers(args: argparse.Namespace) -> None:
             raise UsageError(f"{flag} {value:g} must be a number of seconds in 0..86400; fix: e.g. {flag} 30")
 
 
-def build(args: argparse.Namespace) -> Any:
+def build(args: argparse.Namespace) -> Sidecar:
     """The `Sidecar` the arguments describe (bad input raises `UsageError` with the fix)."""
     from kvguardian.ops.oom.guard import OOMGuard
     from kvguardian.ops.oom.sidecar import Sidecar, Target
@@ -143,7 +147,7 @@ def build(args: argparse.Namespace) -> Any:
                    drain_deadline=args.drain_deadline, settle=args.settle)
 
 
-def _serve(sidecar: Any, args: argparse.Namespace) -> str:
+def _serve(sidecar: Sidecar, args: argparse.Namespace) -> str:
     """Start the sidecar's HTTP server; its base URL. Bad addresses and certificates are one line."""
     from kvguardian.core.exporters.http import bind_fix
 

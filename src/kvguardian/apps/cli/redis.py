@@ -11,8 +11,9 @@ import functools
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvguardian.apps.cli.options import add_format, add_hidden_alias, add_output, add_subcommands, example
 from kvguardian.apps.cli.signals import Ending, interrupting, stopping
@@ -22,6 +23,9 @@ from kvguardian.core.findings import Report, Severity
 from kvguardian.core.report.escape import visible
 from kvguardian.core.report.output import add_html_option, check_outputs
 from kvguardian.core.report.reporter import reporting
+
+if TYPE_CHECKING:
+    from kvguardian.keyspace.result import ScanResult
 
 NAME = "redis"
 HELP = "find key-space leaks in Redis: read-only scans or RDB snapshots, key patterns, no-TTL/cold verdicts, diffs"
@@ -146,11 +150,11 @@ def _options(args: argparse.Namespace) -> Any:
     return opts
 
 
-def _finalize(args: argparse.Namespace) -> Any:
+def _finalize(args: argparse.Namespace) -> Callable[[ScanResult], ScanResult]:
     from kvguardian.keyspace.redact import redact_result
     from kvguardian.keyspace.verdicts import Thresholds, scan_findings
 
-    def finalize(result: Any) -> Any:
+    def finalize(result: ScanResult) -> ScanResult:
         if args.redact:
             result = redact_result(result)
         result.findings = scan_findings(result, Thresholds(min_keys=args.min_keys))
@@ -184,7 +188,8 @@ def run_scan(args: argparse.Namespace) -> int:
     return emit_scan(args, result, old, command="scan", ending=ending)
 
 
-def emit_scan(args: argparse.Namespace, result: Any, old: Any, *, command: str, ending: Ending | None = None) -> int:
+def emit_scan(args: argparse.Namespace, result: ScanResult, old: ScanResult | None, *, command: str,
+              ending: Ending | None = None) -> int:
     """Findings, outputs and the exit code of a finished scan (live or from an RDB)."""
     result = _finalize(args)(result)
     diff_out = _compare(args, old, result) if old is not None else None
@@ -206,7 +211,7 @@ def emit_scan(args: argparse.Namespace, result: Any, old: Any, *, command: str, 
     return code
 
 
-def _compare(args: argparse.Namespace, old: Any, result: Any) -> tuple[Any, Any, Any]:
+def _compare(args: argparse.Namespace, old: ScanResult, result: ScanResult) -> tuple[Any, Any, Any]:
     from kvguardian.keyspace.verdicts import Thresholds, diff
 
     rows, growth, warnings = diff(old, result, Thresholds(min_keys=args.min_keys))
@@ -214,7 +219,7 @@ def _compare(args: argparse.Namespace, old: Any, result: Any) -> tuple[Any, Any,
     return rows, growth, warnings
 
 
-def _show(args: argparse.Namespace, result: Any, diff_out: tuple[Any, Any, Any] | None, *,
+def _show(args: argparse.Namespace, result: ScanResult, diff_out: tuple[Any, Any, Any] | None, *,
           html_only: bool = False) -> None:
     from kvguardian.keyspace.render import print_diff, print_scan
 
@@ -229,7 +234,7 @@ def _show(args: argparse.Namespace, result: Any, diff_out: tuple[Any, Any, Any] 
         out.result(result.to_dict())
 
 
-def _scan_exit(args: argparse.Namespace, result: Any, command: str, ending: Ending) -> int:
+def _scan_exit(args: argparse.Namespace, result: ScanResult, command: str, ending: Ending) -> int:
     def say(text: str) -> None:
         sys.stderr.write(visible(f"kv-guardian redis {command}: {text}") + "\n")
 

@@ -15,10 +15,14 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvguardian.apps.cli.options import example
 from kvguardian.core.errors import UsageError
+
+if TYPE_CHECKING:
+    from kvguardian.keyspace.result import ScanResult
+    from kvguardian.keyspace.scan import ScanOptions
 
 __all__ = ["ScanHooks", "add_rdb_command", "run_rdb", "run_scan_rdb"]
 
@@ -95,7 +99,7 @@ def run_rdb(args: argparse.Namespace, hooks: ScanHooks) -> int:
     return hooks.emit(args, result, old, command="rdb")
 
 
-def run_scan_rdb(args: argparse.Namespace, opts: Any, old: Any, emit: Callable[..., int]) -> int:
+def run_scan_rdb(args: argparse.Namespace, opts: ScanOptions, old: ScanResult | None, emit: Callable[..., int]) -> int:
     """``redis scan --rdb URL``: a snapshot through the replication handshake, read as it streams in."""
     from kvguardian.keyspace.connect import display_url, url_db
     from kvguardian.keyspace.rdb.scan import RdbSource, scan_rdb

@@ -60,7 +60,7 @@ def _wrote(lines: list[str]) -> None:
         sys.stderr.write(visible(f"kv-guardian report: wrote {line}") + "\n")
 
 
-def redact_report(data: Any) -> Any:
+def redact_report(data: object) -> Any:
     """A copy of report JSON ``data`` as its producer's ``--redact`` would have written it: Redis scans and
     diffs by `kvguardian.keyspace.redact`, KV reports by `kvguardian.core.report.redact` (holder-chain keys)."""
     from kvguardian.core.report.redact import redact_chains

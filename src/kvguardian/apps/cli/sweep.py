@@ -14,11 +14,14 @@ On a GPU with flash-attn installed:
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvguardian.apps.cli.options import add_format
 from kvguardian.core.errors import EXIT_ENVIRONMENT, EXIT_FINDINGS, EXIT_OK, UsageError
 from kvguardian.core.report.reporter import Reporter
+
+if TYPE_CHECKING:
+    from kvguardian.runtime.sweep.run import SweepResult
 
 NAME = "sweep"
 HELP = "run an attention callable at every length around each power of two and prove memory returns to baseline"
@@ -119,7 +122,7 @@ def _fmt_bytes(values: list[int] | None) -> str:
     return " ".join(f"{v:+,}" for v in values)
 
 
-def render(result: Any, out: Reporter, *, show: str = "pow2") -> None:
+def render(result: object, out: Reporter, *, show: str = "pow2") -> None:
     """One table per target, the notes, and the verdict."""
     from kvguardian.runtime.sweep.run import SweepResult
 
@@ -148,7 +151,7 @@ def _shown(rows: list[Any], show: str) -> list[Any]:
     return rows
 
 
-def _target_table(result: Any, target: str, out: Reporter, *, show: str, cuda: bool) -> None:
+def _target_table(result: SweepResult, target: str, out: Reporter, *, show: str, cuda: bool) -> None:
     """The table of one target's lengths, then the reasons of its first three problems."""
     every = [r for r in result.rows if r.target == target]
     rows = _shown(every, show)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvguardian.apps.cli.options import add_format, add_subcommands, example
 from kvguardian.apps.cli.signals import stopping
@@ -14,6 +14,13 @@ from kvguardian.core.findings import Finding, Severity
 from kvguardian.core.report.console import ConsoleReporter
 from kvguardian.core.report.output import add_html_option, check_writable
 from kvguardian.core.report.reporter import Reporter, make_reporter
+
+if TYPE_CHECKING:
+    from kvguardian.core.exporters.server import Exporter
+    from kvguardian.core.exporters.webconfig import WebConfig
+    from kvguardian.core.findings import Report
+    from kvguardian.runtime.engines.fleet import Fleet
+    from kvguardian.runtime.engines.watch import Watch
 
 NAME = "watch"
 HELP = "watch a live vLLM or SGLang server for KV leaks from its metrics and (vLLM) its KV-event stream"
@@ -138,7 +145,7 @@ def _make(args: argparse.Namespace, metrics: str, events: str | None, replay: st
     )
 
 
-def _watcher(args: argparse.Namespace) -> Any:
+def _watcher(args: argparse.Namespace) -> Watch | Fleet:
     """One `Watch`, or a `Fleet` of them when several --metrics are given."""
     from kvguardian.runtime.engines.fleet import Fleet
 
@@ -188,7 +195,7 @@ def run(args: argparse.Namespace) -> int:
     return report.exit_code(args.fail_on)
 
 
-def _watch(args: argparse.Namespace, watch: Any, out: Reporter, web: Any) -> Any:
+def _watch(args: argparse.Namespace, watch: Watch | Fleet, out: Reporter, web: WebConfig) -> Report:
     """Run the watch (with its exporter, if asked for) until the duration or a signal; its report."""
     exporter = None
     try:
@@ -211,7 +218,7 @@ def _watch(args: argparse.Namespace, watch: Any, out: Reporter, web: Any) -> Any
             exporter.close()
 
 
-def _banner(args: argparse.Namespace, exporter: Any) -> str:
+def _banner(args: argparse.Namespace, exporter: Exporter | None) -> str:
     events = args.events if args.engine == "vllm" and args.events else []
     where = f" and KV events at {', '.join(events)}" if events else ""
     until = f"for {args.duration:g} s" if args.duration else "until Ctrl-C"
@@ -219,7 +226,7 @@ def _banner(args: argparse.Namespace, exporter: Any) -> str:
     return f"watching {args.engine} at {', '.join(args.metrics)}{where} {until}{served}"
 
 
-def _serve(watch: Any, host: str, port: int, web: Any = None) -> Any:
+def _serve(watch: Watch | Fleet, host: str, port: int, web: WebConfig | None = None) -> Exporter:
     from kvguardian.core.exporters.server import start_exporter
     from kvguardian.runtime.engines.fleet import Fleet
     from kvguardian.runtime.engines.watch_exporter import FleetCollector, WatchCollector

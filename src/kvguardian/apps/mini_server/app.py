@@ -17,7 +17,7 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +31,8 @@ from kvguardian.core.exporters.webconfig import BasicAuthASGI, WebConfig, basic_
 from kvguardian.runtime.paged.loop import EngineLoop, Stopped
 
 if TYPE_CHECKING:
+    from starlette.types import Receive, Scope, Send
+
     from kvguardian.ops.oom.guard import OOMGuard
     from kvguardian.runtime.guard import Guard
 
@@ -103,7 +105,7 @@ class MiniServer:
         with self.loop.lock:
             return self.pool.faults, time.time()
 
-    def tenant_of(self, headers: Any) -> str | None:
+    def tenant_of(self, headers: Mapping[str, str]) -> str | None:
         auth = headers.get("authorization")
         if not self.keys.required and self.web.auth:  # no API keys: basic-auth users are the tenants
             return basic_user(auth)
@@ -160,7 +162,7 @@ class Completion:
     salt: str | None
 
 
-def parse_completion(body: Any, server: MiniServer) -> Completion:
+def parse_completion(body: Mapping[str, object], server: MiniServer) -> Completion:
     """Validate a ``/v1/completions`` body against the model and the pool.
 
     Raises:
@@ -191,7 +193,7 @@ def parse_completion(body: Any, server: MiniServer) -> Completion:
                       bool(isinstance(opts, dict) and opts.get("include_usage")), salt)
 
 
-def _prompt_tokens(prompt: Any) -> list[int]:
+def _prompt_tokens(prompt: object) -> list[int]:
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]
     if isinstance(prompt, str):
@@ -228,7 +230,7 @@ def create_app(config: MiniConfig | None = None, *, web: WebConfig | None = None
     server = MiniServer(config or MiniConfig(), web, guard, oom, oom_preempt=oom_preempt)
 
     @contextlib.asynccontextmanager
-    async def lifespan(_app: Any) -> AsyncIterator[None]:
+    async def lifespan(_app: object) -> AsyncIterator[None]:
         server.start()
         try:
             yield
@@ -419,7 +421,7 @@ class _SSEResponse(StreamingResponse):
         super().__init__(stream.sse(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         self._stream = stream
 
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:

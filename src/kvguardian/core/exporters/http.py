@@ -53,7 +53,7 @@ class Response:
     extra: tuple[tuple[str, str], ...] = ()  # more headers
 
     @classmethod
-    def json(cls, status: int, obj: Any) -> Response:
+    def json(cls, status: int, obj: object) -> Response:
         return cls(status, json.dumps(obj).encode(), "application/json")
 
 
@@ -306,7 +306,7 @@ class MetricsHTTPServer:
             raise
         return await done
 
-    def _slow_done(self, fut: asyncio.Future[Response], out: Any) -> None:
+    def _slow_done(self, fut: asyncio.Future[Response], out: Response | BaseException) -> None:
         self._slow -= 1
         if fut.done():  # the connection was closed meanwhile
             return

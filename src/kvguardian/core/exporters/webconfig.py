@@ -203,7 +203,7 @@ def _no_unknown(where: str, section: str, data: dict[str, Any], known: set[str])
         raise UsageError(f"{where}: unknown key {section}{unknown[0]!r}; known: {', '.join(sorted(known))}")
 
 
-def _tls_fields(where: str, base: Path, tls: Any) -> dict[str, Any]:
+def _tls_fields(where: str, base: Path, tls: object) -> dict[str, Any]:
     if not isinstance(tls, dict):
         raise UsageError(f"{where}: tls_server_config must be a mapping")
     _no_unknown(where, "tls_server_config.", tls, _TLS_KEYS)
@@ -236,7 +236,7 @@ def _tls_fields(where: str, base: Path, tls: Any) -> dict[str, Any]:
     return out
 
 
-def _users(where: str, users: Any) -> dict[str, bytes]:
+def _users(where: str, users: object) -> dict[str, bytes]:
     if not isinstance(users, dict):
         raise UsageError(f"{where}: basic_auth_users must map user names to bcrypt hashes")
     out = {}
@@ -284,8 +284,8 @@ class BasicAuthASGI:
 
 
 @contextlib.contextmanager
-def serve_asgi(app: Any, *, host: str = "127.0.0.1", port: int = 0, config: WebConfig | None = None,
-               timeout: float = 30.0, lifespan: str = "off") -> Iterator[str]:
+def serve_asgi(app: Callable[[Scope, Receive, Send], Awaitable[None]], *, host: str = "127.0.0.1", port: int = 0,
+               config: WebConfig | None = None, timeout: float = 30.0, lifespan: str = "off") -> Iterator[str]:
     """Run ``app`` under uvicorn in a thread on ``host:port`` (0: a free port) with ``config``'s TLS; yield the
     base URL (``http://`` or ``https://``); stop the server on exit. Basic auth is the app's business
     (wrap it in `BasicAuthASGI`).

@@ -11,7 +11,6 @@ from __future__ import annotations
 import weakref
 from collections import deque
 from collections.abc import Callable
-from typing import Any
 
 __all__ = ["ReleaseQueue", "StorageRef"]
 
@@ -41,7 +40,7 @@ class ReleaseQueue:
         #: ``StorageRef(storage, on_freed)`` inline, once per tensor per decode step)
         self.on_freed = on_freed
 
-    def watch(self, obj: Any, entry_id: int) -> StorageRef:
+    def watch(self, obj: object, entry_id: int) -> StorageRef:
         """A weak reference to ``obj`` (a storage, or any weak-referenceable object) that queues ``entry_id``'s
         release when ``obj`` dies."""
         wref = StorageRef(obj, self.on_freed)

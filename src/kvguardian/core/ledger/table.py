@@ -16,7 +16,7 @@ from kvguardian.core import faults as _faults
 from kvguardian.core.errors import InternalError, UsageError
 from kvguardian.core.ledger.events import EventBuffer
 from kvguardian.core.ledger.records import EntrySite, EntryState, EntryView, Record, RequestInfo, Update
-from kvguardian.core.ledger.releases import ReleaseQueue
+from kvguardian.core.ledger.releases import ReleaseQueue, StorageRef
 from kvguardian.core.ledger.totals import StateTotals
 
 __all__ = ["EntryTable"]
@@ -206,7 +206,7 @@ class EntryTable:
                 return
         self.release(rec, ts, "superseded" if rec.superseded else None)
 
-    def postpone(self, rec: Record, wref: Any, ts: float) -> None:
+    def postpone(self, rec: Record, wref: StorageRef, ts: float) -> None:
         """The storage of ``rec``, a following entry, died at ``ts``: its slot holds a newer storage its source
         has not observed yet. The entry stays live with its last observed size; it leaves the address index (the
         address may be reused by any new storage) until the source observes the slot again."""

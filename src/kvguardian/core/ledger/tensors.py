@@ -206,7 +206,7 @@ class TensorEntries:
         wref.eid = rec.entry_id
         return rec
 
-    def _name(self, obj: Any) -> str:
+    def _name(self, obj: object) -> str:
         """The name of a torch dtype or device, cached."""
         name = self._names.get(obj)
         if name is None:

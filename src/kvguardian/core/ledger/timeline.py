@@ -19,6 +19,7 @@ from kvguardian.core.errors import UsageError
 from kvguardian.core.ledger.records import EntryState
 
 if TYPE_CHECKING:
+    from kvguardian.core.ledger.events import Event
     from kvguardian.core.ledger.totals import StateTotals
 
 __all__ = ["Lane", "Timeline", "timeline_json"]
@@ -188,7 +189,7 @@ def _lane_json(lane: Lane, after: Mapping[str, dict[str, int]], state: Mapping[s
             "bytes": lane.bytes, "after_end": after.get(rid, {}), "state": st}
 
 
-def _event_json(e: Any, origin: float) -> dict[str, Any]:
+def _event_json(e: Event, origin: float) -> dict[str, Any]:
     return {"t": round(e.ts - origin, 6), "kind": e.kind, "entry": e.entry_id, "request": e.request_id,
             "tenant": e.tenant, "layer": e.layer, "bytes": e.nbytes, "detail": e.detail, "scope": e.scope,
             "cache": e.cache}

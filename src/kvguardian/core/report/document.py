@@ -138,7 +138,7 @@ def _json_lines(body: str) -> tuple[list[Any], list[int]] | None:
     return docs, bad
 
 
-def classify(data: Any, *, source: str = "report", where: str = "the report") -> Document:
+def classify(data: object, *, source: str = "report", where: str = "the report") -> Document:
     """A `Document` of parsed JSON ``data``. Raises `UsageError` for another schema or version, or data that is
     not a kv-guardian report."""
     if not isinstance(data, dict):
@@ -168,7 +168,7 @@ def classify(data: Any, *, source: str = "report", where: str = "the report") ->
 
 
 # ---------------------------------------------------------------------------------------------- helpers
-def _mapping(value: Any, what: str) -> Mapping[str, Any]:
+def _mapping(value: object, what: str) -> Mapping[str, Any]:
     if value is None:
         return {}
     if not isinstance(value, Mapping):
@@ -177,13 +177,13 @@ def _mapping(value: Any, what: str) -> Mapping[str, Any]:
     return value
 
 
-def _number(value: Any) -> float | None:
+def _number(value: object) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         return None
     return float(value)
 
 
-def finding_views(items: Any, where: str, origin: str = "") -> list[FindingView]:
+def finding_views(items: object, where: str, origin: str = "") -> list[FindingView]:
     """Validate a JSON list of findings (`Finding.to_dict` form)."""
     if items is None:
         return []
@@ -351,7 +351,7 @@ def _repro_document(data: Mapping[str, Any], source: str, where: str) -> Documen
     return doc
 
 
-def _nested_findings(data: Any, where: str, path: str = "", depth: int = 0) -> list[FindingView]:
+def _nested_findings(data: object, where: str, path: str = "", depth: int = 0) -> list[FindingView]:
     """Findings anywhere inside a reproduction's measurements (its own reports), with where they were."""
     out: list[FindingView] = []
     if depth > 8:

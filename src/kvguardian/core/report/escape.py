@@ -44,7 +44,7 @@ def visible(text: object) -> str:
     return UNSAFE.sub(_escape, mask(s))
 
 
-def _clean(obj: Any, masking: bool) -> Any:
+def _clean(obj: object, masking: bool) -> Any:
     """A copy of ``obj`` for JSON: NaN and ±inf as None (JSON has no such numbers), and, when ``masking``,
     every credential in a string (keys included) masked."""
     if isinstance(obj, float):
@@ -58,12 +58,12 @@ def _clean(obj: Any, masking: bool) -> Any:
     return obj
 
 
-def dumps(obj: Any, *, indent: int | None = 2, default: Callable[[Any], Any] | None = json_default) -> str:
+def dumps(obj: object, *, indent: int | None = 2, default: Callable[[Any], Any] | None = json_default) -> str:
     """JSON text of ``obj``: UTF-8 kept readable, `UNSAFE` characters as ``\\uXXXX``, NaN/inf as null,
     credentials masked (in the values, before encoding: the JSON stays valid whatever the password)."""
     masking = has_secrets()
 
-    def clean_default(o: Any) -> Any:
+    def clean_default(o: object) -> Any:
         return _clean(default(o), masking) if default is not None else o
 
     if masking:

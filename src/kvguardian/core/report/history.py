@@ -103,21 +103,21 @@ class History:
         return max(last)
 
 
-def _num(v: Any, what: str) -> float:
+def _num(v: object, what: str) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
         raise UsageError(f"{what} is {str(v)[:40]!r}, not a finite number")
     return float(v)
 
 
-def _opt(v: Any, what: str) -> float | None:
+def _opt(v: object, what: str) -> float | None:
     return None if v is None else _num(v, what)
 
 
-def _int(v: Any, what: str, default: int = 0) -> int:
+def _int(v: object, what: str, default: int = 0) -> int:
     return default if v is None else int(_num(v, what))
 
 
-def _str(v: Any) -> str | None:
+def _str(v: object) -> str | None:
     return None if v is None else str(v)
 
 
@@ -137,7 +137,7 @@ def _samples(tl: Mapping[str, Any]) -> tuple[Sample, ...]:
     return tuple(sorted(out, key=lambda s: s.t))
 
 
-def _after_end(v: Any, what: str) -> dict[int, int]:
+def _after_end(v: object, what: str) -> dict[int, int]:
     if not v:
         return {}
     if not isinstance(v, Mapping):
@@ -165,7 +165,7 @@ def _objects(tl: Mapping[str, Any], key: str, what: str) -> list[tuple[str, Mapp
     return out
 
 
-def _layer(v: Any, what: str) -> int | None:
+def _layer(v: object, what: str) -> int | None:
     return None if v is None else _int(v, f"{what} layer")
 
 

@@ -38,7 +38,7 @@ def redact_text(text: str) -> str:
     return _STEP.sub(_step, text) if "dict[" in text else text
 
 
-def redact_chains(data: Any) -> Any:
+def redact_chains(data: object) -> Any:
     """Every string passed through `redact_text` (keys of objects too)."""
     if isinstance(data, str):
         return redact_text(data)

@@ -13,12 +13,15 @@ import multiprocessing as mp
 import os
 import pickle
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from kvguardian.keyspace.rdb.format import RdbError
 from kvguardian.keyspace.rdb.reader import Batch, ByteStream, RdbReader
+
+if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
 
 __all__ = ["ReaderProcess", "can_fork", "worth_forking"]
 
@@ -33,7 +36,7 @@ def _state(r: RdbReader) -> dict[str, Any]:
             "checksum": r.checksum}
 
 
-def _child(reader: RdbReader, conn: Any) -> None:
+def _child(reader: RdbReader, conn: Connection) -> None:
     try:
         for b in reader.batches():
             conn.send_bytes(pickle.dumps(("batch", (b.keys, b.cols.tobytes(), b.db), _state(reader)),
@@ -85,7 +88,7 @@ class ReaderProcess:
                 child.terminate()  # a stop or an error in the parent: the child we started, by its handle
             child.join(5)
 
-    def _receive(self, recv: Any) -> Iterator[Batch]:
+    def _receive(self, recv: Connection) -> Iterator[Batch]:
         while True:
             try:
                 kind, payload, state = pickle.loads(recv.recv_bytes())

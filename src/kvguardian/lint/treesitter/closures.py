@@ -15,7 +15,10 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tree_sitter import Node
 
 from kvguardian.lint.rules.base import Hit
 from kvguardian.lint.rules.callbacks import HANDLER_NAME, REQUEST_PARAMS
@@ -60,7 +63,7 @@ def _t(node: Any) -> str:
     return node.text.decode("utf-8", "replace") if node is not None else ""
 
 
-def _walk(node: Any, stop: set[str]) -> Iterator[Any]:
+def _walk(node: Node, stop: set[str]) -> Iterator[Any]:
     """``node``'s descendants in source order, not entering nodes whose type is in ``stop``."""
     stack = list(reversed(node.children))
     while stack:
@@ -70,7 +73,7 @@ def _walk(node: Any, stop: set[str]) -> Iterator[Any]:
             stack.extend(reversed(n.children))
 
 
-def _holds_cache(name: str, type_text: str, value: Any, known: dict[str, bool], language: str) -> bool:
+def _holds_cache(name: str, type_text: str, value: Node | None, known: dict[str, bool], language: str) -> bool:
     """Does a declaration hold a cache, tensor map or result? By its value if it has one, else by its type,
     else (an untyped parameter) by its name."""
     if value is not None:
@@ -83,7 +86,7 @@ def _holds_cache(name: str, type_text: str, value: Any, known: dict[str, bool], 
     return bool(_CACHE_WORD.search(name) or _RESULT_NAME.match(name))
 
 
-def _is_cache_value(value: Any, known: dict[str, bool], language: str) -> bool:
+def _is_cache_value(value: Node, known: dict[str, bool], language: str) -> bool:
     t = value.type
     if t in ("expression_list", "parenthesized_expression", "unary_expression", "cast_expression") \
             and value.named_children:
@@ -109,7 +112,7 @@ def _is_cache_value(value: Any, known: dict[str, bool], language: str) -> bool:
     return False
 
 
-def _is_closure(node: Any, language: str) -> bool:
+def _is_closure(node: Node, language: str) -> bool:
     if language == "go":
         return bool(node.type == "func_literal")
     if node.type == "lambda_expression":
@@ -120,7 +123,7 @@ def _is_closure(node: Any, language: str) -> bool:
                 and node.named_children[0].type == "identifier")
 
 
-def _closures_in(arg: Any, scope: _Scope, language: str) -> Iterator[Any]:
+def _closures_in(arg: Node, scope: _Scope, language: str) -> Iterator[Any]:
     """Closures an argument holds: itself, a local that holds one, or one passed to ``new Thread(...)``."""
     if _is_closure(arg, language):
         yield arg
@@ -137,7 +140,7 @@ def _closures_in(arg: Any, scope: _Scope, language: str) -> Iterator[Any]:
             yield from _closures_in(a, scope, language)
 
 
-def _captured(closure: Any, scope: _Scope, language: str) -> str | None:
+def _captured(closure: Node, scope: _Scope, language: str) -> str | None:
     """The first name the closure uses that a handler scope declared as holding a cache, unless the closure
     declares that name itself (a parameter or a local of its own)."""
     own = {name for name, _, _ in _declarations(closure, language, deep=True)}
@@ -156,7 +159,7 @@ def _captured(closure: Any, scope: _Scope, language: str) -> str | None:
     return None
 
 
-def _declarations(fn: Any, language: str, deep: bool = False) -> Iterator[tuple[str, str, Any]]:
+def _declarations(fn: Node, language: str, deep: bool = False) -> Iterator[tuple[str, str, Any]]:
     """(name, type text, value node or None) of each parameter and local a function declares; with ``deep``
     also those of the functions nested in it."""
     stop = set() if deep else _SCOPES[language] | {"class_body"}
@@ -183,7 +186,7 @@ def _declarations(fn: Any, language: str, deep: bool = False) -> Iterator[tuple[
             yield name, "", None
 
 
-def _is_handler(fn: Any, name: str, language: str) -> bool:
+def _is_handler(fn: Node, name: str, language: str) -> bool:
     if HANDLER_NAME.match(name):
         return True
     params = _t(fn.child_by_field_name("parameters"))
@@ -198,7 +201,7 @@ def _is_handler(fn: Any, name: str, language: str) -> bool:
     return bool(_param_names(fn) & REQUEST_PARAMS)
 
 
-def _param_names(fn: Any) -> set[str]:
+def _param_names(fn: Node) -> set[str]:
     params = fn.child_by_field_name("parameters")
     if params is None:
         return set()
@@ -209,7 +212,7 @@ def _param_names(fn: Any) -> set[str]:
                                                            "inferred_parameters")}
 
 
-def _scope(fn: Any, parent: _Scope | None, language: str) -> _Scope:
+def _scope(fn: Node, parent: _Scope | None, language: str) -> _Scope:
     name = _t(fn.child_by_field_name("name")) if fn.type != "func_literal" else ""
     handler = _is_handler(fn, name, language) if fn.type != "lambda_expression" else False
     s = _Scope(fn, name, parent, handler, handler or (parent is not None and parent.in_handler))
@@ -267,14 +270,14 @@ class _File:
         return self._removed[name]
 
 
-def check_closures(language: str, root: Any) -> list[Hit]:
+def check_closures(language: str, root: Node) -> list[Hit]:
     """KVG406 hits of a Go or Java file's tree."""
     f = _File(language, _state(language, root), root)
     _visit(f, root, None)
     return sorted(f.hits, key=lambda h: (h.line, h.col))
 
 
-def _visit(f: _File, node: Any, scope: _Scope | None) -> None:
+def _visit(f: _File, node: Node, scope: _Scope | None) -> None:
     for n in _walk(node, _SCOPES[f.language]):
         if n.type in _SCOPES[f.language]:
             _visit(f, n, _scope(n, scope, f.language))
@@ -321,7 +324,7 @@ def _site(f: _File, n: Any, scope: _Scope) -> None:
                 _report(f, n, c, scope, f"registers a closure with {method}()")
 
 
-def _call_parts(n: Any, lang: str) -> tuple[str | None, Any, list[Any]]:
+def _call_parts(n: Node, lang: str) -> tuple[str | None, Any, list[Any]]:
     if lang == "go" and n.type == "call_expression":
         fn, args = n.child_by_field_name("function"), n.child_by_field_name("arguments")
         if fn is None or fn.type != "selector_expression" or args is None:
@@ -334,7 +337,7 @@ def _call_parts(n: Any, lang: str) -> tuple[str | None, Any, list[Any]]:
     return None, None, []
 
 
-def _target(node: Any, lang: str) -> str:
+def _target(node: Node | None, lang: str) -> str:
     """The long-lived container a store writes into (``hooks``, ``s.hooks``, ``this.hooks``, ``S.HOOKS``)."""
     if node is None:
         return ""
@@ -347,7 +350,7 @@ def _target(node: Any, lang: str) -> str:
     return _t(node) if node is not None and node.type in ("identifier", "field_identifier") else ""
 
 
-def _store(f: _File, n: Any, target: Any, args: list[Any], scope: _Scope) -> None:
+def _store(f: _File, n: Node, target: Any, args: list[Any], scope: _Scope) -> None:
     name = _target(target, f.language)
     if name not in f.state or f.state[name] or f.removed(name):
         return
@@ -360,7 +363,7 @@ def _store(f: _File, n: Any, target: Any, args: list[Any], scope: _Scope) -> Non
             _report(f, n, c, scope, f"adds a closure to long-lived '{name}' (nothing in this file removes it)")
 
 
-def _report(f: _File, n: Any, closure: Any, scope: _Scope, what: str) -> None:
+def _report(f: _File, n: Node, closure: Node, scope: _Scope, what: str) -> None:
     var = _captured(closure, scope, f.language)
     if var is None:
         return
@@ -371,7 +374,7 @@ def _report(f: _File, n: Any, closure: Any, scope: _Scope, what: str) -> None:
                       "kept; remove it when the request ends or register once at start-up", r1 + 1, c1 + 1))
 
 
-def _removes_later(scope: _Scope, n: Any, lang: str) -> bool:
+def _removes_later(scope: _Scope, n: Node, lang: str) -> bool:
     """Does the handler undo a registration: a removal on the same receiver (``bus.removeListener(cb)``), or a
     use of the handle the registration returned (``defer unsub()``, ``future.cancel(true)``)? Other closes
     (``r.Body.Close()``) are not."""
@@ -388,7 +391,7 @@ def _removes_later(scope: _Scope, n: Any, lang: str) -> bool:
     return False
 
 
-def _result_name(call: Any) -> str:
+def _result_name(call: Node) -> str:
     """The variable a registration's result (its unsubscribe handle) is kept in, or ''."""
     node = call.parent
     while node is not None and node.type in ("expression_list", "variable_declarator", "short_var_declaration",
@@ -416,7 +419,7 @@ def _forever(fn: Any) -> bool:
     return False
 
 
-def _state(language: str, root: Any) -> dict[str, bool]:
+def _state(language: str, root: Node) -> dict[str, bool]:
     """Long-lived containers (Go package variables and struct fields, Java fields) -> bounded."""
     state: dict[str, bool] = {}
     for n in _walk(root, {"block", "constructor_body"}):  # declarations, not function bodies

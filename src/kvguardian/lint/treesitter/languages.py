@@ -11,7 +11,10 @@ import importlib
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tree_sitter import Node
 
 __all__ = ["LANGUAGE_MODULES", "Call", "FunctionFacts", "code", "functions", "imports", "parser_for"]
 
@@ -66,7 +69,7 @@ _LITERALS = {"interpreted_string_literal", "raw_string_literal", "rune_literal",
 _KOTLIN_SHORT_TEMPLATE = re.compile(r"\$[A-Za-z_]\w*")
 
 
-def _literals(node: Any) -> Iterator[Any]:
+def _literals(node: Node) -> Iterator[Any]:
     """The outermost literals under ``node``, in source order."""
     stack = [node]
     while stack:
@@ -92,7 +95,7 @@ def code(node: Any) -> str:
     return "".join(parts)
 
 
-def _template(lit: Any) -> str:
+def _template(lit: Node) -> str:
     """A literal as code: empty quotes around the Kotlin templates it interpolates."""
     kept = [code(c) for c in lit.named_children if c.type == "interpolation"]
     content = "".join(_text(c) for c in lit.named_children if c.type == "string_content")
@@ -100,7 +103,7 @@ def _template(lit: Any) -> str:
     return '"' + " ".join(kept) + '"'
 
 
-def _call(language: str, node: Any) -> Call | None:
+def _call(language: str, node: Node) -> Call | None:
     if language == "go" and node.type == "call_expression":
         fn, args = node.child_by_field_name("function"), node.child_by_field_name("arguments")
         if fn is None or fn.type != "selector_expression" or args is None:
@@ -125,11 +128,11 @@ def _call(language: str, node: Any) -> Call | None:
     else:
         return None
     (r0, c0), (r1, c1) = node.start_point, node.end_point
-    args = [a for a in arg_nodes if a.type != "comment"]
-    return Call(name, receiver, [_text(a) for a in args], [code(a) for a in args], r0 + 1, c0 + 1, r1 + 1, c1 + 1)
+    kept = [a for a in arg_nodes if a.type != "comment"]
+    return Call(name, receiver, [_text(a) for a in kept], [code(a) for a in kept], r0 + 1, c0 + 1, r1 + 1, c1 + 1)
 
 
-def _assign(language: str, node: Any) -> list[tuple[str, str]]:
+def _assign(language: str, node: Node) -> list[tuple[str, str]]:
     t = node.type
     if language == "go" and t in ("short_var_declaration", "assignment_statement"):
         left, right = node.child_by_field_name("left"), node.child_by_field_name("right")
@@ -155,7 +158,7 @@ def _assign(language: str, node: Any) -> list[tuple[str, str]]:
     return []
 
 
-def functions(language: str, root: Any) -> Iterator[FunctionFacts]:
+def functions(language: str, root: Node) -> Iterator[FunctionFacts]:
     """Facts of every function (nested ones separately), plus one for top-level code."""
     kinds = _FUNCTIONS[language]
     pending = [root]
@@ -181,12 +184,12 @@ def functions(language: str, root: Any) -> Iterator[FunctionFacts]:
 _IMPORTS = {"import_declaration", "import", "import_list", "import_header"}
 
 
-def imports(root: Any) -> list[str]:
+def imports(root: Node) -> list[str]:
     """The text of every top-level import of a Go, Java or Kotlin file (Go: the whole import block)."""
     return [_text(n) for n in root.children if n.type in _IMPORTS]
 
 
-def first_error_line(root: Any) -> int:
+def first_error_line(root: Node) -> int:
     """Line of the first syntax error tree-sitter recovered from, or 0."""
     stack = [root]
     while stack:

@@ -248,7 +248,7 @@ def documents() -> dict[str, list[Any]]:
 OVERLAYS = ("platform", "example")
 
 
-def _yaml(data: Any) -> str:
+def _yaml(data: object) -> str:
     import yaml
 
     return yaml.safe_dump(data, sort_keys=False, width=120)

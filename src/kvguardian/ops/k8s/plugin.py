@@ -17,10 +17,15 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvguardian.core.errors import EXIT_ENVIRONMENT, UsageError
 from kvguardian.ops.oom.budget import ALIAS, ENV
+
+if TYPE_CHECKING:
+    import grpc
+
+    from kvguardian.ops.k8s.api import deviceplugin_pb2 as pb2
 
 __all__ = [
     "DEFAULT_DOMAIN",
@@ -139,10 +144,10 @@ class KVCachePlugin:
                 for c in self.chunks.values()]
 
     # ------------------------------------------------------------------ the gRPC service
-    def GetDevicePluginOptions(self, request: Any, context: Any) -> Any:
+    def GetDevicePluginOptions(self, request: pb2.Empty | None, context: grpc.ServicerContext | None) -> Any:
         return self.pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
 
-    def ListAndWatch(self, request: Any, context: Any) -> Iterator[Any]:
+    def ListAndWatch(self, request: pb2.Empty, context: grpc.ServicerContext) -> Iterator[Any]:
         seen = -1
         while not self.stopping.is_set() and context.is_active():
             with self._changed:
@@ -153,7 +158,7 @@ class KVCachePlugin:
                 devices = self.devices()
             yield self.pb.ListAndWatchResponse(devices=devices)
 
-    def GetPreferredAllocation(self, request: Any, context: Any) -> Any:
+    def GetPreferredAllocation(self, request: pb2.PreferredAllocationRequest, context: grpc.ServicerContext) -> Any:
         pb = self.pb
         out = []
         for req in request.container_requests:
@@ -177,7 +182,7 @@ class KVCachePlugin:
                 chosen.append(i)
         return chosen
 
-    def Allocate(self, request: Any, context: Any) -> Any:
+    def Allocate(self, request: pb2.AllocateRequest, context: grpc.ServicerContext) -> Any:
         import grpc
 
         pb = self.pb
@@ -198,7 +203,7 @@ class KVCachePlugin:
             log.info("kv-guardian device-plugin: allocated %s chunk(s): %s MiB KV budget", len(ids), mb)
         return pb.AllocateResponse(container_responses=out)
 
-    def PreStartContainer(self, request: Any, context: Any) -> Any:
+    def PreStartContainer(self, request: pb2.PreStartContainerRequest, context: grpc.ServicerContext) -> Any:
         return self.pb.PreStartContainerResponse()
 
 

@@ -16,9 +16,15 @@ import json
 import math
 import urllib.parse
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from kvguardian.ops.oom.guard import OOMGuard, Overloaded
+
+if TYPE_CHECKING:
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+
+_App = TypeVar("_App", bound="Starlette")
 
 __all__ = ["OOMMiddleware", "install", "overloaded_body"]
 
@@ -38,7 +44,7 @@ def retry_after_header(seconds: float) -> str:
     return str(max(1, math.ceil(seconds)))
 
 
-async def _json(send: Send, status: int, body: Any, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+async def _json(send: Send, status: int, body: object, headers: list[tuple[bytes, bytes]] | None = None) -> None:
     data = json.dumps(body).encode()
     await send({"type": "http.response.start", "status": status, "headers": [
         (b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()), *(headers or [])]})
@@ -102,12 +108,12 @@ class OOMMiddleware:
         await _json(send, 200 if result["drained"] else 504, result)
 
 
-def install(app: Any, oom: OOMGuard, **kwargs: Any) -> Any:
+def install(app: _App, oom: OOMGuard, **kwargs: Any) -> _App:
     """Guard a FastAPI or Starlette app: `OOMMiddleware` outermost and an `Overloaded` exception handler
     (a handler raising it answers 503 + Retry-After). Keyword arguments go to `OOMMiddleware`."""
     from starlette.responses import JSONResponse
 
-    async def on_overloaded(request: Any, exc: Exception) -> Any:
+    async def on_overloaded(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, Overloaded)
         return JSONResponse(overloaded_body(exc), status_code=503,
                             headers={"Retry-After": retry_after_header(exc.retry_after)})

@@ -238,7 +238,7 @@ class OOMGuard:
             guard.on_kv_growth = self.on_allocate
         return self
 
-    def retain(self, obj: Any, *, reason: str, evict: EvictCallback) -> None:
+    def retain(self, obj: object, *, reason: str, evict: EvictCallback) -> None:
         """Register an evictable retained cache (the same registry as ``guard.retain(..., evict=...)``)."""
         self.registry.add(obj, reason, evict)
 

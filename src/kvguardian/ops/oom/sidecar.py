@@ -15,10 +15,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvguardian.core.exporters.http import HTTPRequest, MetricsHTTPServer, Response
 from kvguardian.ops.oom.guard import OOMGuard
+
+if TYPE_CHECKING:
+    from kvguardian.core.exporters.webconfig import WebConfig
 
 __all__ = ["RUNNING_METRICS", "Sidecar", "Target", "process_alive", "running_requests"]
 
@@ -87,7 +90,7 @@ class Sidecar:
         return out
 
     # ------------------------------------------------------------------ HTTP
-    def serve(self, host: str, port: int, *, web: Any = None) -> tuple[str, int]:
+    def serve(self, host: str, port: int, *, web: WebConfig | None = None) -> tuple[str, int]:
         """Start the HTTP server (its own thread), with ``web``'s TLS and basic auth (a
         `kvguardian.core.exporters.webconfig.WebConfig`); returns the bound (host, port).
 

@@ -16,6 +16,8 @@ import json
 import os
 import sys
 import time
+import types
+from collections.abc import Sequence
 from typing import Any
 
 from kvguardian.runtime.autorun import ENV_DIR, ENV_OPTIONS
@@ -30,7 +32,8 @@ _state: dict[str, Any] = {"guard": None, "status": None, "message": None, "dir":
 class _Finder(importlib.abc.MetaPathFinder):
     """Wraps the loader of the watched modules so kv-guardian runs right after they are executed."""
 
-    def find_spec(self, name: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+    def find_spec(self, name: str, path: Sequence[str] | None,
+                  target: types.ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
         if name not in _WATCH:
             return None
         for finder in sys.meta_path:
@@ -46,14 +49,14 @@ class _Finder(importlib.abc.MetaPathFinder):
 
 
 class _Loader(importlib.abc.Loader):
-    def __init__(self, inner: Any, name: str) -> None:
+    def __init__(self, inner: importlib.abc.Loader, name: str) -> None:
         self._inner = inner
         self._name = name
 
-    def create_module(self, spec: Any) -> Any:
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType | None:
         return self._inner.create_module(spec)
 
-    def exec_module(self, module: Any) -> None:
+    def exec_module(self, module: types.ModuleType) -> None:
         self._inner.exec_module(module)
         _on_imported(self._name)
 
@@ -169,7 +172,7 @@ class _Token:
 _AFTER_FORK = _Token()
 
 
-def _finish_in_worker(_: Any) -> None:
+def _finish_in_worker(_: object) -> None:
     """In a forked multiprocessing child: audit when its target returns (it then ends with ``os._exit``,
     which skips ``atexit``). Priority -100: after the program's own finalizers."""
     import multiprocessing.util

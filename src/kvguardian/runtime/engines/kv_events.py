@@ -216,13 +216,13 @@ def _group(f: dict[Any, Any]) -> int:
     return int(g)
 
 
-def _is_int(x: Any) -> TypeGuard[int]:
+def _is_int(x: object) -> TypeGuard[int]:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def _is_number(x: Any) -> TypeGuard[int | float]:
+def _is_number(x: object) -> TypeGuard[int | float]:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
-def _is_hash(x: Any) -> bool:
+def _is_hash(x: object) -> bool:
     return _is_int(x) or isinstance(x, bytes)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import types
 import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -54,7 +55,7 @@ class Attachment:
     def tracker(self) -> HFTracker | None:
         return self._tracker()
 
-    def call(self, original: Any, model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def call(self, original: Callable[..., Any], model: object, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Run ``original(model, *args, **kwargs)`` (the model's ``__call__``) with its cache updates observed
         (`instrument.observe_forward`)."""
         t = self._tracker()
@@ -100,7 +101,8 @@ class Attachment:
         instrument.register_attached(key, self, on=False)
         instrument.uninstall_cache_patch()
 
-    def _model_died(self, ref: Any) -> None:  # the id may be reused by a new object from now on
+    # the id may be reused by a new object from now on
+    def _model_died(self, ref: weakref.ref[PreTrainedModel]) -> None:
         key = self._key
         if key is not None:
             self._key = None
@@ -115,7 +117,7 @@ class Attachment:
                                  daemon=True).start()
 
 
-def _not_a_model_fix(model: Any, torch: Any, transformers: Any) -> str:
+def _not_a_model_fix(model: object, torch: types.ModuleType, transformers: types.ModuleType) -> str:
     """What to attach instead of ``model`` (not a ``PreTrainedModel``)."""
     if isinstance(model, type):
         return f"attach an instance, e.g. guard.attach({model.__name__}.from_pretrained(...))"
@@ -134,7 +136,7 @@ def _not_a_model_fix(model: Any, torch: Any, transformers: Any) -> str:
             "tensors of your own use guard.track(keys, values, layer=i)")
 
 
-def _describe(obj: Any) -> str:
+def _describe(obj: object) -> str:
     """``a Linear``, ``an int (42)``: what was passed, short (never its whole repr)."""
     if obj is None:
         return "None"
@@ -146,7 +148,7 @@ def _describe(obj: Any) -> str:
     return f"{article} {name}"
 
 
-def check_attachable(model: Any) -> None:
+def check_attachable(model: object) -> None:
     """Raise `UsageError` unless ``model`` can be attached: a transformers ``PreTrainedModel`` (transformers
     5.x installed) that no guard has attached yet."""
     try:

@@ -27,6 +27,7 @@ from kvguardian.runtime.hf.roles import cache_role, note_roles
 from kvguardian.runtime.hf.states import tracker_of
 
 if TYPE_CHECKING:
+    import torch
     from transformers import Cache
 
     from kvguardian.runtime.hf.tracker import HFTracker
@@ -100,16 +101,17 @@ class Attached(Protocol):
 
     def tracker(self) -> HFTracker | None: ...
 
-    def call(self, original: Any, model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any: ...
+    def call(self, original: Callable[..., Any], model: object, args: tuple[Any, ...],
+             kwargs: dict[str, Any]) -> Any: ...
 
-    def lend(self, other: Any) -> Callable[[], None] | None: ...
+    def lend(self, other: object) -> Callable[[], None] | None: ...
 
 
 #: id(model) -> its attachment; an entry leaves when the attachment is removed or the model dies
 _ATTACHED: dict[int, Attached] = {}
 
 
-def attached(model: Any) -> Attached | None:
+def attached(model: object) -> Attached | None:
     """The attachment of ``model`` (this very object, not a copy of it), or None."""
     att = _ATTACHED.get(id(model))
     return att if att is not None and att.model() is model else None
@@ -164,9 +166,10 @@ def _tracker_for(cache: Cache) -> HFTracker | None:
     return t if t is not None else tracker_of(cache)  # type: ignore[no-any-return]
 
 
-def _wrap_update(original: Any, *, base: bool) -> Any:
+def _wrap_update(original: Callable[..., Any], *, base: bool) -> Any:
     @functools.wraps(original)
-    def update(self: Any, key_states: Any, value_states: Any, layer_idx: int, *args: Any, **kwargs: Any) -> Any:
+    def update(self: Any, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any,
+               **kwargs: Any) -> Any:
         if base:
             out = original(self, key_states, value_states, layer_idx, *args, **kwargs)
         else:  # an override: observe only if it did not reach the base wrapper (super().update)
@@ -215,7 +218,7 @@ def _wrap_update(original: Any, *, base: bool) -> Any:
 RESHAPES = ("reorder_cache", "batch_repeat_interleave", "batch_select_indices")
 
 
-def _wrap_evict(original: Any, name: str) -> Any:
+def _wrap_evict(original: Callable[..., Any], name: str) -> Any:
     """``crop``/``reset`` (an evict event) or one of `RESHAPES` (the layers observed again), told to the tracker
     after the original ran."""
     @functools.wraps(original)
@@ -240,7 +243,7 @@ def _wrap_evict(original: Any, name: str) -> Any:
     return evict
 
 
-def _wrap_edc_init(original: Any) -> Any:
+def _wrap_edc_init(original: Callable[..., Any]) -> Any:
     @functools.wraps(original)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
@@ -271,7 +274,7 @@ def _cache_deepcopy(self: Any, memo: dict[int, Any]) -> Any:
     return y
 
 
-def _note_copy(original: Any, dup: Any) -> None:
+def _note_copy(original: Callable[..., Any], dup: object) -> None:
     seen: set[int] = set()
     for tracker in (ACTIVE.get(), _PROCESS[0], *(a.tracker() for a in list(_ATTACHED.values()))):
         if tracker is None or id(tracker) in seen:
@@ -284,7 +287,7 @@ def _note_copy(original: Any, dup: Any) -> None:
             tracker.host.fail("cache.update", exc)
 
 
-def _set(cls: type, name: str, value: Any) -> None:
+def _set(cls: type, name: str, value: object) -> None:
     if (cls, name) not in _originals:
         _originals[(cls, name)] = cls.__dict__.get(name)
     setattr(cls, name, value)
@@ -411,7 +414,7 @@ def uninstall_cache_patch() -> None:
         _PROCESS_GENERATE[0] = False
 
 
-def _wrap_model_call(original: Any) -> Any:
+def _wrap_model_call(original: Callable[..., Any]) -> Any:
     @functools.wraps(original)
     def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
         att = _ATTACHED.get(id(self))
@@ -426,7 +429,7 @@ def _wrap_model_call(original: Any) -> Any:
     return __call__
 
 
-def observe_forward(tracker: HFTracker, original: Any, model: Any, args: tuple[Any, ...],
+def observe_forward(tracker: HFTracker, original: Callable[..., Any], model: object, args: tuple[Any, ...],
                     kwargs: dict[str, Any]) -> Any:
     """Run ``original(model, *args, **kwargs)`` (a model's ``__call__``) with ``tracker`` active: the
     ``Cache.update`` wrapper queues the forward's updates (O(1) each), and the whole list is observed in order
@@ -461,7 +464,7 @@ def _forward_done(tracker: HFTracker, tokens: tuple[Any, Any], started: float) -
         tracker.host.fail("forward.post", exc)
 
 
-def _generate_tracker(model: Any) -> HFTracker | None:
+def _generate_tracker(model: object) -> HFTracker | None:
     """Whose implicit request a top-level ``model.generate()`` is: the guard ``model`` is attached to, else the
     process guard (when it makes generate calls requests)."""
     att = attached(model)
@@ -471,7 +474,7 @@ def _generate_tracker(model: Any) -> HFTracker | None:
     return tracker
 
 
-def _wrap_generate(original: Any) -> Any:
+def _wrap_generate(original: Callable[..., Any]) -> Any:
     @functools.wraps(original)
     def generate(self: Any, *args: Any, **kwargs: Any) -> Any:
         tracker = _generate_tracker(self)
@@ -490,7 +493,7 @@ def _wrap_generate(original: Any) -> Any:
     return generate
 
 
-def _lend_assistant(model: Any, assistant: Any) -> Callable[[], None] | None:
+def _lend_assistant(model: object, assistant: object) -> Callable[[], None] | None:
     """Speculative decoding (``generate(assistant_model=...)``) of an attached model: the assistant's forwards
     (its own caches) are observed by the same tracker, as KV of the same request, for the call; returns what
     undoes it (None: nothing to undo - no assistant, the model not attached, the assistant attached already)."""
@@ -508,7 +511,8 @@ def _lend_assistant(model: Any, assistant: Any) -> Callable[[], None] | None:
         return None
 
 
-def _generate_as_request(tracker: HFTracker, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def _generate_as_request(tracker: HFTracker, fn: Callable[..., Any], args: tuple[Any, ...],
+                         kwargs: dict[str, Any]) -> Any:
     """Run ``fn`` (a generate call) as one implicit request of the tracker's host; what it returns is noted
     (weakly) as where the request's cache is likely held."""
     host = tracker.host

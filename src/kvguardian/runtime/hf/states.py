@@ -4,6 +4,7 @@ either: a cache is held by weak reference, a request by the ledger's own `Reques
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from kvguardian.core.ledger import EntrySite, RequestInfo
@@ -62,7 +63,8 @@ class CacheState:
         "skipped",
     )
 
-    def __init__(self, cache: Cache, label: str, role: str | None, on_dead: Any) -> None:
+    def __init__(self, cache: Cache, label: str, role: str | None,
+                 on_dead: Callable[[weakref.ref[Cache]], object]) -> None:
         self.cid = id(cache)
         self.ref = weakref.ref(cache, on_dead)
         self.label = label  # "DynamicCache#3", "EncoderDecoderCache#1.cross"

@@ -245,7 +245,7 @@ class HFTracker:
 
         clock = self._clock
 
-        def on_dead(ref: Any) -> None:  # inside a deallocation: only queue it
+        def on_dead(ref: weakref.ref[Any]) -> None:  # inside a deallocation: only queue it
             st = by_ref.pop(id(ref), None)
             if st is not None:
                 st.died = clock()
@@ -454,7 +454,7 @@ class HFTracker:
                                  f"Tensor[{shape}] {rec.dtype.replace('torch.', '')}"]
         return seeds, suffixes
 
-    def note_result(self, info: RequestInfo, result: Any) -> None:
+    def note_result(self, info: RequestInfo, result: object) -> None:
         """What request ``info`` returned to the program (a generate output, which holds its cache), remembered
         by weak reference (the latest `_MAX_RESULTS`) as a hint for the holder search. A tensor or an object
         without weak references is not remembered."""
@@ -485,7 +485,7 @@ class HFTracker:
         return out
 
     # ------------------------------------------------------------------ copies
-    def note_copy(self, original: Any, dup: Any) -> bool:
+    def note_copy(self, original: object, dup: object) -> bool:
         """``copy.deepcopy(original)`` returned ``dup`` (called by the ``Cache.__deepcopy__`` of `hf.instrument`):
         if this tracker knows ``original``, the copy is remembered weakly, as KV of the current request (a copy
         made inside one) or of the request that owns the original, and True is returned. A copy is looked at when

@@ -21,6 +21,8 @@ from kvguardian.runtime.paged.records import BlockTable
 if TYPE_CHECKING:  # pragma: no cover
     from collections.abc import Sequence
 
+    import torch
+
     from kvguardian.runtime.paged.view import PoolView
 
 __all__ = ["DebugChecker", "PoolFault"]
@@ -182,7 +184,7 @@ class DebugChecker:
         """``t`` produces the K/V of ``slots`` (append, raw allocation, copy-on-write)."""
         self.slot_owner[slots] = t.code
 
-    def check_write(self, t: BlockTable | None, request_id: str, slots: Any, layer: int) -> None:
+    def check_write(self, t: BlockTable | None, request_id: str, slots: torch.Tensor | np.ndarray, layer: int) -> None:
         """The writer must own every slot it writes: the block is in its table, its ref count covers every
         table that lists it, and either no other table lists it or the writer produces that slot (a block
         filled this step while a later request already hit it in the prefix cache)."""

@@ -8,12 +8,15 @@ Details: docs/design/paged.md.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from kvguardian.core.errors import UsageError
 from kvguardian.runtime.paged.records import BlockTable
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
 
 __all__ = ["SCRUB_POLICIES", "Remanence"]
 
@@ -87,12 +90,12 @@ class Remanence:
                 pool.v[layer].index_fill_(0, index, 0)
         self.scrubbed_blocks += len(ids)
 
-    def wrote(self, layer: int, slots: Any) -> None:
+    def wrote(self, layer: int, slots: torch.Tensor | np.ndarray) -> None:
         if self.written is not None:
             s = slots.numpy() if hasattr(slots, "numpy") else np.asarray(slots)
             self.written[layer, s] = True
 
-    def unwritten(self, layer: int, block_ids: Any, num_tokens: int) -> np.ndarray:
+    def unwritten(self, layer: int, block_ids: torch.Tensor | np.ndarray, num_tokens: int) -> np.ndarray:
         """Slots among the first ``num_tokens`` of ``block_ids`` (token order) nobody wrote since allocation."""
         if self.written is None:
             return np.empty(0, dtype=np.int64)

@@ -8,10 +8,11 @@ checker, `kvguardian.runtime.paged.debug`). The pool never touches an observer's
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
+    import torch
 
     from kvguardian.runtime.paged.block_pool import BlockPool
     from kvguardian.runtime.paged.prefix import EventStream
@@ -66,4 +67,5 @@ class PoolObserver(Protocol):
 
     def assign_slots(self, t: BlockTable, slots: np.ndarray) -> None: ...
 
-    def check_write(self, t: BlockTable | None, request_id: str, slots: Any, layer: int) -> None: ...
+    def check_write(self, t: BlockTable | None, request_id: str, slots: torch.Tensor | np.ndarray,
+                    layer: int) -> None: ...

@@ -124,7 +124,8 @@ class ModuleTracker:
         return {"model": self.label, "buffers": len(self._buffers),
                 "layers": len({layer for layer, _, _ in self._buffers}), "filled_tokens": self._filled}
 
-    def _after_forward(self, module: torch.nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+    def _after_forward(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+                       output: object) -> None:
         host = self._host()
         if host is None:
             return

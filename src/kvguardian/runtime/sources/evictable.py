@@ -23,7 +23,7 @@ EvictCallback = Callable[[int], "int | None"]
 class _Entry:
     __slots__ = ("_fn", "_obj", "reason")
 
-    def __init__(self, obj: Any, reason: str, evict: EvictCallback) -> None:
+    def __init__(self, obj: object, reason: str, evict: EvictCallback) -> None:
         self.reason = reason
         try:
             self._obj: Callable[[], Any] | None = weakref.ref(obj)
@@ -52,7 +52,7 @@ class EvictorRegistry:
     def __len__(self) -> int:
         return len(self.items())
 
-    def add(self, obj: Any, reason: str, evict: EvictCallback) -> None:
+    def add(self, obj: object, reason: str, evict: EvictCallback) -> None:
         if not callable(evict):
             raise UsageError(f"evict={evict!r} is not callable; fix: pass a function taking the bytes to free, "
                              "e.g. evict=cache.evict")

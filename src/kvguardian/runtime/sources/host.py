@@ -94,7 +94,7 @@ class SourceHost(Protocol):
     def end_manual(self, info: RequestInfo) -> None:
         """End a request a source opened itself for a manually driven cache, and tell every source and listener."""
 
-    def retain(self, obj: Any, *, reason: str) -> int:
+    def retain(self, obj: object, *, reason: str) -> int:
         """Declare the KV reachable from ``obj`` retained on purpose (`kvguardian.runtime.sources.retained`)."""
 
     def add_source(self, source: Source) -> None:

@@ -26,7 +26,7 @@ class DeclaredRetention:
         self._declared: list[tuple[Any, str]] = []  # (weakref to the declared object, reason)
         self._keys: dict[int, set[Any]] = {}  # id(weakref of a declared object) -> keys it retained
 
-    def retain(self, obj: Any, *, reason: str) -> int:
+    def retain(self, obj: object, *, reason: str) -> int:
         """Declare the KV reachable from ``obj`` retained; returns the number of KV entries marked now.
 
         Raises:
@@ -58,7 +58,7 @@ class DeclaredRetention:
             self._declared = live
             del obj
 
-    def _apply(self, obj: Any, reason: str, ref: Any) -> int:
+    def _apply(self, obj: object, reason: str, ref: weakref.ref[Any] | None) -> int:
         """Mark what ``obj`` holds now; what it held before and no longer holds is not retained any more."""
         from kvguardian.core.tensors.storage import reachable_tensors
 

@@ -133,7 +133,7 @@ class RequestScope:
         if hook is not None:
             hook()
 
-    def retain(self, obj: Any, *, reason: str) -> int:
+    def retain(self, obj: object, *, reason: str) -> int:
         return self.declared.retain(obj, reason=reason)
 
     def add_source(self, source: Source) -> None:
@@ -147,14 +147,14 @@ class RequestScope:
         return tuple(self._internal)
 
     # ------------------------------------------------------------------ what the guard uses
-    def add_listener(self, on_request_end: Callable[[RequestInfo], None], *, owner: Any = None) -> None:
+    def add_listener(self, on_request_end: Callable[[RequestInfo], None], *, owner: object = None) -> None:
         """Call ``on_request_end(info)`` after every request end, after the sources; ``owner`` (the listener's
         object) is kept out of holder-chain searches."""
         self._listeners.append(on_request_end)
         if owner is not None:
             self._internal.append(owner)
 
-    def add_internal(self, obj: Any) -> None:
+    def add_internal(self, obj: object) -> None:
         """Keep ``obj`` (one of kv-guardian's own objects) out of holder-chain searches."""
         self._internal.append(obj)
 

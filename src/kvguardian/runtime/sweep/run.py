@@ -164,7 +164,7 @@ def run_sweep(
     config: SweepConfig,
     *,
     notes: list[str] | None = None,
-    progress: Any = None,
+    progress: Callable[[str], object] | None = None,
 ) -> SweepResult:
     """Sweep every target over every length (see the module docstring). ``progress(text)`` is called per target."""
     import torch
@@ -228,7 +228,7 @@ def _error_row(target: Target, n: int, config: SweepConfig, elem: int, exc: Exce
                cuda_peak_bytes=None, max_abs_err=None, verdict="ERROR", reasons=[what.splitlines()[0][:300]])
 
 
-def _check_output(out: Any, q: torch.Tensor) -> None:
+def _check_output(out: object, q: torch.Tensor) -> None:
     import torch
 
     if not isinstance(out, torch.Tensor):

@@ -10,7 +10,6 @@ docs/design/report.md.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from kvguardian.core.report.document import Document, classify, load_document, parse_document
 from kvguardian.core.report.html.page import render_page
@@ -18,7 +17,7 @@ from kvguardian.core.report.html.page import render_page
 __all__ = ["Document", "classify", "load_document", "parse_document", "render_html", "write_html"]
 
 
-def render_html(data: Any, *, source: str = "report") -> str:
+def render_html(data: object, *, source: str = "report") -> str:
     """The HTML report of parsed report JSON ``data`` (any kind kv-guardian writes)."""
     return render_page(classify(data, source=source, where=f"report {source!r}"))
 

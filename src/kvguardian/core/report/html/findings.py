@@ -38,7 +38,7 @@ def render_counts(findings: Sequence[FindingView]) -> str:
     return el("ul", items, class_="counts", data_total=len(findings), aria_label="findings by severity")
 
 
-def _value(v: Any) -> str:
+def _value(v: object) -> str:
     if isinstance(v, (str, int, float, bool)) or v is None:
         s = str(v)
     else:

@@ -27,7 +27,7 @@ TTL_LABELS = {"none": "no TTL", "lt_1m": "< 1 min", "lt_10m": "< 10 min", "lt_1h
               "lt_7d": "< 7 d", "lt_30d": "< 30 d", "ge_30d": "≥ 30 d"}
 
 
-def _int(v: Any) -> int:
+def _int(v: object) -> int:
     return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else 0
 
 

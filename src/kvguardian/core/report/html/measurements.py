@@ -17,11 +17,11 @@ _MAX_ROWS = 100
 _MAX_COLS = 12
 
 
-def _scalar(v: Any) -> bool:
+def _scalar(v: object) -> bool:
     return v is None or isinstance(v, (str, int, float, bool))
 
 
-def _short(v: Any) -> str:
+def _short(v: object) -> str:
     s = v if isinstance(v, str) else json.dumps(v, default=str, ensure_ascii=False)
     return text(truncate(s, 300))
 
@@ -38,7 +38,7 @@ def _table(items: Sequence[Mapping[str, Any]]) -> str:
     return el("div", el("table", el("thead", head) + el("tbody", body), class_="rows"), class_="scroll") + more
 
 
-def render_value(value: Any, depth: int = 0) -> str:
+def render_value(value: object, depth: int = 0) -> str:
     """``value`` as HTML: scalars as text, objects as ``<dl>`` (nested ones collapsible), lists of objects as
     tables, lists of scalars inline."""
     if _scalar(value):

@@ -22,7 +22,7 @@ def _is_metrics(d: Mapping[str, Any]) -> bool:
     return all(isinstance(d.get(k), int) for k in ("blocks_total", "blocks_free", "blocks_cached", "blocks_referenced"))
 
 
-def find_pools(data: Any, path: str = "", depth: int = 0) -> list[tuple[str, Mapping[str, Any], Any]]:
+def find_pools(data: object, path: str = "", depth: int = 0) -> list[tuple[str, Mapping[str, Any], Any]]:
     """(where, metrics, first fault or None) for every pool-metrics object inside ``data``."""
     out: list[tuple[str, Mapping[str, Any], Any]] = []
     if depth > 8 or len(out) > _MAX_POOLS:
@@ -65,7 +65,7 @@ def _bar(where: str, m: Mapping[str, Any], row: int) -> str:
     return el("g", "".join(parts), class_="pool", data_blocks=total)
 
 
-def _fault(where: str, f: Any) -> str:
+def _fault(where: str, f: object) -> str:
     if not isinstance(f, Mapping):
         return ""
     what = ", ".join(f"{k} {f[k]}" for k in ("operation", "op_seq", "request_id", "tenant", "block", "layer")
@@ -75,7 +75,7 @@ def _fault(where: str, f: Any) -> str:
               + el("p", text(f.get("message", "")), class_="msg"), class_="fault")
 
 
-def render_pools(data: Any, chart_id: str) -> str:
+def render_pools(data: object, chart_id: str) -> str:
     pools = find_pools(data)
     if not pools:
         return ""

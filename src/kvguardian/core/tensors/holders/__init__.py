@@ -92,7 +92,7 @@ def find_holder_chains(
         access.clear_caches()
 
 
-def _chain_for(key: Any, starts: Starts, graph: Graph, shortest: tuple[dict[int, int], dict[int, int]],
+def _chain_for(key: object, starts: Starts, graph: Graph, shortest: tuple[dict[int, int], dict[int, int]],
                view: PathView) -> HolderChain:
     cands = starts.by_key.get(key, [])
     if not cands:
@@ -115,7 +115,7 @@ def _chain_for(key: Any, starts: Starts, graph: Graph, shortest: tuple[dict[int,
     return render_chain(view)
 
 
-def _describe(obj: Any) -> str:
+def _describe(obj: object) -> str:
     if not is_tensor_like(obj):
         return type(obj).__name__
     try:

@@ -11,7 +11,10 @@ import gc
 import sys
 import types
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar, overload
+
+if TYPE_CHECKING:
+    from typing_extensions import TypeIs
 
 __all__ = ["attr_name", "executing_frames", "existing_dict", "frame_locals", "instance_attrs", "is_a",
            "object_array_items", "pure_python_class", "safe_attr", "safe_len", "safe_members", "thread_frames"]
@@ -22,7 +25,20 @@ _MISSING = object()
 _names_cache: dict[int, tuple[Any, frozenset[str]]] = {}  # id(type) -> (type, names); cleared per search
 
 
-def is_a(obj: Any, kinds: Any) -> bool:
+_T = TypeVar("_T")
+_T2 = TypeVar("_T2")
+_T3 = TypeVar("_T3")
+
+
+@overload
+def is_a(obj: object, kinds: type[_T]) -> TypeIs[_T]: ...
+@overload
+def is_a(obj: object, kinds: tuple[type[_T], type[_T2]]) -> TypeIs[_T | _T2]: ...
+@overload
+def is_a(obj: object, kinds: tuple[type[_T], type[_T2], type[_T3]]) -> TypeIs[_T | _T2 | _T3]: ...
+@overload
+def is_a(obj: object, kinds: tuple[type, ...]) -> bool: ...
+def is_a(obj: object, kinds: type | tuple[type, ...]) -> bool:
     """``isinstance`` by the object's real type: never reads ``obj.__class__`` (a property on proxies and
     lazy objects runs user code, and some warn)."""
     return issubclass(type(obj), kinds)
@@ -43,18 +59,18 @@ def _type_attr(tp: type, name: str) -> Any:
     return _MISSING
 
 
-def _is_data_descriptor(attr: Any) -> bool:
+def _is_data_descriptor(attr: object) -> bool:
     t = type(attr)
     return hasattr(t, "__set__") or hasattr(t, "__delete__")
 
 
-def _runs_code(attr: Any) -> bool:
+def _runs_code(attr: object) -> bool:
     """Reading an attribute the type defines as ``attr`` may run code: a property, ``cached_property``, any
     descriptor but a slot."""
     return attr is not _MISSING and hasattr(type(attr), "__get__") and type(attr) is not types.MemberDescriptorType
 
 
-def safe_attr(obj: Any, name: str, default: Any = None) -> Any:
+def safe_attr(obj: object, name: str, default: Any = None) -> Any:
     """``obj.name`` when it is a plain instance attribute or slot, else ``default``: no property, no
     ``__getattr__``, no descriptor code runs, and no instance dict is materialised."""
     tp = type(obj)
@@ -70,7 +86,7 @@ def safe_attr(obj: Any, name: str, default: Any = None) -> Any:
     return value
 
 
-def safe_len(obj: Any) -> int | None:
+def safe_len(obj: object) -> int | None:
     """``len(obj)`` for builtin containers and their subclasses (their C length, never a user ``__len__``);
     None for anything else."""
     import collections
@@ -95,7 +111,7 @@ def object_array_items(obj: Any) -> list[Any] | None:
     return list(obj.flat)
 
 
-def safe_members(obj: Any) -> list[Any]:
+def safe_members(obj: object) -> list[Any]:
     """The members (a dict's values) of a builtin container or subclass, read with the builtin's own
     iteration, never a user ``__iter__``; [] for anything else."""
     import collections
@@ -117,7 +133,7 @@ def _code_names(code: types.CodeType, out: set[str], depth: int = 0) -> None:
                 _code_names(c, out, depth + 1)
 
 
-def _function_codes(value: Any) -> Iterator[types.CodeType]:
+def _function_codes(value: object) -> Iterator[types.CodeType]:
     for v in (value, getattr(value, "__func__", None), getattr(value, "fget", None), getattr(value, "fset", None)):
         code = getattr(v, "__code__", None) if is_a(v, types.FunctionType) else None
         if isinstance(code, types.CodeType):
@@ -158,7 +174,7 @@ def pure_python_class(tp: type) -> bool:
     return all(c.__flags__ & _HEAPTYPE for c in tp.__mro__[:-1])
 
 
-def existing_dict(obj: Any) -> dict[str, Any] | None:
+def existing_dict(obj: object) -> dict[str, Any] | None:
     """The instance dict of ``obj`` if it exists already (never creating it)."""
     tp = type(obj)
     if not tp.__flags__ & _MANAGED_DICT:
@@ -176,7 +192,7 @@ def existing_dict(obj: Any) -> dict[str, Any] | None:
     return None
 
 
-def _is_own_dict(obj: Any, d: dict[Any, Any]) -> bool:
+def _is_own_dict(obj: object, d: dict[Any, Any]) -> bool:
     tp = type(obj)
     checked = 0
     for k, v in list(dict.items(d)):
@@ -206,7 +222,7 @@ def _probe_names(tp: type) -> tuple[str, ...]:
     return names
 
 
-def instance_attrs(obj: Any) -> Iterator[tuple[str, Any]]:
+def instance_attrs(obj: object) -> Iterator[tuple[str, Any]]:
     """``(name, value)`` of ``obj``'s instance attributes and slots, read without side effects (a name
     that is only a method of the class may come with a bound method: compare values by identity)."""
     tp = type(obj)
@@ -234,7 +250,7 @@ def instance_attrs(obj: Any) -> Iterator[tuple[str, Any]]:
             continue
 
 
-def attr_name(obj: Any, child: Any) -> str | None:
+def attr_name(obj: object, child: object) -> str | None:
     """The name of ``obj``'s attribute (or slot) that holds ``child``."""
     for name, value in instance_attrs(obj):
         if value is child:

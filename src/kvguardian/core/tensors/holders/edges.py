@@ -15,7 +15,12 @@ import sys
 import threading
 import types
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    import contextvars
+
+    from typing_extensions import TypeIs
 
 from kvguardian.core.tensors.holders.access import (
     attr_name,
@@ -33,7 +38,7 @@ __all__ = ["collapse", "edge_key", "frame_function", "frame_name", "func_name", 
 _SAFE_KEY = re.compile(r"^[\w.:\-/@#]{1,48}$")
 
 
-def key_repr(key: Any, redact: bool) -> str:
+def key_repr(key: object, redact: bool) -> str:
     """A dictionary key as a chain shows it (a tuple of more than 3 ints, token ids, by its length only). Keys
     of user subclasses (an ``IntEnum``, a ``str`` subclass, a
     named tuple) are read with the builtin type's own methods: no user ``__repr__``/``__len__`` runs."""
@@ -65,7 +70,7 @@ def short(qualname: str) -> str:
     return qualname.rsplit(".<locals>.", 1)[-1]
 
 
-def func_name(fn: Any) -> str:
+def func_name(fn: object) -> str:
     name = getattr(fn, "__qualname__", None) if is_a(fn, (types.FunctionType, type)) else None
     if name is None and type(fn).__name__ == "_lru_cache_wrapper":
         name = getattr(getattr(fn, "__wrapped__", None), "__qualname__", None)
@@ -90,7 +95,7 @@ def function_of_frame_name(name: str) -> str:
     return f"{func} ({where.rpartition(':')[0] or where.rstrip(')')})"
 
 
-def _local_name(frame: types.FrameType, child: Any) -> str | None:
+def _local_name(frame: types.FrameType, child: object) -> str | None:
     # a frame another thread is executing is read as it is (its tracer may be between read and write-back)
     mine = executing_frames().get(id(frame), threading.get_ident()) == threading.get_ident()
     for name, v in frame_locals(frame, may_undo=mine):
@@ -99,13 +104,13 @@ def _local_name(frame: types.FrameType, child: Any) -> str | None:
     return None
 
 
-def _is_context(obj: Any) -> bool:
+def _is_context(obj: object) -> TypeIs[contextvars.Context]:
     import contextvars
 
     return type(obj) is contextvars.Context
 
 
-def _mapping_step(parent: dict[Any, Any], child: Any, redact: bool) -> str:
+def _mapping_step(parent: dict[Any, Any], child: object, redact: bool) -> str:
     kind = "dict" if type(parent) is dict else type(parent).__name__
     for k, v in list(dict.items(parent)):
         if v is child:
@@ -116,7 +121,7 @@ def _mapping_step(parent: dict[Any, Any], child: Any, redact: bool) -> str:
     return kind
 
 
-def _sequence_step(parent: Any, child: Any) -> str:
+def _sequence_step(parent: list[Any] | tuple[Any, ...], child: object) -> str:
     kind = type(parent).__name__
     items = list.__iter__(parent) if is_a(parent, list) else tuple.__iter__(parent)
     for i, v in enumerate(list(items)):
@@ -127,7 +132,7 @@ def _sequence_step(parent: Any, child: Any) -> str:
     return kind
 
 
-def _callable_step(parent: Any, child: Any) -> str | None:
+def _callable_step(parent: object, child: object) -> str | None:
     if is_a(parent, functools.partial):
         if child is parent.func:
             return "partial.func"
@@ -141,8 +146,9 @@ def _callable_step(parent: Any, child: Any) -> str | None:
         return f"function {func_name(parent)}()"
     if is_a(parent, types.MethodType):
         return f"bound method {func_name(parent.__func__)}()" + (" self" if child is parent.__self__ else "")
+    # ``sink.append`` kept as a callback, a task's ``task_wakeup``: it holds its object
     owner = _builtin_self(parent)
-    if owner is not None:  # ``sink.append`` kept as a callback, a task's ``task_wakeup``: it holds its object
+    if owner is not None and is_a(parent, types.BuiltinMethodType):
         return f"bound method {type(owner).__name__}.{parent.__name__}()" + (" self" if child is owner else "")
     if type(parent).__name__ == "_lru_cache_wrapper":
         return f"lru_cache {func_name(parent)}()"
@@ -156,15 +162,16 @@ def _callable_step(parent: Any, child: Any) -> str | None:
     return None
 
 
-def _builtin_self(fn: Any) -> Any:
-    """The object a C method is bound to (``[].append.__self__``), None for a plain builtin function."""
+def _builtin_self(fn: object) -> object:
+    """The object a C method is bound to (``[].append.__self__``), None for a plain builtin function or
+    anything else."""
     if not is_a(fn, types.BuiltinMethodType):
         return None
     owner = getattr(fn, "__self__", None)
     return None if owner is None or is_a(owner, types.ModuleType) else owner
 
 
-def _frame_step(parent: Any, child: Any) -> str | None:
+def _frame_step(parent: object, child: object) -> str | None:
     if is_a(parent, types.FrameType):
         local = _local_name(parent, child)
         if local is not None:
@@ -185,7 +192,7 @@ def _frame_step(parent: Any, child: Any) -> str | None:
 _TENSOR_FIELDS = ("_backward_hooks", "_post_accumulate_grad_hooks", "_base")
 
 
-def _tensor_step(parent: Any, child: Any) -> str | None:
+def _tensor_step(parent: object, child: object) -> str | None:
     torch = sys.modules.get("torch")
     if torch is None or not issubclass(type(parent), torch.Tensor):
         return None
@@ -200,7 +207,7 @@ def _tensor_step(parent: Any, child: Any) -> str | None:
     return None
 
 
-def _special_step(parent: Any, child: Any) -> str | None:
+def _special_step(parent: object, child: object) -> str | None:
     tensor = _tensor_step(parent, child)
     if tensor is not None:
         return tensor
@@ -233,20 +240,26 @@ def _special_step(parent: Any, child: Any) -> str | None:
 _CALLABLES = (types.FunctionType, types.MethodType, types.BuiltinMethodType, functools.partial)
 
 
-def _done(future: Any) -> bool:
+class _Future(Protocol):
+    """What is read of an asyncio Future or Task here."""
+
+    def done(self) -> bool: ...
+
+
+def _done(future: _Future) -> bool:
     try:
         return bool(future.done())
     except Exception:  # pragma: no cover - a future whose done() fails: assume it may hold a result
         return True
 
 
-def is_future(obj: Any) -> bool:
+def is_future(obj: object) -> TypeIs[_Future]:
     """An asyncio Future or Task (C or Python): what it holds is read with ``gc.get_referents``, never with
     ``result()``/``exception()``, which would mark an exception as retrieved."""
     return type(obj).__module__ in ("_asyncio", "asyncio.futures", "asyncio.tasks") and hasattr(type(obj), "done")
 
 
-def _future_part(future: Any, child: Any) -> str:
+def _future_part(future: _Future, child: object) -> str:
     if not _done(future) and is_a(child, _CALLABLES):  # a pending future holds no result: its done-callbacks
         return "add_done_callback() callback"
     if is_a(child, BaseException):
@@ -260,7 +273,7 @@ def _future_part(future: Any, child: Any) -> str:
     return "result()"
 
 
-def render_step(parent: Any, child: Any, *, redact: bool = False) -> str:
+def render_step(parent: object, child: object, *, redact: bool = False) -> str:
     """Name the edge ``parent → child`` readably: ``list[3]``, ``Engine.cache``, ``frame f() local kv``."""
     if is_a(parent, dict):
         return _mapping_step(parent, child, redact)
@@ -291,7 +304,7 @@ def render_step(parent: Any, child: Any, *, redact: bool = False) -> str:
     return type(parent).__name__
 
 
-def collapse(a: Any, b: Any, c: Any) -> str | None:
+def collapse(a: object, b: object, c: object) -> str | None:
     """Name a two-hop step ``a → b → c`` as one when ``b`` is an implementation detail of ``a``:
     an instance's or class's ``__dict__``, a function's closure tuple, an lru_cache's cache dict."""
     if is_a(b, dict):
@@ -311,7 +324,7 @@ def collapse(a: Any, b: Any, c: Any) -> str | None:
     return None
 
 
-def _dict_collapse(a: Any, b: dict[Any, Any], c: Any) -> str | None:
+def _dict_collapse(a: object, b: dict[Any, Any], c: object) -> str | None:
     if type(a).__name__ == "_lru_cache_wrapper":
         return f"lru_cache {func_name(a)}() cached " + ("result" if any(v is c for v in b.values()) else "key")
     if is_a(a, type):
@@ -337,12 +350,12 @@ def _dict_collapse(a: Any, b: dict[Any, Any], c: Any) -> str | None:
     return None
 
 
-def _own_attrs(a: Any, b: Any) -> bool:
+def _own_attrs(a: object, b: object) -> bool:
     """Whether ``b`` is the instance dict of ``a`` (not one of ``a``'s items when ``a`` is a mapping)."""
     return existing_dict(a) is b and not (is_a(a, dict) and any(v is b for v in dict.values(a)))
 
 
-def edge_key(parent: Any, child: Any) -> str:
+def edge_key(parent: object, child: object) -> str:
     """A coarse kind of the edge, for recognising repeated shapes: ``attr:NAME`` for an instance attribute,
     ``item`` for a container member, else the parent's type."""
     if is_a(parent, (dict, list, tuple, set, frozenset, collections.deque)):
@@ -353,7 +366,7 @@ def edge_key(parent: Any, child: Any) -> str:
     return f"attr:{name}" if name is not None else type(parent).__name__
 
 
-def node_label(obj: Any) -> str:
+def node_label(obj: object) -> str:
     if is_a(obj, types.FrameType):
         return frame_name(obj)
     if is_a(obj, types.FunctionType):
@@ -363,6 +376,6 @@ def node_label(obj: Any) -> str:
     if is_a(obj, types.MethodType):
         return f"bound method {func_name(obj.__func__)}()"
     owner = _builtin_self(obj)
-    if owner is not None:
+    if owner is not None and is_a(obj, types.BuiltinMethodType):
         return f"bound method {type(owner).__name__}.{obj.__name__}()"
     return type(obj).__name__

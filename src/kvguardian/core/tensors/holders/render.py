@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +38,7 @@ class PathView:
     light: bool = False  # nodes, collections and bounds only: no step names (sampling)
 
 
-def top_label(obj: Any) -> tuple[str, str] | None:
+def top_label(obj: object) -> tuple[str, str] | None:
     """Objects that nothing in Python refers to, yet are real roots: a thread's current context, an
     asyncio task on its loop. None for anything else (then it is held from C)."""
     import contextvars
@@ -83,7 +84,7 @@ def _c_note() -> str:
     return _C_NOTE
 
 
-def _lead(view: PathView, top: Any) -> str:
+def _lead(view: PathView, top: object) -> str:
     if view.stopped:
         return f"<{view.stopped}; nearest Python object: {node_label(top)}>"
     return f"held from outside Python (C), nearest Python object: {node_label(top)}"
@@ -126,16 +127,16 @@ def _steps(objs: list[Any], redact: bool) -> list[str]:
     return steps
 
 
-def _unnamed_members(obj: Any, member: Any) -> int | None:
+def _unnamed_members(obj: object, member: object) -> int | None:
     n = opaque_size(obj, member)
     return n if n is not None else dynamic_attrs_size(obj, member)
 
 
-def _safely(name_step: Any, *args: Any, **kwargs: Any) -> str | None:
+def _safely(name_step: Callable[..., str | None], *args: Any, **kwargs: Any) -> str | None:
     """A step's name, or None when naming it failed: an object of the program whose reading raises (a user
     method reached despite the care in `edges`) costs its step's name, never the audit."""
     try:
-        return name_step(*args, **kwargs)  # type: ignore[no-any-return]
+        return name_step(*args, **kwargs)
     except Exception:
         return None
 

@@ -91,7 +91,7 @@ class _UntrackedWalk:
         self.seen: dict[int, bool] = {}  # id -> whether an array is under it
         self.edges = 0
 
-    def holds_array(self, obj: Any, depth: int) -> bool:
+    def holds_array(self, obj: object, depth: int) -> bool:
         """Whether ``obj`` (untracked) is or holds a numpy array; records the edges down to each one."""
         t = type(obj)
         if t is not dict and t is not tuple and t is not self.ndarray:
@@ -105,7 +105,7 @@ class _UntrackedWalk:
         self.seen[id(obj)] = found
         return found
 
-    def _container(self, obj: Any, depth: int) -> bool:
+    def _container(self, obj: object, depth: int) -> bool:
         found = False
         for c in gc.get_referents(obj):
             if not gc.is_tracked(c) and self.holds_array(c, depth + 1):
@@ -124,10 +124,10 @@ class _UntrackedWalk:
             self._edges(arr, [item for item in items if type(item) not in _SCALARS])
         return True
 
-    def _edge(self, holder: Any, child: Any) -> None:
+    def _edge(self, holder: object, child: object) -> None:
         self._edges(holder, [child])
 
-    def _edges(self, holder: Any, children: list[Any]) -> None:
+    def _edges(self, holder: object, children: list[Any]) -> None:
         """``holder`` holds each of ``children``; it is kept (once) while the search runs."""
         untracked = self.roots.untracked
         for child in children:
@@ -162,7 +162,7 @@ def index_globals() -> None:
                 _globals.setdefault(id(v), (name, k))
 
 
-def global_label(obj: Any) -> str | None:
+def global_label(obj: object) -> str | None:
     """``module m: name`` when ``obj`` is (still) the module global it was indexed as."""
     hit = _globals.get(id(obj))
     if hit is None:
@@ -219,7 +219,7 @@ def is_bound_class(cls: type) -> bool:
 _unnamed_classes: dict[int, tuple[Any, bool]] = {}
 
 
-def _module_values(module: Any) -> list[Any]:
+def _module_values(module: object) -> list[Any]:
     try:
         return list(vars(module).values())
     except TypeError:  # pragma: no cover - a sys.modules entry that is not a module
@@ -330,14 +330,14 @@ def _interpreter_hooks(roots: Roots, own_dir: str) -> None:
         roots.keep.append(fn)
 
 
-def _signal_name(signal: Any, sig: int) -> str:
+def _signal_name(signal: types.ModuleType, sig: int) -> str:
     try:
         return signal.Signals(sig).name
     except ValueError:
         return str(sig)
 
 
-def _own_code(fn: Any, own_dir: str) -> bool:
+def _own_code(fn: object, own_dir: str) -> bool:
     code = getattr(getattr(fn, "__func__", fn), "__code__", None)
     return isinstance(code, types.CodeType) and bool(own_dir) and code.co_filename.startswith(own_dir)
 

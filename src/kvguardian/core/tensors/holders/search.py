@@ -12,7 +12,7 @@ import collections
 import gc
 import time
 import types
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -103,7 +103,7 @@ class _Level:
     reordered: set[int] = field(default_factory=set)
     probing: bool = False  # this level's scan asked about only a few of the objects it could not prove
 
-    def own(self, container: Any) -> None:
+    def own(self, container: object) -> None:
         self.internal.add(id(container))
         self.keep.append(container)
 
@@ -268,7 +268,7 @@ def _defer_fan_in(new: list[Any], lv: _Level, graph: Graph) -> None:
             lv.deferred.update(ids)
 
 
-def _label_if_rooted(obj: Any, graph: Graph, roots: Roots) -> None:
+def _label_if_rooted(obj: object, graph: Graph, roots: Roots) -> None:
     """A found object that a root holds directly (a frame local, a contextvar, a module global) is labelled
     at once: its chain is known without asking for its referrers."""
     held = roots.held.get(id(obj))
@@ -297,7 +297,7 @@ def _expand(lv: _Level, graph: Graph, roots: Roots) -> list[Any]:
     return new
 
 
-def _add(obj: Any, graph: Graph, roots: Roots, new: list[Any]) -> None:
+def _add(obj: object, graph: Graph, roots: Roots, new: list[Any]) -> None:
     """A referrer found: kept for the next level the first time, and labelled at once when a root holds it."""
     if id(obj) not in graph.objs:
         graph.objs[id(obj)] = obj
@@ -448,7 +448,7 @@ def walk(node: int, via: dict[int, int], limit: int = 1_000_000) -> list[int]:
     return path
 
 
-def nearest_top(graph: Graph, start: int, label: Any) -> tuple[int, dict[int, int]]:
+def nearest_top(graph: Graph, start: int, label: Callable[[int], str]) -> tuple[int, dict[int, int]]:
     """For a start no root reaches: breadth first up its parents to the nearest object nothing in Python
     refers to (held from C), ties broken by ``label(node)``; returns it and the child-to-parent links
     (``walk`` them down from the start's side)."""

@@ -15,7 +15,10 @@ import sys
 import types
 import weakref
 from collections.abc import Mapping, MutableSequence, MutableSet
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeGuard
+
+if TYPE_CHECKING:
+    import torch
 
 from kvguardian.core.tensors.holders.access import (
     attr_name,
@@ -34,12 +37,12 @@ _BOUND_ATTRS = ("maxsize", "maxlen", "max_size", "capacity", "max_entries", "_Ca
 _MAX_WALK = 100_000
 
 
-def is_tensor_like(obj: Any) -> bool:
+def is_tensor_like(obj: object) -> TypeGuard[torch.Tensor]:
     torch = sys.modules.get("torch")
     return torch is not None and issubclass(type(obj), torch.Tensor)
 
 
-def is_collection(obj: Any) -> bool:
+def is_collection(obj: object) -> bool:
     if is_a(obj, (str, bytes)) or is_tensor_like(obj):
         return False
     return is_a(obj, (dict, list, set, frozenset, tuple, collections.deque, Mapping, MutableSequence,
@@ -54,7 +57,7 @@ _NAMED = (types.FrameType, types.GeneratorType, types.CoroutineType, types.Async
 _HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: the type was made by a class statement, not written in C
 
 
-def opaque_size(obj: Any, member: Any) -> int | None:
+def opaque_size(obj: object, member: object) -> int | None:
     """How many objects of ``member``'s type a C object holds without naming them (``itertools.tee``'s
     buffer, a numpy array of objects, a C extension's table): two or more make it a collection, like a list of
     them. None otherwise."""
@@ -69,7 +72,7 @@ def opaque_size(obj: Any, member: Any) -> int | None:
     return n if n >= 2 else None
 
 
-def dynamic_attrs_size(obj: Any, member: Any) -> int | None:
+def dynamic_attrs_size(obj: object, member: object) -> int | None:
     """How many objects of ``member``'s type an instance holds in attributes its class's code never names
     (``setattr(state, f"req_{i}", out)``, one attribute per request), when ``member`` is one of them: two or
     more make the instance a collection, as its ``__dict__`` is once CPython stops keeping the attributes
@@ -109,7 +112,7 @@ def declared_bound(obj: Any) -> str | None:
     return None
 
 
-def _class_constant(obj: Any, name: str) -> Any:
+def _class_constant(obj: object, name: str) -> Any:
     for cls in type(obj).__mro__:
         v = cls.__dict__.get(name)
         if v is not None:
@@ -161,7 +164,7 @@ def _plain(t: type) -> bool:
     return not (torch is not None and issubclass(t, torch.Tensor))
 
 
-def linked_size(head: Any, how: str) -> int:
+def linked_size(head: object, how: str) -> int:
     """How many objects the linked structure starting at ``head`` has (bounded walk)."""
     tp = type(head)
     attr = how.split(".", 1)[1]
@@ -179,5 +182,5 @@ def linked_size(head: Any, how: str) -> int:
     return len(seen)
 
 
-def _members(container: Any, tp: type) -> list[Any]:
+def _members(container: object, tp: type) -> list[Any]:
     return [m for m in safe_members(container) if type(m) is tp]

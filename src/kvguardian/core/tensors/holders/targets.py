@@ -24,7 +24,7 @@ class Starts:
     by_key: dict[Any, list[int]] = field(default_factory=dict)  # storage key -> ids of the objects on it
     grad_edge: dict[int, Any] = field(default_factory=dict)  # id(tensor whose graph saved it) -> storage key
 
-    def add(self, key: Any, obj: Any) -> None:
+    def add(self, key: object, obj: object) -> None:
         ids = self.by_key.setdefault(key, [])
         if id(obj) not in ids:
             ids.append(id(obj))

@@ -8,7 +8,7 @@ fake ``torch`` module.
 
 from __future__ import annotations
 
-from typing import Any
+import types
 
 from kvguardian.ops.oom.signals.base import Reading, SignalUnavailable, failed
 
@@ -18,7 +18,7 @@ __all__ = ["CudaSignal"]
 class CudaSignal:
     fast = False
 
-    def __init__(self, device: int = 0, *, torch: Any = None, name: str | None = None) -> None:
+    def __init__(self, device: int = 0, *, torch: types.ModuleType | None = None, name: str | None = None) -> None:
         if torch is None:
             try:
                 import torch as torch_mod

@@ -7,14 +7,26 @@ watch a GPU it never allocates on. Built only where the NVML library loads; test
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 from kvguardian.ops.oom.signals.base import Reading, SignalUnavailable, failed
 
-__all__ = ["NvmlSignal", "device_memory", "load_nvml"]
+__all__ = ["Nvml", "NvmlSignal", "device_memory", "load_nvml"]
 
 
-def load_nvml(nvml: Any = None) -> Any:
+class Nvml(Protocol):
+    """What is used of the ``pynvml`` module (or a test's fake of it)."""
+
+    def nvmlInit(self) -> object: ...
+
+    def nvmlDeviceGetCount(self) -> int: ...
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> Any: ...
+
+    def nvmlDeviceGetMemoryInfo(self, handle: object) -> Any: ...
+
+
+def load_nvml(nvml: Nvml | None = None) -> Nvml:
     """The initialised ``pynvml`` module (or ``nvml`` as given).
 
     Raises:
@@ -37,7 +49,7 @@ def load_nvml(nvml: Any = None) -> Any:
     return nvml
 
 
-def device_memory(nvml: Any = None) -> list[int]:
+def device_memory(nvml: Nvml | None = None) -> list[int]:
     """Total memory in bytes of every GPU NVML sees, by index."""
     nvml = load_nvml(nvml)
     n = int(nvml.nvmlDeviceGetCount())
@@ -47,7 +59,7 @@ def device_memory(nvml: Any = None) -> list[int]:
 class NvmlSignal:
     fast = False
 
-    def __init__(self, index: int = 0, *, nvml: Any = None, name: str | None = None) -> None:
+    def __init__(self, index: int = 0, *, nvml: Nvml | None = None, name: str | None = None) -> None:
         self.nvml = load_nvml(nvml)
         count = int(self.nvml.nvmlDeviceGetCount())
         if not 0 <= index < count:

@@ -14,7 +14,7 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from kvguardian.core.findings import Finding, Severity
@@ -43,7 +43,7 @@ REQUIRED: tuple[tuple[str, str], ...] = (
 _BLOCK_FIELDS = ("block_id", "ref_cnt", "block_hash", "_block_hash", "is_null", "pool", "next_free_block")
 
 
-def _resolve(root: Any, path: str) -> Any:
+def _resolve(root: object, path: str) -> Any:
     obj = root
     for part in filter(None, path.split(".")):
         obj = getattr(obj, part)
@@ -138,7 +138,7 @@ class _Args:
         return self.args[index] if index < len(self.args) else self.kwargs[name]
 
 
-def _after(owner: AuditedScheduler, site: str, target: Any, name: str, check: Check) -> None:
+def _after(owner: AuditedScheduler, site: str, target: object, name: str, check: Check) -> None:
     """Wrap ``target.name`` (on the instance): vLLM's call, then ``check(result, args)`` guarded."""
     orig = getattr(target, name)
 
@@ -156,7 +156,7 @@ def _after(owner: AuditedScheduler, site: str, target: Any, name: str, check: Ch
 ENTRY_POINTS = ("schedule", "update_from_output", "add_request", "finish_requests", "reset_prefix_cache")
 
 
-def _locked(owner: AuditedScheduler, target: Any, name: str) -> None:
+def _locked(owner: AuditedScheduler, target: object, name: str) -> None:
     orig = getattr(target, name)
     lock = owner.lock
 
@@ -177,22 +177,22 @@ def install(scheduler: Any, *, min_interval: float = 1.0, duty: float = 0.005) -
     pool = kvm.block_pool
     now = time.monotonic
 
-    def freed(_result: Any, a: _Args) -> None:
+    def freed(_result: object, a: _Args) -> None:
         audit.after_free_request(a.get(0, "request"), now())
         owner.changes += 1
 
-    def stepped(_result: Any, _a: _Args) -> None:
+    def stepped(_result: object, _a: _Args) -> None:
         if audit.maybe_audit(now()):
             owner.changes += 1
 
-    def looked_up(result: Any, a: _Args) -> None:
+    def looked_up(result: object, a: _Args) -> None:
         audit.after_lookup(a.get(0, "request"), result, now())
 
-    def cached(_result: Any, a: _Args) -> None:
+    def cached(_result: object, a: _Args) -> None:
         audit.after_cache_blocks(a.get(0, "request"), a.get(1, "blocks"), a.get(2, "num_cached_blocks"),
                                  a.get(3, "num_full_blocks"))
 
-    def reset(result: Any, _a: _Args) -> None:
+    def reset(result: object, _a: _Args) -> None:
         if result:
             audit.after_reset()
 
@@ -227,7 +227,7 @@ def _wrap_free_blocks(owner: AuditedScheduler, pool: Any) -> None:
     audit = owner.audit
 
     @functools.wraps(orig)
-    def free_blocks(ordered_blocks: Any, *args: Any, **kwargs: Any) -> Any:
+    def free_blocks(ordered_blocks: Iterable[Any], *args: Any, **kwargs: Any) -> Any:
         if not owner.enabled:
             return orig(ordered_blocks, *args, **kwargs)
         blocks = list(ordered_blocks)  # what vLLM would iterate, once
