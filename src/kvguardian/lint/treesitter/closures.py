@@ -59,8 +59,8 @@ class _Scope:
     closures: dict[str, Any] = field(default_factory=dict)  # local variable -> the closure it holds
 
 
-def _t(node: Any) -> str:
-    return node.text.decode("utf-8", "replace") if node is not None else ""
+def _t(node: Node | None) -> str:
+    return (node.text or b"").decode("utf-8", "replace") if node is not None else ""
 
 
 def _walk(node: Node, stop: set[str]) -> Iterator[Any]:
@@ -403,9 +403,11 @@ def _result_name(call: Node) -> str:
     return ""
 
 
-def _forever(fn: Any) -> bool:
+def _forever(fn: Node) -> bool:
     """A goroutine body with a loop that nothing ends (no condition, no return/break, no ``ctx.Done()``)."""
     body = fn.child_by_field_name("body")
+    if body is None:
+        return False
     for loop in _walk(body, {"func_literal"}):
         if loop.type != "for_statement":
             continue

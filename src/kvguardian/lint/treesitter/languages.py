@@ -59,8 +59,8 @@ def parser_for(language: str) -> Any:
     return parser
 
 
-def _text(node: Any) -> str:
-    return node.text.decode("utf-8", "replace") if node is not None else ""
+def _text(node: Node | None) -> str:
+    return (node.text or b"").decode("utf-8", "replace") if node is not None else ""
 
 
 #: string and character literals of the three grammars
@@ -80,13 +80,13 @@ def _literals(node: Node) -> Iterator[Any]:
             stack.extend(reversed(n.children))
 
 
-def code(node: Any) -> str:
+def code(node: Node | None) -> str:
     """``node``'s source with every string and character literal emptied (``"config:last-key"`` -> ``""``) but
     what a Kotlin template interpolates kept (``"s:$id:${f()}"`` -> ``"$id ${f()}"``): identifiers and calls are
     matched in code, never in a literal's text."""
     if node is None:
         return ""
-    text, start, pos, parts = node.text, node.start_byte, 0, []
+    text, start, pos, parts = node.text or b"", node.start_byte, 0, []
     for lit in _literals(node):
         parts.append(text[pos:lit.start_byte - start].decode("utf-8", "replace"))
         parts.append(_template(lit))
