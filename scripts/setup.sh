@@ -93,11 +93,15 @@ STAMP="$VENV/.kvg-installed-$EXTRAS"
 # .proto or build step, or missing modules (a fresh clone, git clean), installs again
 API=src/kvguardian/ops/k8s/api
 HASH=$(cat pyproject.toml setup.py "$API/deviceplugin.proto" "$LOCKS/venv.txt" | sha256sum | cut -c1-16)
-if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$HASH" ] || [ ! -f "$API/deviceplugin_pb2_grpc.py" ] \
-    || ! "$VPY" -c 'import kvguardian' >/dev/null 2>&1; then
+# unlocked (the drift check): every run resolves again, so a later run sees what was released meanwhile
+if [ "$UNLOCKED" = 1 ] || [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$HASH" ] \
+    || [ ! -f "$API/deviceplugin_pb2_grpc.py" ] || ! "$VPY" -c 'import kvguardian' >/dev/null 2>&1; then
   say "installing kv-guardian[$EXTRAS] (editable)"
   if [ "$UNLOCKED" = 1 ]; then
-    "${PIP[@]}" --upgrade --upgrade-strategy eager -e ".[$EXTRAS]" "torch==$TORCH_VERSION"
+    # the build tools too (pyproject's [build-system]), as the lock has them: the wheel test builds without
+    # isolation, with this environment's tools
+    mapfile -t BUILD_TOOLS < <("$VPY" -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["build-system"]["requires"]))')
+    "${PIP[@]}" --upgrade --upgrade-strategy eager -e ".[$EXTRAS]" "torch==$TORCH_VERSION" "${BUILD_TOOLS[@]}"
   else  # the lock holds every dependency and the build tools (setuptools, wheel, grpcio-tools)
     "${PIP[@]}" --no-deps --no-build-isolation -e .
   fi
