@@ -13,6 +13,7 @@ The command line's flag vocabulary (``tests/unit/cli/test_cli_conventions.py`` c
 from __future__ import annotations
 
 import argparse
+import textwrap
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -29,11 +30,16 @@ def example(*commands: str) -> str:
 
 def exit_codes(codes: Sequence[tuple[str, str]]) -> str:
     """The ``exit codes:`` paragraph of a command's ``--help`` (a module's ``EXITS``: code, meaning), before its
-    example; empty when the command has none to list."""
+    example, each meaning wrapped to 80 columns under itself; empty when the command has none to list."""
     if not codes:
         return ""
     width = max(len(code) for code, _ in codes)
-    return "\n".join(["exit codes:", *(f"  {code:<{width}}  {meaning}" for code, meaning in codes)])
+    lines = ["exit codes:"]
+    for code, meaning in codes:
+        wrapped = textwrap.wrap(meaning, 80 - width - 4) or [""]
+        lines.append(f"  {code:<{width}}  {wrapped[0]}")
+        lines += [" " * (width + 4) + more for more in wrapped[1:]]
+    return "\n".join(lines)
 
 
 def add_subcommands(p: argparse.ArgumentParser, dest: str, metavar: str) -> Any:

@@ -39,8 +39,8 @@ EXITS = (
     ("N", "the program's own exit code when not 0 (128+N: killed by signal N)"),
     ("1", "findings reached --fail-on (default: error)"),
     ("2", "a usage error"),
-    ("3", "nothing could be audited (transformers unsupported, python -E/-I/-S, or"),
-    ("", "every process with a cache exited without its exit handlers)"),
+    ("3", "nothing could be audited (transformers unsupported, python -E/-I/-S, or every process with a cache "
+          "exited without its exit handlers)"),
     ("126/127", "the program cannot be executed / found"),
 )
 
